@@ -1,0 +1,4 @@
+"""One small file per algorithm family; importing the package registers them all."""
+
+from . import fedavg  # noqa: F401
+from .base import Algorithm, Context, ServerAlgorithm, build, register  # noqa: F401

@@ -1,0 +1,19 @@
+"""FedAvg over the active clients (``fedavg_active``).
+
+    x^{t+1} = x^t + eta_g * mean_{i in A_t} Delta_i        (no update when A_t is empty)
+
+``fedavg_markov`` (debiasing paper) is the same rule under the Markov sampler S_t.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import ServerAlgorithm, register
+
+
+@register("fedavg_active")
+@register("fedavg_markov")
+class FedAvgActive(ServerAlgorithm):
+    def weights(self, t: int, active: np.ndarray, local: np.ndarray) -> np.ndarray:
+        return np.full(len(local), 1.0 / max(len(active), 1))

@@ -1,0 +1,138 @@
+"""Command line: ``fedmpi run | info | plot | pi | availability`` (INTERFACES.md).
+
+Exit codes: 0 done; 2 bad input, with ONE line on stderr naming the key or file; 3
+interrupted (checkpointed); 1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from . import __version__
+from .errors import InputError, Interrupted
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises InputError (exit 2, one line) instead of printing usage."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise InputError(f"{self.prog}: {message}")
+
+
+def _env_rank() -> int:
+    for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        v = os.environ.get(var)
+        if v and v.isdigit():
+            return int(v)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="fedmpi", description="Emulate federated-learning clusters with MPI ranks.")
+    p.add_argument("--version", action="version", version=f"fedmpi {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    r = sub.add_parser("run", help="run an experiment from a YAML config")
+    r.add_argument("config", help="YAML config file")
+    r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key (dotted path), e.g. --set train.lr=0.1; repeatable")
+    r.add_argument("--out", help="result file (default: the config's output, or runs/{name}-s{seed}.h5)")
+    r.add_argument("--plot", help="also write a PNG of test accuracy (test loss for regression) here")
+    r.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    i = sub.add_parser("info", help="status, rounds and last metrics of a result file")
+    i.add_argument("file")
+    i.add_argument("--no-config", action="store_true", help="do not print the stored config")
+
+    pl = sub.add_parser("plot", help="plot a metric of one or several result files")
+    pl.add_argument("files", nargs="+")
+    pl.add_argument("--metric", default="test_acc")
+    pl.add_argument("--x", default="round", help="x axis: round or sim_delay")
+    pl.add_argument("--out", required=True, help="figure file (.png, .pdf, .svg)")
+    pl.add_argument("--title")
+
+    try:
+        from .participation import pi
+    except ImportError:
+        pi = None
+    if pi is not None:
+        pp = sub.add_parser("pi", help="stationary participation distribution pi_R of the Markov sampler")
+        pi.add_arguments(pp)
+        pp.set_defaults(_handler=pi.run_cli)
+    try:
+        from .participation import show
+    except ImportError:
+        show = None
+    if show is not None:
+        pa = sub.add_parser("availability", help="print or plot the p_i^t trajectories of a config")
+        show.add_arguments(pa)
+        pa.set_defaults(_handler=show.run_cli)
+    return p
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from . import config
+    from .runtime import World, launched_size
+
+    cfg = config.load(args.config, args.overrides, world_size=launched_size())
+    if args.resume:
+        raise InputError("--resume: checkpointing is not available in this build yet (runtime.checkpoint_every)")
+    out = args.out or cfg.output_path
+    world = World.create(cfg.runtime.device, cfg.runtime.backend, cfg.runtime.timeout_s, cfg.runtime.threads)
+    from .runner import run
+
+    try:
+        code = run(cfg, world, out, quiet=args.quiet)
+    finally:
+        world.close()
+    if code == 0 and world.rank == 0:
+        if args.plot:
+            from .results.hdf5 import read_metrics
+            from .results.plot import plot
+
+            metric = "test_acc" if "test_acc" in read_metrics(out)[0] else "test_loss"
+            plot([out], metric, args.plot)
+        if not args.quiet:
+            print(f"fedmpi: wrote {out}" + (f" and {args.plot}" if args.plot else ""), file=sys.stderr)
+    return code
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    from .results.info import describe
+
+    print(describe(args.file, show_config=not args.no_config))
+    return 0
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from .results.plot import plot
+
+    if args.x not in ("round", "sim_delay", "wall_time"):
+        raise InputError(f"--x: must be round, sim_delay or wall_time, got {args.x!r}")
+    print(plot(args.files, args.metric, args.out, x=args.x, title=args.title))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        handler = getattr(args, "_handler", None) or {"run": _cmd_run, "info": _cmd_info,
+                                                       "plot": _cmd_plot}[args.command]
+        return int(handler(args) or 0)
+    except InputError as e:
+        if _env_rank() == 0:
+            print(f"fedmpi: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except Interrupted as e:
+        if _env_rank() == 0:
+            print(f"fedmpi: interrupted: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 3
+
+
+def entry() -> None:
+    sys.exit(main())

@@ -1,0 +1,394 @@
+"""Dataset readers: Fashion-MNIST/MNIST (IDX), CIFAR-10 (python pickles), SVHN (format 2
+.mat), CINIC-10 (PNG folders) -> uint8 ``(N, C, H, W)`` arrays plus int64 labels.
+
+Each dataset is converted once into an ``.npz`` cache (one file per dataset and source
+folder, under ``cache_dir``, ``$FEDMPI_CACHE`` or ``~/.cache/fedmpi``); the cache records a
+fingerprint of the source files (paths, sizes, mtimes) and is rebuilt when they change or
+when it is unreadable. Every problem with the source files raises a one-line
+``InputError`` that starts with the offending path and names the expected layout.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import os
+import pickle
+import struct
+import tempfile
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..errors import InputError
+
+CACHE_VERSION = 1
+
+
+@dataclass
+class ImageData:
+    """A labelled image dataset: uint8 images ``(N, C, H, W)`` and int64 labels."""
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    classes: int
+    mean: tuple[float, ...]  # per-channel normalisation constants on the [0, 1] scale
+    std: tuple[float, ...]
+
+
+class DatasetMissing(InputError):
+    """The dataset's folder or one of its files does not exist (callers may fall back)."""
+
+
+@dataclass(frozen=True)
+class _Format:
+    layout: str  # "expected ..." text of error messages
+    sources: Callable[[str], list[str]]  # root -> source files (raises DatasetMissing)
+    read: Callable[[str, list[str]], dict]  # (root, sources) -> arrays
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    default_root: str
+
+
+def _data_home() -> str:
+    return os.environ.get("FEDMPI_DATA") or os.path.join(os.path.expanduser("~"), "data")
+
+
+def standard_root(dataset: str) -> str:
+    """The folder searched when ``task.root`` is null (Debian's for FMNIST/MNIST,
+    ``$FEDMPI_DATA/<name>`` -- default ``~/data/<name>`` -- for the others)."""
+    fmt = _format(dataset)
+    if os.path.isabs(fmt.default_root):
+        return fmt.default_root
+    return os.path.join(_data_home(), fmt.default_root)
+
+
+def default_cache_dir() -> str:
+    return os.environ.get("FEDMPI_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "fedmpi")
+
+
+def load(dataset: str, root: str | None = None, cache_dir: str | None = None) -> ImageData:
+    """Read ``dataset`` from ``root`` (null: ``standard_root``), through the cache."""
+    fmt = _format(dataset)
+    root = os.path.abspath(os.path.expanduser(root or standard_root(dataset)))
+    if not os.path.isdir(root):
+        raise DatasetMissing(f"{root}: missing dataset folder ({fmt.layout})")
+    sources = fmt.sources(root)
+    fingerprint = _fingerprint(dataset, root, sources)
+    cache = os.path.join(os.path.expanduser(cache_dir or default_cache_dir()),
+                         f"{dataset}-{hashlib.sha256(root.encode()).hexdigest()[:12]}.npz")
+    arrays = _read_cache(cache, fingerprint)
+    if arrays is None:
+        arrays = fmt.read(root, sources)
+        _write_cache(cache, fingerprint, arrays)
+    return ImageData(x_train=arrays["x_train"], y_train=arrays["y_train"], x_test=arrays["x_test"],
+                     y_test=arrays["y_test"], classes=int(arrays["classes"]), mean=fmt.mean, std=fmt.std)
+
+
+def _format(dataset: str) -> _Format:
+    if dataset not in FORMATS:
+        raise InputError(f"task.dataset: no image reader for {dataset!r} (readers: {', '.join(FORMATS)})")
+    return FORMATS[dataset]
+
+
+# ----------------------------------------------------------------------------- cache
+
+_ARRAYS = ("x_train", "y_train", "x_test", "y_test", "classes")
+
+
+def _fingerprint(dataset: str, root: str, sources: list[str]) -> str:
+    h = hashlib.sha256(f"{CACHE_VERSION}\0{dataset}\0{root}".encode())
+    for p in sources:
+        st = os.stat(p)
+        h.update(f"\0{os.path.relpath(p, root)}\0{st.st_size}\0{st.st_mtime_ns}".encode())
+    return h.hexdigest()
+
+
+def _read_cache(path: str, fingerprint: str) -> dict | None:
+    """The cached arrays, or None when absent, stale or unreadable (then it is rebuilt)."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if str(z["fingerprint"]) != fingerprint:
+                return None
+            return {k: z[k] for k in _ARRAYS}
+    except Exception:  # missing, truncated, not an npz, keys absent: rebuild
+        return None
+
+
+def _write_cache(path: str, fingerprint: str, arrays: dict) -> None:
+    """Atomic write (temp file + rename); an unwritable cache folder only costs speed."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".tmp-", suffix=".npz")
+    except OSError:
+        return
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(fh, fingerprint=np.array(fingerprint), **{k: np.asarray(arrays[k]) for k in _ARRAYS})
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def _read_bytes(path: str, layout: str) -> bytes:
+    """File contents, gunzipped when the file is gzip (detected by its magic bytes)."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as e:
+        raise InputError(f"{path}: cannot read ({e.strerror or e.__class__.__name__}) ({layout})") from None
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error):
+            raise InputError(f"{path}: corrupt or truncated gzip ({layout})") from None
+    return data
+
+
+def _require(paths: list[str], layout: str) -> list[str]:
+    for p in paths:
+        if not os.path.isfile(p):
+            raise DatasetMissing(f"{p}: missing ({layout})")
+    return paths
+
+
+def _labels(y: np.ndarray, classes: int, path: str, layout: str) -> np.ndarray:
+    y = np.asarray(y).astype(np.int64).ravel()
+    if y.size and (y.min() < 0 or y.max() >= classes):
+        raise InputError(f"{path}: labels outside 0..{classes - 1} ({layout})")
+    return y
+
+
+# ----------------------------------------------------------------------------- IDX (FMNIST, MNIST)
+
+_IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+_IDX_LAYOUT = ("expected the IDX files train-images-idx3-ubyte, train-labels-idx1-ubyte, "
+               "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, each gzipped (.gz) or raw")
+
+
+def _idx_sources(root: str) -> list[str]:
+    out = []
+    for name in _IDX_FILES:
+        p = os.path.join(root, name)
+        if os.path.isfile(p + ".gz"):
+            p += ".gz"
+        elif not os.path.isfile(p):
+            raise DatasetMissing(f"{p}.gz: missing ({_IDX_LAYOUT})")
+        out.append(p)
+    return out
+
+
+def _idx_array(path: str, ndim: int) -> np.ndarray:
+    """Parse one IDX file of unsigned bytes with ``ndim`` dimensions."""
+    data = _read_bytes(path, _IDX_LAYOUT)
+    if len(data) < 4 + 4 * ndim or data[:3] != b"\x00\x00\x08" or data[3] != ndim:
+        raise InputError(f"{path}: not an IDX file of {ndim}-D unsigned bytes (bad magic number; {_IDX_LAYOUT})")
+    dims = struct.unpack(f">{ndim}I", data[4:4 + 4 * ndim])
+    body = memoryview(data)[4 + 4 * ndim:]
+    if len(body) != int(np.prod(dims)):
+        raise InputError(f"{path}: truncated or oversized IDX file (header says {'x'.join(map(str, dims))}, "
+                         f"{len(body)} data bytes; {_IDX_LAYOUT})")
+    return np.frombuffer(body, dtype=np.uint8).reshape(dims)
+
+
+def _read_idx(root: str, sources: list[str]) -> dict:
+    xtr, ytr, xte, yte = (_idx_array(p, 3 if i % 2 == 0 else 1) for i, p in enumerate(sources))
+    for x, y, px in ((xtr, ytr, sources[0]), (xte, yte, sources[2])):
+        if len(x) != len(y):
+            raise InputError(f"{px}: {len(x)} images but {len(y)} labels ({_IDX_LAYOUT})")
+    return {"x_train": xtr[:, None].copy(), "y_train": _labels(ytr, 10, sources[1], _IDX_LAYOUT),
+            "x_test": xte[:, None].copy(), "y_test": _labels(yte, 10, sources[3], _IDX_LAYOUT), "classes": 10}
+
+
+# ----------------------------------------------------------------------------- CIFAR-10
+
+_CIFAR_LAYOUT = "expected the CIFAR-10 python version: data_batch_1..5, test_batch"
+_CIFAR_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+
+
+def _cifar_dir(root: str) -> str:
+    if os.path.basename(root) == "cifar-10-batches-py" or any(
+            os.path.exists(os.path.join(root, f)) for f in _CIFAR_FILES):
+        return root
+    return os.path.join(root, "cifar-10-batches-py")
+
+
+def _cifar_sources(root: str) -> list[str]:
+    d = _cifar_dir(root)
+    return _require([os.path.join(d, f) for f in _CIFAR_FILES], _CIFAR_LAYOUT)
+
+
+def _latin1_encode(s: str, encoding: str = "latin1") -> bytes:
+    """``_codecs.encode`` as protocol-2 pickles of bytes use it, and nothing else."""
+    if not isinstance(s, str) or encoding.lower().replace("-", "") != "latin1":
+        raise pickle.UnpicklingError("refused _codecs.encode other than str -> latin1")
+    return s.encode("latin1")
+
+
+_reconstruct = np.empty(0).__reduce__()[0]  # numpy's array-unpickling helper, whatever its module
+_SAFE_GLOBALS = {
+    ("numpy.core.multiarray", "_reconstruct"): _reconstruct,
+    ("numpy._core.multiarray", "_reconstruct"): _reconstruct,
+    ("numpy", "ndarray"): np.ndarray,
+    ("numpy", "dtype"): np.dtype,
+    ("_codecs", "encode"): _latin1_encode,
+}
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    """Admits plain containers and numpy array reconstruction; refuses every other global."""
+
+    def find_class(self, module: str, name: str):
+        try:
+            return _SAFE_GLOBALS[(module, name)]
+        except KeyError:
+            raise pickle.UnpicklingError(f"refused pickle global {module}.{name}") from None
+
+
+def restricted_load(data: bytes) -> object:
+    """Unpickle ``data`` (protocol <= 5, Python 2 strings as bytes) without running code."""
+    return _RestrictedUnpickler(io.BytesIO(data), encoding="bytes").load()
+
+
+def _cifar_batch(path: str) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        obj = restricted_load(_read_bytes(path, _CIFAR_LAYOUT))
+    except pickle.UnpicklingError as e:
+        msg = str(e) if str(e).startswith("refused") else "truncated or corrupt pickle"
+        raise InputError(f"{path}: {msg} ({_CIFAR_LAYOUT})") from None
+    except Exception:  # EOFError, ValueError, ... from a damaged stream
+        raise InputError(f"{path}: truncated or corrupt pickle ({_CIFAR_LAYOUT})") from None
+    if isinstance(obj, dict):
+        obj = {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in obj.items()}
+    x = obj.get("data") if isinstance(obj, dict) else None
+    y = obj.get("labels") if isinstance(obj, dict) else None
+    if not (isinstance(x, np.ndarray) and x.dtype == np.uint8 and x.ndim == 2 and x.shape[1] == 3072
+            and isinstance(y, (list, np.ndarray)) and len(y) == len(x)):
+        raise InputError(f"{path}: malformed batch: needs 'data' uint8 (n, 3072) and n 'labels' ({_CIFAR_LAYOUT})")
+    try:
+        labels = np.asarray(y, dtype=np.int64)
+    except (TypeError, ValueError):
+        raise InputError(f"{path}: malformed batch: 'labels' are not integers ({_CIFAR_LAYOUT})") from None
+    return x.reshape(-1, 3, 32, 32), _labels(labels, 10, path, _CIFAR_LAYOUT)
+
+
+def _read_cifar(root: str, sources: list[str]) -> dict:
+    batches = [_cifar_batch(p) for p in sources]
+    train = batches[:5]
+    return {"x_train": np.concatenate([b[0] for b in train]), "y_train": np.concatenate([b[1] for b in train]),
+            "x_test": batches[5][0], "y_test": batches[5][1], "classes": 10}
+
+
+# ----------------------------------------------------------------------------- SVHN
+
+_SVHN_LAYOUT = "expected SVHN format 2: train_32x32.mat, test_32x32.mat (MATLAB v5)"
+
+
+def _svhn_sources(root: str) -> list[str]:
+    return _require([os.path.join(root, "train_32x32.mat"), os.path.join(root, "test_32x32.mat")], _SVHN_LAYOUT)
+
+
+def _svhn_split(path: str) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        import scipy.io
+    except ImportError:
+        raise InputError("task.dataset: svhn needs scipy: pip install 'fedmpi[data]'") from None
+    try:
+        mat = scipy.io.loadmat(path, variable_names=["X", "y"])
+    except Exception as e:  # MatReadError, ValueError, NotImplementedError (v7.3), OSError, ...
+        raise InputError(f"{path}: unreadable .mat file ({e.__class__.__name__}; {_SVHN_LAYOUT})") from None
+    x, y = mat.get("X"), mat.get("y")
+    if not (isinstance(x, np.ndarray) and x.ndim == 4 and x.shape[2] == 3 and isinstance(y, np.ndarray)
+            and y.size == x.shape[3]):
+        raise InputError(f"{path}: malformed: needs X (32, 32, 3, N) and y (N, 1) ({_SVHN_LAYOUT})")
+    y = np.asarray(y).astype(np.int64).ravel()
+    y[y == 10] = 0  # SVHN labels digit 0 as 10
+    return np.ascontiguousarray(x.transpose(3, 2, 0, 1).astype(np.uint8)), _labels(y, 10, path, _SVHN_LAYOUT)
+
+
+def _read_svhn(root: str, sources: list[str]) -> dict:
+    (xtr, ytr), (xte, yte) = (_svhn_split(p) for p in sources)
+    return {"x_train": xtr, "y_train": ytr, "x_test": xte, "y_test": yte, "classes": 10}
+
+
+# ----------------------------------------------------------------------------- CINIC-10
+
+_CINIC_LAYOUT = "expected CINIC-10 image folders train/<class>/*.png, test/<class>/*.png"
+
+
+def _cinic_classes(root: str, split: str = "train") -> list[str]:
+    d = os.path.join(root, split)
+    if not os.path.isdir(d):
+        raise DatasetMissing(f"{d}: missing ({_CINIC_LAYOUT})")
+    return sorted(e.name for e in os.scandir(d) if e.is_dir())
+
+
+def _cinic_sources(root: str) -> list[str]:
+    classes = _cinic_classes(root)
+    if not classes:
+        raise DatasetMissing(f"{os.path.join(root, 'train')}: no class folders ({_CINIC_LAYOUT})")
+    if _cinic_classes(root, "test") != classes:
+        raise InputError(f"{os.path.join(root, 'test')}: class folders differ from train/ ({_CINIC_LAYOUT})")
+    out = []
+    for split in ("train", "test"):
+        for c in classes:
+            d = os.path.join(root, split, c)
+            files = sorted(e.path for e in os.scandir(d) if e.is_file() and e.name.lower().endswith(".png"))
+            if not files:
+                raise DatasetMissing(f"{d}: no .png images ({_CINIC_LAYOUT})")
+            out += files
+    return out
+
+
+def _read_cinic(root: str, sources: list[str]) -> dict:
+    try:
+        from PIL import Image
+    except ImportError:
+        raise InputError("task.dataset: cinic10 needs Pillow: pip install 'fedmpi[data]'") from None
+
+    def decode(path: str) -> np.ndarray:
+        try:
+            with Image.open(path) as im:
+                return np.asarray(im.convert("RGB"), dtype=np.uint8)
+        except Exception as e:  # UnidentifiedImageError, OSError (truncated), ...
+            raise InputError(f"{path}: unreadable image ({e.__class__.__name__}; {_CINIC_LAYOUT})") from None
+
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        images = list(pool.map(decode, sources, chunksize=256))
+    shape = images[0].shape
+    for p, im in zip(sources, images):
+        if im.shape != shape:
+            raise InputError(f"{p}: image is {im.shape[1]}x{im.shape[0]}, others {shape[1]}x{shape[0]} ({_CINIC_LAYOUT})")
+    x = np.stack(images).transpose(0, 3, 1, 2)
+    classes = _cinic_classes(root)
+    index = {c: i for i, c in enumerate(classes)}
+    rel = [os.path.relpath(p, root).split(os.sep) for p in sources]
+    y = np.array([index[r[1]] for r in rel], dtype=np.int64)
+    train = np.array([r[0] == "train" for r in rel])
+    return {"x_train": np.ascontiguousarray(x[train]), "y_train": y[train],
+            "x_test": np.ascontiguousarray(x[~train]), "y_test": y[~train], "classes": len(classes)}
+
+
+# ----------------------------------------------------------------------------- registry
+
+FORMATS: dict[str, _Format] = {
+    "fmnist": _Format(_IDX_LAYOUT, _idx_sources, _read_idx, (0.2860,), (0.3530,), "/usr/share/datasets/fashion-mnist"),
+    "mnist": _Format(_IDX_LAYOUT, _idx_sources, _read_idx, (0.1307,), (0.3081,), "/usr/share/datasets/mnist"),
+    "cifar10": _Format(_CIFAR_LAYOUT, _cifar_sources, _read_cifar,
+                       (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010), "cifar10"),
+    "svhn": _Format(_SVHN_LAYOUT, _svhn_sources, _read_svhn,
+                    (0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970), "svhn"),
+    "cinic10": _Format(_CINIC_LAYOUT, _cinic_sources, _read_cinic,
+                       (0.4789, 0.4723, 0.4305), (0.2421, 0.2383, 0.2587), "cinic10"),
+}

@@ -1,0 +1,1 @@
+"""Batched local training of a rank's clients, client-state stores, evaluation."""

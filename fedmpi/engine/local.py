@@ -1,0 +1,143 @@
+"""Local SGD of many clients at once.
+
+``LocalTrainer.train(start, clients, t)`` runs s plain SGD steps (no momentum, no weight
+decay) for every listed client, starting from the rows of ``start`` (n, d), and returns the
+end models (n, d). Two paths compute the same thing:
+
+- batched: the clients' parameters are stacked and one ``vmap(grad(loss))`` call
+  (``torch.func``) computes every client's gradient per step;
+- sequential: the reference loop over clients with ordinary autograd.
+
+Minibatches are drawn by index on the device from counter-based streams keyed by
+(seed, "batch", round, step) and the client's global id, so a client's batches do not
+depend on which rank trains it or which other clients train with it. They are drawn
+uniformly with replacement (``full_gradient`` uses every local sample instead).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch.func import functional_call, grad, vmap
+
+from .. import rng
+from ..config import TrainConfig
+from ..data.task import Task
+from .params import ParamSpec
+
+_CONV_MODELS = ("svhn_cnn", "cifar_cnn", "cinic_cnn", "vgg11")
+
+
+def lr_at(cfg: TrainConfig, t: int) -> float:
+    """eta_l at 0-based round t (``constant`` or ``inv_sqrt``: eta_0 / sqrt(t/10 + 1))."""
+    if cfg.lr_schedule == "inv_sqrt":
+        return cfg.lr / math.sqrt(t / 10.0 + 1.0)
+    return cfg.lr
+
+
+def choose_path(engine: str, model_name: str, device: torch.device) -> str:
+    """``auto``: batched, except conv nets on CPU, where vmapped convolutions lose to the loop
+    (measured in benchmarks/engine.py; see benchmarks/RESULTS.md)."""
+    if engine != "auto":
+        return engine
+    if model_name in _CONV_MODELS and device.type == "cpu":
+        return "sequential"
+    return "batched"
+
+
+class LocalTrainer:
+    """Local training of a rank's clients on ``task``; see the module docstring."""
+
+    def __init__(self, task: Task, cfg: TrainConfig, seed: int, model_name: str = "", path: str | None = None):
+        self.task = task
+        self.cfg = cfg
+        self.seed = seed
+        self.spec = ParamSpec.of(task.model)
+        self.device = task.train_x.device
+        self.path = path or choose_path(cfg.engine, model_name, self.device)
+        self._sizes = torch.as_tensor(task.sizes, device=self.device)
+        self._offsets = torch.as_tensor(task.offsets[:-1], device=self.device)
+        model = task.model
+
+        def loss_of(params: dict, xb: torch.Tensor, yb: torch.Tensor, wb: torch.Tensor | None) -> torch.Tensor:
+            out = functional_call(model, params, (task.inputs(xb),))
+            if wb is None:
+                return task.loss(out, yb)
+            per_sample = vmap(lambda o, y: task.loss(o.unsqueeze(0), y.unsqueeze(0)))(out, yb)
+            return (per_sample * wb).sum()
+
+        self._loss_of = loss_of
+        self._grad = grad(loss_of)
+        self._batched_grad = vmap(self._grad, in_dims=(0, 0, 0, 0), randomness="different")
+        self._batched_grad_nw = vmap(lambda p, x, y: self._grad(p, x, y, None), randomness="different")
+
+    # ------------------------------------------------------------------ data
+    def batch(self, clients: np.ndarray, t: int, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Inputs (n, b, ...), targets (n, b, ...) and sample weights (n, b) or None."""
+        cid = torch.as_tensor(clients, device=self.device)
+        sizes = self._sizes[cid]
+        if self.cfg.full_gradient:
+            width = int(sizes.max().item())
+            j = torch.arange(width, device=self.device)
+            local = torch.minimum(j[None, :], (sizes - 1)[:, None])
+            weights = (j[None, :] < sizes[:, None]).float() / sizes[:, None].float()
+        else:
+            b = self.cfg.batch_size
+            counters = clients.astype(np.int64)[:, None] * b + np.arange(b)[None, :]
+            u = torch.as_tensor(rng.uniform(rng.key(self.seed, "batch", t, step), counters), device=self.device)
+            local = torch.minimum((u * sizes[:, None]).long(), (sizes - 1)[:, None])
+            weights = None
+        ids = self.task.order[self._offsets[cid][:, None] + local]
+        xb, yb = self.task.train_x[ids], self.task.train_y[ids]
+        if self.cfg.augment and self.task.image:
+            xb = self._augment(xb, clients, t, step)
+        return xb, yb, weights
+
+    def _augment(self, xb: torch.Tensor, clients: np.ndarray, t: int, step: int) -> torch.Tensor:
+        from ..data.augment import augment
+
+        n, b = xb.shape[:2]
+        counters = (clients.astype(np.int64)[:, None, None] * b + np.arange(b)[None, :, None]) * 3 + np.arange(3)
+        u = torch.as_tensor(rng.uniform(rng.key(self.seed, "augment", t, step), counters),
+                            dtype=torch.float32, device=self.device)
+        # augmentation works on [0, 255] floats; Task.inputs normalises afterwards
+        return augment(xb.float(), list(self.cfg.augment), self.cfg.augment_mode, u)
+
+    # ------------------------------------------------------------------ training
+    def train(self, start: torch.Tensor, clients: np.ndarray, t: int, lr_scale: torch.Tensor | None = None,
+              steps: int | None = None) -> torch.Tensor:
+        """End models (n, d) after ``steps`` (default s) local SGD steps from ``start`` (n, d).
+
+        ``lr_scale`` (n,) multiplies each client's step size (e.g. debiased FedAvg's nu_i).
+        """
+        x = start.detach().clone()
+        n = x.shape[0]
+        if n == 0:
+            return x
+        lr = torch.full((n,), lr_at(self.cfg, t), dtype=torch.float32, device=self.device)
+        if lr_scale is not None:
+            lr = lr * lr_scale.to(self.device, torch.float32)
+        self.task.model.train()
+        for step in range(self.cfg.local_steps if steps is None else steps):
+            xb, yb, wb = self.batch(clients, t, step)
+            g = self.gradients(x, xb, yb, wb)
+            if self.cfg.grad_clip is not None:
+                norms = g.norm(dim=1, keepdim=True)
+                g = g * torch.clamp(self.cfg.grad_clip / (norms + 1e-12), max=1.0)
+            x.sub_(lr[:, None] * g)
+        return x
+
+    def gradients(self, x: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor, wb: torch.Tensor | None) -> torch.Tensor:
+        """Per-client gradients (n, d) at the rows of ``x``."""
+        if self.path == "batched":
+            params = self.spec.views(x)
+            g = self._batched_grad(params, xb, yb, wb) if wb is not None else self._batched_grad_nw(params, xb, yb)
+            return self.spec.cat(g, x.shape[0])
+        rows = []
+        for i in range(x.shape[0]):
+            p = x[i].clone().requires_grad_(True)
+            loss = self._loss_of(self.spec.views(p), xb[i], yb[i], None if wb is None else wb[i])
+            rows.append(torch.autograd.grad(loss, p)[0])
+        return torch.stack(rows)

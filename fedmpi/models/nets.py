@@ -1,0 +1,85 @@
+"""Architectures of the model zoo, as plain ``nn.Sequential`` stacks with named layers.
+
+No batch norm and no buffers: a model is fully described by its named parameters, which
+is what stacked-parameter training (``functional_call`` + ``vmap``) needs. Conv layers are
+3x3, stride 1, padding 1, each followed by ReLU; ``M`` is a 2x2 max-pool.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+from torch import nn
+
+from ..errors import InputError
+
+
+def _flat(in_shape: tuple[int, ...]) -> int:
+    return math.prod(in_shape)
+
+
+def linear(in_shape: tuple[int, ...], classes: int) -> nn.Module:
+    """logreg / linear_svm: flatten + Linear(in, classes)."""
+    return nn.Sequential(OrderedDict(flatten=nn.Flatten(), out=nn.Linear(_flat(in_shape), classes)))
+
+
+def mlp(in_shape: tuple[int, ...], classes: int, hidden: int) -> nn.Module:
+    """The 3-layer MLP of the debiasing paper: Linear-ReLU-Linear-ReLU-Linear."""
+    return nn.Sequential(OrderedDict(
+        flatten=nn.Flatten(),
+        fc1=nn.Linear(_flat(in_shape), hidden), relu1=nn.ReLU(),
+        fc2=nn.Linear(hidden, hidden), relu2=nn.ReLU(),
+        out=nn.Linear(hidden, classes)))
+
+
+def conv_stack(name: str, in_shape: tuple[int, ...], plan: list) -> tuple[list[tuple[str, nn.Module]], int]:
+    """Layers for a plan like [32, "M", 32, "M"]; returns them and the flattened output size."""
+    if len(in_shape) != 3:
+        raise InputError(f"task.model: {name} needs image inputs (C, H, W), got shape {in_shape}")
+    c, h, w = in_shape
+    pools = plan.count("M")
+    if h >> pools == 0 or w >> pools == 0:
+        raise InputError(f"task.model: {name} needs images of at least {2 ** pools}x{2 ** pools}, got {h}x{w}")
+    layers, i = [], 0
+    for v in plan:
+        if v == "M":
+            layers.append((f"pool{i}", nn.MaxPool2d(2)))
+            h, w = h // 2, w // 2
+        else:
+            i += 1
+            layers += [(f"conv{i}", nn.Conv2d(c, v, 3, padding=1)), (f"relu_c{i}", nn.ReLU())]
+            c = v
+    return layers, c * h * w
+
+
+def cnn(name: str, in_shape: tuple[int, ...], classes: int, plan: list, widths: list[int],
+        dropout: float = 0.0) -> nn.Module:
+    """conv_stack(plan) -> flatten -> [dropout] Linear(width) ReLU ... -> [dropout] Linear(classes)."""
+    layers, size = conv_stack(name, in_shape, plan)
+    layers.append(("flatten", nn.Flatten()))
+    for j, width in enumerate(widths + [classes], 1):
+        if dropout:
+            layers.append((f"drop{j}", nn.Dropout(dropout)))
+        last = j == len(widths) + 1
+        layers.append(("out" if last else f"fc{j}", nn.Linear(size, width)))
+        if not last:
+            layers.append((f"relu{j}", nn.ReLU()))
+        size = width
+    return nn.Sequential(OrderedDict(layers))
+
+
+_PAPER_CONVS = [32, "M", 32, "M"]
+_VGG11 = [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"]
+
+ARCHS = {
+    # FedSWE paper CNNs (parameter counts at 3x32x32 / 10 classes: 273,706 / 551,786 / 1,193,130)
+    "svhn_cnn": lambda s, k, h: cnn("svhn_cnn", s, k, _PAPER_CONVS, [128]),
+    "cifar_cnn": lambda s, k, h: cnn("cifar_cnn", s, k, _PAPER_CONVS, [256, 64]),
+    "cinic_cnn": lambda s, k, h: cnn("cinic_cnn", s, k, _PAPER_CONVS, [512, 256], dropout=0.2),
+    # VGG11 for CIFAR-size inputs (the usual CIFAR variant: conv features -> Linear(512, classes))
+    "vgg11": lambda s, k, h: cnn("vgg11", s, k, _VGG11, []),
+    "logreg": lambda s, k, h: linear(s, k),
+    "linear_svm": lambda s, k, h: linear(s, k),
+    "mlp": lambda s, k, h: mlp(s, k, h),
+}

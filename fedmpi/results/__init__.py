@@ -1,0 +1,1 @@
+"""Result files (HDF5), their summary (``info``) and plots."""

@@ -1,0 +1,194 @@
+"""Drives one run: builds the pieces, loops over rounds, evaluates, writes results.
+
+Set-up (data, model, participation, algorithm, result file) is checked collectively: if
+any rank fails with bad input, every rank exits 2 and rank 0 prints the first error, so a
+wrong file on one node neither hangs the job nor prints one error per rank.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+import traceback
+from typing import Callable
+
+import numpy as np
+import psutil
+import torch
+
+from .config import DECENTRALIZED, Config
+from .errors import InputError
+from .runtime import World
+
+
+def peak_rss_mb() -> float:
+    """Largest resident memory of this process so far (MB)."""
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return max(peak_kb / 1024.0, psutil.Process().memory_info().rss / 2**20)
+
+
+def agree(world: World, fn: Callable[[], object]) -> object:
+    """Run ``fn`` on every rank; if it raised InputError anywhere, raise it everywhere."""
+    err = None
+    try:
+        out = fn()
+    except InputError as e:
+        err, out = str(e), None
+    errors = [e for e in world.allgather_obj(err) if e is not None]
+    if errors:
+        raise InputError(errors[0])
+    return out
+
+
+class Runner:
+    """One run of ``cfg`` on ``world`` writing ``out_path`` (rank 0)."""
+
+    def __init__(self, cfg: Config, world: World, out_path: str, quiet: bool = False):
+        self.cfg, self.world, self.out_path, self.quiet = cfg, world, out_path, quiet
+        self.writer = None
+        agree(world, self._setup)
+
+    # ------------------------------------------------------------------ set-up
+    def _setup(self) -> None:
+        from . import algorithms, participation
+        from .data.task import build_task
+        from .engine.local import LocalTrainer
+
+        cfg, world = self.cfg, self.world
+        task = build_task(cfg, world.device)
+        if world.rank == 0:
+            for note in task.notes:
+                print(note, file=sys.stderr)
+        trainer = LocalTrainer(task, cfg.train, cfg.seed, cfg.task.model)
+        part = None
+        if cfg.algorithm.name not in DECENTRALIZED:
+            part = participation.build(cfg.availability, task.client_info(cfg.seed))
+        self.task = task
+        self.algo = algorithms.build(algorithms.Context(cfg, world, task, trainer, part))
+        self.spec = trainer.spec
+        self.metric_names = self._metric_names()
+        self._train_subset = self._train_eval_subset()
+        if world.rank == 0:
+            from .results.hdf5 import ResultWriter
+
+            self.writer = ResultWriter(self.out_path, cfg.to_yaml(), cfg.seed, world.size, self.metric_names,
+                                       task.m, cfg.runtime.log_availability)
+            self.writer.write_group("partition", {"samples": task.sizes.astype(np.int64),
+                                                  **({"label_hist": task.label_hist} if task.label_hist is not None
+                                                     else {})})
+            for name, arrays in getattr(self.algo, "static_groups", lambda: {})().items():
+                self.writer.write_group(name, arrays)
+
+    def _metric_names(self) -> list[str]:
+        names = []
+        scalar = self.task.classes == 0 and self.spec.dim == 1
+        for label in self.algo.eval_models():
+            sfx = f"_{label}" if label else ""
+            names += [f"test_loss{sfx}"] + ([f"test_acc{sfx}"] if self.task.classes else [])
+            if label == "" and self.task.classes and self.cfg.evaluation.train:
+                names += ["train_loss", "train_acc"]
+            if scalar:
+                names.append(f"x{sfx}")
+        names += list(self.algo.metrics) + ["n_active", "wall_time", "peak_rss_mb"]
+        return list(dict.fromkeys(names))
+
+    def _train_eval_subset(self) -> torch.Tensor | None:
+        k = self.cfg.evaluation.train_samples
+        n = self.task.train_x.shape[0]
+        if k is None or k >= n:
+            return None
+        from . import rng
+
+        idx = np.sort(rng.generator(self.cfg.seed, "train_eval").choice(n, size=k, replace=False))
+        return torch.as_tensor(idx, device=self.task.train_x.device)
+
+    # ------------------------------------------------------------------ loop
+    def run(self) -> int:
+        cfg, world = self.cfg, self.world
+        t0 = time.perf_counter()
+        bar = self._progress()
+        n_active = 0
+        t = 0
+        status = "failed"
+        try:
+            self._evaluate(0, 0, t0)
+            for t in range(cfg.rounds):
+                n_active = self.algo.round(t)
+                if self.writer is not None and cfg.runtime.log_availability:
+                    self.writer.append_mask(self.algo.last_mask())
+                last = t == cfg.rounds - 1 or self.algo.done()
+                if (t + 1) % cfg.eval_every == 0 or last:
+                    row = self._evaluate(t + 1, n_active, t0)
+                    if bar is not None:
+                        bar.set_postfix({k: f"{row[k]:.4f}" for k in ("test_acc", "test_loss") if k in row})
+                if bar is not None:
+                    bar.update(1)
+                if self.algo.done():
+                    break
+            status = "completed"
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+            self._finish(status, t + 1 if status == "completed" else None)
+        return 0
+
+    def _progress(self):
+        if self.world.rank != 0 or self.quiet or not self.cfg.runtime.progress or not sys.stderr.isatty():
+            return None
+        from tqdm import tqdm
+
+        return tqdm(total=self.cfg.rounds, unit="round", dynamic_ncols=True, file=sys.stderr)
+
+    def _evaluate(self, rounds_done: int, n_active: int, t0: float) -> dict[str, float]:
+        """Evaluate on rank 0; extra metrics and peak memory are collective (every rank)."""
+        from .engine.evaluate import evaluate
+
+        extra = self.algo.extra_metrics()
+        rss = self.world.max_float(peak_rss_mb())
+        row: dict[str, float] = {}
+        if self.world.rank == 0:
+            task, bs = self.task, self.cfg.evaluation.batch_size
+            for label, model in self.algo.eval_models().items():
+                sfx = f"_{label}" if label else ""
+                loss, acc = evaluate(task, self.spec, model, task.test_x, task.test_y, bs)
+                row[f"test_loss{sfx}"] = float(loss[0])
+                if acc is not None:
+                    row[f"test_acc{sfx}"] = float(acc[0])
+                if f"x{sfx}" in self.metric_names:
+                    row[f"x{sfx}"] = float(model.reshape(-1)[0])
+                if label == "" and "train_loss" in self.metric_names:
+                    x, y = task.train_x, task.train_y
+                    if self._train_subset is not None:
+                        x, y = x[self._train_subset], y[self._train_subset]
+                    loss, acc = evaluate(task, self.spec, model, x, y, bs)
+                    row["train_loss"], row["train_acc"] = float(loss[0]), float(acc[0])
+            row.update(extra)
+            row.update(round=rounds_done, n_active=n_active, wall_time=time.perf_counter() - t0, peak_rss_mb=rss)
+            self.writer.append(row, rounds_done)
+        return row
+
+    def _finish(self, status: str, rounds_done: int | None) -> None:
+        final = None
+        if status == "completed":
+            final = self.algo.final_params()
+            final = final.detach().float().cpu().numpy()
+        if self.writer is not None:
+            self.writer.finish(status, final if self.world.rank == 0 else None, rounds_done)
+
+
+def run(cfg: Config, world: World, out_path: str, quiet: bool = False) -> int:
+    """Run ``cfg``; return the exit code. Errors after set-up are reported with the rank."""
+    runner = Runner(cfg, world, out_path, quiet)
+    try:
+        return runner.run()
+    except KeyboardInterrupt:
+        return 3
+    except Exception:  # a failure on one rank must end the whole job, reported once
+        print(f"fedmpi: rank {world.rank} failed:\n{traceback.format_exc()}", file=sys.stderr)
+        if world.comm is not None and world.size > 1:
+            world.comm.Abort(1)
+        return 1
