@@ -1,0 +1,103 @@
+"""The participation interface: who is available in round t.
+
+A ``Participation`` is a deterministic function of (seed, round) -- plus its own chain
+state for the Markov sampler -- computed identically on every rank without communication
+(counter-based streams of ``fedmpi.rng``). ``available(t)`` must be called for
+t = 0, 1, 2, ... in order (stateful kinds rely on it); it returns the sorted global ids
+of the available clients. ``probabilities(t)`` returns the true p_i^t where the model is
+Bernoulli (FedKnown needs it), else ``None``.
+
+Kinds register themselves with ``@register("name")``; ``build`` picks one from the config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .. import rng
+from ..config import AvailabilityConfig
+from ..errors import InputError
+
+
+@dataclass
+class ClientInfo:
+    """What a participation model may know about the clients (built by the task)."""
+
+    m: int
+    seed: int
+    label_hist: np.ndarray | None = None  # (m, classes) sample counts per class, None for quadratic
+    group: np.ndarray | None = None  # (m,) data group of each client (partition 'groups'), else None
+
+
+class Participation:
+    """Base class; subclasses implement ``available`` and, when Bernoulli, ``probabilities``."""
+
+    def __init__(self, m: int, seed: int):
+        self.m = m
+        self.seed = seed
+
+    def available(self, t: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def probabilities(self, t: int) -> np.ndarray | None:
+        return None
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Chain state for checkpoints (stateless kinds: empty)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        pass
+
+
+class Bernoulli(Participation):
+    """Client i is available in round t independently with probability p_i^t.
+
+    ``prob(t)`` gives the (m,) vector p_i^t. When ``static`` the thresholds are computed once.
+    """
+
+    def __init__(self, m: int, seed: int, prob: Callable[[int], np.ndarray], static: bool = False):
+        super().__init__(m, seed)
+        self._prob = prob
+        self._w = rng.weyl(np.arange(m))
+        self._buf = np.empty(m, dtype=np.uint64)
+        self._thr = rng.threshold(prob(0)) if static else None
+
+    def probabilities(self, t: int) -> np.ndarray:
+        return np.clip(self._prob(t), 0.0, 1.0)
+
+    def available(self, t: int) -> np.ndarray:
+        thr = self._thr if self._thr is not None else rng.threshold(self._prob(t))
+        draws = rng.bits_weyl(rng.key(self.seed, "availability", t), self._w, out=self._buf)
+        return np.flatnonzero(draws < thr)
+
+
+_REGISTRY: dict[str, Callable[[AvailabilityConfig, ClientInfo], Participation]] = {}
+
+
+def register(kind: str):
+    """Decorator: ``@register("sine") def make(cfg, info) -> Participation``."""
+
+    def deco(fn):
+        _REGISTRY[kind] = fn
+        return fn
+
+    return deco
+
+
+def build(cfg: AvailabilityConfig, info: ClientInfo) -> Participation:
+    """The participation model named by ``availability.kind``."""
+    if cfg.kind not in _REGISTRY:
+        raise InputError(f"availability.kind: {cfg.kind!r} is not available in this build "
+                         f"(have: {', '.join(sorted(_REGISTRY))})")
+    return _REGISTRY[cfg.kind](cfg, info)
+
+
+def mask(ids: np.ndarray, m: int) -> np.ndarray:
+    """uint8 0/1 vector of length m from sorted available ids."""
+    out = np.zeros(m, dtype=np.uint8)
+    out[ids] = 1
+    return out

@@ -1,0 +1,78 @@
+"""Base availability probabilities p_i (``availability.base``), drawn once per seed.
+
+Kinds: ``fixed`` (listed values), ``uniform`` U(lo, hi), ``beta`` Beta(a, b) and
+``dirichlet_phi`` (FedSWE paper default): p_i = <nu_i, phi>, nu_i client i's normalised label
+histogram, phi_c ~ U(0, Phi_c). Every draw comes from ``rng.generator(seed, purpose)``, so p is
+identical on every rank and for every algorithm of a seed.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .. import rng
+from ..config import BaseProbConfig
+from ..errors import InputError
+from .base import ClientInfo
+
+
+def base_probabilities(cfg: BaseProbConfig, info: ClientInfo) -> np.ndarray:
+    """The (m,) vector of base probabilities p_i, floored at ``p_min`` when set."""
+    m = info.m
+    if cfg.kind == "fixed":
+        if cfg.values is None:
+            raise InputError("availability.base.values: base kind 'fixed' needs values")
+        v = np.asarray(cfg.values, dtype=np.float64)
+        p = np.full(m, v[0]) if v.size == 1 else v.copy()
+    elif cfg.kind == "uniform":
+        p = rng.generator(info.seed, "base_prob").uniform(cfg.lo, cfg.hi, size=m)
+    elif cfg.kind in _EXTRA:
+        p = _EXTRA[cfg.kind](cfg, info)
+    else:
+        raise InputError(f"availability.base.kind: unknown kind {cfg.kind!r} "
+                         f"(allowed: fixed, uniform, {', '.join(_EXTRA)})")
+    if cfg.p_min is not None:
+        p = np.maximum(p, cfg.p_min)
+    return np.clip(p, 0.0, 1.0)
+
+
+def _beta(cfg: BaseProbConfig, info: ClientInfo) -> np.ndarray:
+    return rng.generator(info.seed, "base_prob").beta(cfg.a, cfg.b, size=info.m)
+
+
+def class_weights(cfg: BaseProbConfig, seed: int, classes: int) -> np.ndarray:
+    """phi: phi_c ~ U(0, Phi_c), drawn once per seed (independent of m and of the rank).
+
+    Phi_c defaults to 1 for the first ceil(C/2) classes and 0.5 for the others.
+    """
+    if cfg.phi_max is None:
+        cap = np.where(np.arange(classes) < classes / 2, 1.0, 0.5)
+    else:
+        cap = np.asarray(cfg.phi_max, dtype=np.float64)
+        if cap.shape != (classes,) or not np.all((cap >= 0) & (cap <= 1)):
+            raise InputError(f"availability.base.phi_max: needs {classes} values (one per class) "
+                             f"in [0, 1], got {cfg.phi_max!r}")
+    return rng.generator(seed, "base_prob_phi").uniform(0.0, 1.0, size=classes) * cap
+
+
+def _dirichlet_phi(cfg: BaseProbConfig, info: ClientInfo) -> np.ndarray:
+    hist = info.label_hist
+    if hist is None:
+        raise InputError("availability.base.kind: 'dirichlet_phi' needs the clients' label histograms; "
+                         "this task has no labels (use fixed, uniform or beta)")
+    hist = np.asarray(hist, dtype=np.float64)
+    if hist.ndim != 2 or hist.shape[0] != info.m or np.any(hist < 0):
+        raise InputError(f"availability.base.kind: 'dirichlet_phi' needs an (m={info.m}, classes) "
+                         f"non-negative label histogram, got shape {hist.shape}")
+    total = hist.sum(axis=1, keepdims=True)
+    nu = np.divide(hist, total, out=np.zeros_like(hist), where=total > 0)  # no data -> p_i = 0
+    return nu @ class_weights(cfg, info.seed, hist.shape[1])
+
+
+# kind -> fn(cfg, info) -> (m,) array, for the kinds beyond fixed and uniform.
+_EXTRA: dict[str, Callable[[BaseProbConfig, ClientInfo], np.ndarray]] = {
+    "beta": _beta,
+    "dirichlet_phi": _dirichlet_phi,
+}

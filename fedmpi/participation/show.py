@@ -1,0 +1,159 @@
+"""``fedmpi availability CONFIG.yaml``: preview p_i^t and sampled availability without training.
+
+Prints a table (default), JSON (``--json``) or writes a plot like the FedSWE paper's Fig. 16
+(``--out FIG.png``: p_i^t on top, the sampled availability of each client below).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..config import Config, load
+from ..errors import InputError
+from .base import ClientInfo, Participation, build
+
+InfoLoader = Callable[[Config], ClientInfo]
+
+
+def trajectories(part: Participation, rounds: int, clients: Sequence[int]) -> np.ndarray:
+    """(len(clients), rounds) p_i^t; NaN in rounds where the model has no probabilities."""
+    idx = np.asarray(clients, dtype=np.int64)
+    out = np.full((idx.size, rounds), np.nan)
+    for t in range(rounds):
+        p = part.probabilities(t)
+        if p is not None:
+            out[:, t] = p[idx]
+    return out
+
+
+def simulate(part: Participation, rounds: int, clients: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
+    """Draw rounds 0..rounds-1 (``part`` must be fresh): per-client availability counts (m,)
+    and the 0/1 availability of ``clients`` (len(clients), rounds)."""
+    idx = np.asarray(clients, dtype=np.int64)
+    counts = np.zeros(part.m, dtype=np.int64)
+    sel = np.zeros((idx.size, rounds), dtype=np.uint8)
+    for t in range(rounds):
+        ids = part.available(t)
+        counts[ids] += 1
+        sel[:, t] = np.isin(idx, ids)
+    return counts, sel
+
+
+def empirical_frequency(part: Participation, rounds: int) -> np.ndarray:
+    """Fraction of rounds 0..rounds-1 in which each client was available (``part`` must be fresh)."""
+    return simulate(part, rounds)[0] / max(rounds, 1)
+
+
+def client_info(cfg: Config, loader: InfoLoader | None = None) -> ClientInfo:
+    """What the participation model needs; loads the data partition only when it must."""
+    av = cfg.availability
+    needs = {
+        "availability.base.kind: 'dirichlet_phi' needs the clients' label histograms":
+            av.base.kind == "dirichlet_phi" and av.kind not in ("always", "cohort", "trace"),
+        "availability.kind: periodic_groups with task.partition.kind 'groups' needs the data groups":
+            av.kind == "periodic_groups" and cfg.task.partition.kind == "groups",
+    }
+    why = next((msg for msg, need in needs.items() if need), None)
+    if why is None:
+        return ClientInfo(m=cfg.task.clients, seed=cfg.seed)
+    if loader is None:
+        try:
+            from ..data.task import client_info as loader  # lazy: reads the dataset
+        except ImportError:
+            raise InputError(f"{why} (the data partition), which this build cannot compute; "
+                             f"preview with another setting") from None
+    return loader(cfg)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Arguments of ``fedmpi availability``."""
+    parser.add_argument("config", help="experiment YAML")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a dotted config key (repeatable)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="rounds to show (default: max(40, 2 * availability.period))")
+    parser.add_argument("--clients", default=None, help="comma-separated client ids (default: 0,1,2)")
+    parser.add_argument("--out", default=None, help="write a PNG plot here")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def _parse_clients(text: str | None, m: int) -> list[int]:
+    if text is None:
+        return list(range(min(m, 3)))
+    try:
+        ids = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InputError(f"--clients: expected comma-separated integers, got {text!r}") from None
+    bad = [i for i in ids if not 0 <= i < m]
+    if not ids or bad:
+        raise InputError(f"--clients: ids must be in [0, {m}) (task.clients), got {text!r}")
+    return ids
+
+
+def run_cli(args: argparse.Namespace, loader: InfoLoader | None = None) -> int:
+    """Run ``fedmpi availability``; InputError (exit 2) on bad input. ``loader`` builds the ClientInfo."""
+    cfg = load(args.config, getattr(args, "set", None) or [])
+    rounds = args.rounds if args.rounds is not None else max(40, 2 * cfg.availability.period)
+    if rounds < 1:
+        raise InputError(f"--rounds: must be >= 1, got {rounds}")
+    clients = _parse_clients(args.clients, cfg.task.clients)
+    info = client_info(cfg, loader)
+    p = trajectories(build(cfg.availability, info), rounds, clients)
+    _, avail = simulate(build(cfg.availability, info), rounds, clients)
+    title = f"availability {cfg.availability.kind} (base {cfg.availability.base.kind}), seed {cfg.seed}"
+    if args.out:
+        _plot(args.out, title, clients, p, avail)
+    if args.json:
+        print(json.dumps({
+            "kind": cfg.availability.kind, "base": cfg.availability.base.kind, "seed": cfg.seed,
+            "rounds": rounds, "clients": clients,
+            "p": [[None if math.isnan(v) else round(float(v), 6) for v in row] for row in p],
+            "available": avail.tolist(), "frequency": avail.mean(axis=1).tolist()}))
+    elif args.out:
+        print(f"wrote {args.out}")
+    else:
+        _table(title, clients, p, avail)
+    return 0
+
+
+def _table(title: str, clients: list[int], p: np.ndarray, avail: np.ndarray) -> None:
+    print(f"{title}; * = available")
+    print("round " + "".join(f"{'client ' + str(c):>12}" for c in clients))
+    for t in range(p.shape[1]):
+        cells = ("       -" if math.isnan(v) else f"{v:8.4f}" for v in p[:, t])
+        print(f"{t:5d} " + "".join(f"{c}{'*' if a else ' ':<4}" for c, a in zip(cells, avail[:, t])))
+    print("freq  " + "".join(f"{f:8.4f}    " for f in avail.mean(axis=1)))
+
+
+def _plot(path: str, title: str, clients: list[int], p: np.ndarray, avail: np.ndarray) -> None:
+    from matplotlib.figure import Figure  # no pyplot: no global backend state (renders with Agg)
+
+    fig = Figure(figsize=(9, 2.2 + 0.35 * len(clients)))
+    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[2, 1])
+    t = np.arange(p.shape[1])
+    for row, c in zip(p, clients):
+        top.step(t, row, where="post", label=f"client {c}")
+    top.set_ylim(-0.02, 1.02)
+    top.set_ylabel("$p_i^t$")
+    top.set_title(title)
+    if np.isnan(p).all():
+        top.text(0.5, 0.5, "no $p_i^t$ (not a Bernoulli model)", ha="center", transform=top.transAxes)
+    else:
+        top.legend(loc="upper right", fontsize="small")
+    bottom.imshow(avail, aspect="auto", interpolation="nearest", cmap="Blues", vmin=0, vmax=1,
+                  extent=(-0.5, p.shape[1] - 0.5, len(clients) - 0.5, -0.5))
+    bottom.set_yticks(range(len(clients)), [str(c) for c in clients])
+    bottom.set_ylabel("client")
+    bottom.set_xlabel("round")
+    fig.tight_layout()
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        fig.savefig(path, dpi=120)
+    except OSError as e:
+        raise InputError(f"--out: cannot write {path} ({e.__class__.__name__})") from None

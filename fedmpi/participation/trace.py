@@ -1,0 +1,230 @@
+"""Availability replayed from a file (``availability.kind: trace``).
+
+``availability.trace`` is the path (relative to the working directory);
+``availability.trace_format`` one of:
+
+- ``ids``: text, one line per round listing the available client ids, separated by whitespace
+  and/or commas; an empty line means nobody is available that round.
+- ``matrix``: a 0/1 matrix of rounds x m, as text (one row per line, whitespace/comma separated,
+  blank lines ignored) or a ``.npy`` array.
+- ``intervals``: FedScale-style on/off availability per client, as JSON
+  ``{"<client id>": [[start, end], ...], ...}`` of half-open round intervals [start, end) in which
+  the client is available. A client may instead map to ``{"active": [...], "inactive": [...]}``
+  (FedScale's layout: the k-th interval is [active[k], inactive[k]); an unmatched last ``active``
+  stays on to the end of the trace; an optional ``finish_time`` extends the trace). FedScale's
+  pickle of that layout is read with a restricted unpickler that admits only plain containers,
+  numbers and strings (any class, numpy included, is refused). Times
+  are taken as round indices (FedScale records seconds: rescale before use). Clients absent from
+  the file are never available. The trace lasts max(end, finish_time, open start + 1) rounds.
+- ``auto`` (default): ``.npy`` (or numpy magic) -> matrix; ``.json``/``.pkl``/``.pickle``, a
+  pickle, or text starting with ``{`` -> intervals; text whose every non-blank line has exactly
+  m tokens of 0/1 -> matrix (refused as ambiguous when m <= 2); other text -> ids.
+
+Rounds beyond the trace's length wrap around: round t replays round t mod length.
+Every problem raises a one-line ``InputError`` starting with ``availability.trace: <path>:``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+from typing import Any, Callable
+
+import numpy as np
+
+from ..config import AvailabilityConfig
+from ..errors import InputError
+from .base import ClientInfo, Participation, register
+
+_KEY = "availability.trace"
+
+
+class Trace(Participation):
+    """Replays ``lookup(r)`` (sorted available ids of trace round r), with r = t mod ``length``."""
+
+    def __init__(self, m: int, seed: int, lookup: Callable[[int], np.ndarray], length: int):
+        super().__init__(m, seed)
+        if length < 1:
+            raise ValueError("a trace needs at least one round")
+        self._lookup, self.length = lookup, int(length)
+
+    @classmethod
+    def from_rounds(cls, m: int, seed: int, rounds: list[np.ndarray]) -> "Trace":
+        """From one sorted id array per round."""
+        return cls(m, seed, rounds.__getitem__, len(rounds))
+
+    @classmethod
+    def from_intervals(cls, m: int, seed: int, iv: np.ndarray, length: int) -> "Trace":
+        """From (n, 3) rows (client, start, end): client available for start <= r < end."""
+        return cls(m, seed, lambda r: np.unique(iv[(iv[:, 1] <= r) & (r < iv[:, 2]), 0]), length)
+
+    def available(self, t: int) -> np.ndarray:
+        return self._lookup(t % self.length)
+
+
+# ----------------------------------------------------------------------------- parsing
+
+class _Fail(Exception):
+    """A parse problem; turned into one InputError line naming the file."""
+
+
+def _ids_from_tokens(tokens: list[str], m: int, where: str) -> np.ndarray:
+    try:
+        ids = np.array([int(x) for x in tokens], dtype=np.int64)
+    except ValueError:
+        raise _Fail(f"{where}: expected integer client ids, got {' '.join(tokens)[:60]!r}") from None
+    bad = ids[(ids < 0) | (ids >= m)]
+    if bad.size:
+        raise _Fail(f"{where}: client id {bad[0]} outside [0, {m}) (task.clients = {m})")
+    return np.unique(ids)
+
+
+def _tokens(line: str) -> list[str]:
+    return line.replace(",", " ").split()
+
+
+def parse_ids(text: str, m: int) -> list[np.ndarray]:
+    """One sorted id array per line of ``text``."""
+    return [_ids_from_tokens(_tokens(line), m, f"line {i + 1}") for i, line in enumerate(text.splitlines())]
+
+
+def _check_matrix(a: np.ndarray, m: int) -> list[np.ndarray]:
+    if a.ndim != 2 or a.shape[0] == 0:
+        raise _Fail(f"expected a 2-D 0/1 matrix (rounds x {m}), got shape {a.shape}")
+    if a.shape[1] != m:
+        raise _Fail(f"matrix has {a.shape[1]} columns, expected task.clients = {m} (one per client)")
+    if a.dtype != bool and not np.isin(a, (0, 1)).all():
+        raise _Fail("matrix entries must be 0 or 1")
+    return [np.flatnonzero(row) for row in a]
+
+
+def parse_matrix_text(text: str, m: int) -> list[np.ndarray]:
+    """A 0/1 text matrix, one row per non-blank line."""
+    rows = [(i + 1, _tokens(line)) for i, line in enumerate(text.splitlines()) if line.strip()]
+    for lineno, tok in rows:
+        if len(tok) != m:
+            raise _Fail(f"line {lineno}: matrix row has {len(tok)} entries, expected task.clients = {m}")
+        if any(x not in ("0", "1") for x in tok):
+            raise _Fail(f"line {lineno}: matrix entries must be 0 or 1")
+    return _check_matrix(np.array([[x == "1" for x in tok] for _, tok in rows], dtype=bool).reshape(-1, m), m)
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Admits only dicts, lists, tuples, sets, numbers, strings, bytes: no class is ever loaded."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name} (only plain containers allowed)")
+
+
+def _unpickle(data: bytes) -> Any:
+    try:
+        return _PlainUnpickler(io.BytesIO(data)).load()
+    except Exception as e:  # untrusted bytes: any failure is a malformed file
+        raise _Fail(f"unreadable pickle ({e.__class__.__name__}: {str(e)[:80]})") from None
+
+
+def _as_round(x: Any, what: str) -> int:
+    integral = isinstance(x, int) or (isinstance(x, float) and x.is_integer())
+    if isinstance(x, bool) or not integral or abs(x) >= 2**62:
+        raise _Fail(f"{what}: expected an integer round, got {x!r}")
+    if x < 0:
+        raise _Fail(f"{what}: rounds must be >= 0, got {x!r}")
+    return int(x)
+
+
+def parse_intervals(obj: Any, m: int) -> tuple[np.ndarray, int]:
+    """(client, start, end) rows and the trace length from the intervals mapping."""
+    if not isinstance(obj, dict):
+        raise _Fail('expected a mapping {"<client id>": [[start, end], ...]}')
+    closed, open_starts, length = [], [], 0
+    for key, spec in obj.items():
+        try:
+            c = int(key)
+        except (TypeError, ValueError):
+            raise _Fail(f"key {key!r}: expected an integer client id") from None
+        if not 0 <= c < m:
+            raise _Fail(f"client id {c} outside [0, {m}) (task.clients = {m})")
+        if isinstance(spec, dict):  # FedScale layout
+            on, off = spec.get("active", []), spec.get("inactive", [])
+            lists = isinstance(on, (list, tuple)) and isinstance(off, (list, tuple))
+            if not lists or len(off) not in (len(on), len(on) - 1):
+                raise _Fail(f"client {c}: 'active'/'inactive' must be lists with len(inactive) in "
+                            f"(len(active), len(active) - 1)")
+            pairs = list(zip(on, off))
+            if len(on) > len(off):
+                open_starts.append((c, _as_round(on[-1], f"client {c}")))
+            if "finish_time" in spec:
+                length = max(length, _as_round(spec["finish_time"], f"client {c} finish_time"))
+        elif isinstance(spec, (list, tuple)):
+            pairs = spec
+        else:
+            raise _Fail(f"client {c}: expected a list of [start, end] pairs")
+        for pair in pairs:
+            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+                raise _Fail(f"client {c}: expected [start, end] pairs, got {pair!r}")
+            s, e = (_as_round(x, f"client {c}") for x in pair)
+            if e < s:
+                raise _Fail(f"client {c}: interval [{s}, {e}) ends before it starts")
+            closed.append((c, s, e))
+            length = max(length, e)
+    length = max([length] + [s + 1 for _, s in open_starts])
+    rows = closed + [(c, s, length) for c, s in open_starts]
+    if length < 1:
+        raise _Fail("no availability interval: the trace has no rounds")
+    return np.array(rows, dtype=np.int64).reshape(-1, 3), length
+
+
+def _guess(path: str, data: bytes, m: int) -> str:
+    ext = os.path.splitext(path)[1].lower()
+    if ext == ".npy" or data.startswith(b"\x93NUMPY"):
+        return "matrix"
+    if ext in (".json", ".pkl", ".pickle") or data.lstrip().startswith(b"{") or data.startswith(b"\x80"):
+        return "intervals"
+    lines = [tok for tok in map(_tokens, data.decode("utf-8", errors="replace").splitlines()) if tok]
+    if lines and all(len(tok) == m and set(tok) <= {"0", "1"} for tok in lines):
+        if m <= 2:
+            raise _Fail(f"cannot tell a 0/1 matrix from id lists with task.clients = {m}; "
+                        f"set availability.trace_format to ids or matrix")
+        return "matrix"
+    return "ids"
+
+
+def load_trace(path: str, fmt: str, m: int, seed: int = 0) -> Trace:
+    """Read and validate a trace file; InputError ``availability.trace: <path>: ...`` on any problem."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except FileNotFoundError:
+        raise InputError(f"{_KEY}: {path}: file not found "
+                         f"(expected a trace: id lists, 0/1 matrix or intervals)") from None
+    except OSError as e:
+        raise InputError(f"{_KEY}: {path}: cannot read ({e.__class__.__name__})") from None
+    try:
+        fmt = _guess(path, data, m) if fmt == "auto" else fmt
+        binary = data.startswith(b"\x93NUMPY") or data.startswith(b"\x80")
+        if fmt == "matrix" and data.startswith(b"\x93NUMPY"):
+            return Trace.from_rounds(m, seed, _check_matrix(np.load(io.BytesIO(data), allow_pickle=False), m))
+        if fmt == "intervals":
+            obj = _unpickle(data) if data.startswith(b"\x80") else json.loads(data)
+            return Trace.from_intervals(m, seed, *parse_intervals(obj, m))
+        if binary:
+            raise _Fail(f"binary file, expected a text {fmt} trace")
+        text = data.decode("utf-8")
+        rounds = parse_ids(text, m) if fmt == "ids" else parse_matrix_text(text, m)
+        if not rounds:
+            raise _Fail(f"empty trace, expected at least one round ({fmt})")
+        return Trace.from_rounds(m, seed, rounds)
+    except _Fail as e:
+        raise InputError(f"{_KEY}: {path}: {e}") from None
+    except (ValueError, OSError, EOFError) as e:
+        detail = str(e).splitlines()[0][:120] if str(e) else e.__class__.__name__
+        raise InputError(f"{_KEY}: {path}: malformed {fmt} trace ({detail})") from None
+
+
+@register("trace")
+def _trace(cfg: AvailabilityConfig, info: ClientInfo) -> Participation:
+    if not cfg.trace:
+        raise InputError(f"{_KEY}: kind 'trace' needs a file path (ids per round, 0/1 matrix or intervals)")
+    return load_trace(cfg.trace, cfg.trace_format, info.m, info.seed)

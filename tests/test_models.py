@@ -1,0 +1,86 @@
+"""Model zoo: parameter counts, deterministic init, and vmap(grad) == per-client loop."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call, grad, vmap
+
+from fedmpi.errors import InputError
+from fedmpi.models import MODELS, build_model, count_params, loss_fn
+
+IMG = (3, 32, 32)
+
+
+@pytest.mark.parametrize("name,count", [("svhn_cnn", 273_706), ("cifar_cnn", 551_786), ("cinic_cnn", 1_193_130),
+                                        ("logreg", 3072 * 10 + 10), ("linear_svm", 3072 * 10 + 10),
+                                        ("mlp", 3072 * 200 + 200 + 200 * 200 + 200 + 200 * 10 + 10)])
+def test_parameter_counts(name, count):
+    assert count_params(build_model(name, IMG, 10)) == count
+
+
+def test_vgg11_shape_and_inputs():
+    model = build_model("vgg11", IMG, 10)
+    assert model(torch.zeros(2, *IMG)).shape == (2, 10)
+    assert count_params(model) == 9_225_610  # conv features + Linear(512, 10), no batch norm
+    with pytest.raises(InputError, match=r"^task\.model: vgg11 needs images of at least 32x32"):
+        build_model("vgg11", (1, 28, 28), 10)
+    with pytest.raises(InputError, match=r"^task\.model: unknown model"):
+        build_model("resnet", IMG, 10)
+
+
+def test_fmnist_shapes():
+    x = torch.rand(3, 1, 28, 28)
+    for name in ("logreg", "linear_svm", "mlp", "svhn_cnn", "cifar_cnn", "cinic_cnn"):
+        assert build_model(name, (1, 28, 28), 10, hidden=16)(x).shape == (3, 10)
+
+
+def test_init_deterministic_without_global_rng():
+    state = torch.get_rng_state()
+    a, b, c = (build_model("cifar_cnn", IMG, 10, seed=s) for s in (5, 5, 6))
+    assert torch.equal(state, torch.get_rng_state())
+    for (name, pa), pb, pc in zip(a.named_parameters(), b.parameters(), c.parameters()):
+        assert torch.equal(pa, pb)
+        if name.endswith("weight"):
+            assert not torch.equal(pa, pc)
+    assert len(list(a.buffers())) == 0
+    w = a.conv2.weight  # Kaiming normal: std sqrt(2 / fan_in)
+    assert abs(w.std().item() / (2 / (32 * 9)) ** 0.5 - 1) < 0.05
+    assert torch.all(a.conv2.bias == 0)
+
+
+def test_hinge_matches_multi_margin_loss():
+    logits, y = torch.randn(7, 10), torch.randint(0, 10, (7,))
+    torch.testing.assert_close(loss_fn("linear_svm")(logits, y), F.multi_margin_loss(logits, y))
+    torch.testing.assert_close(loss_fn("mlp")(logits, y), F.cross_entropy(logits, y))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_vmapped_grad_equals_loop(name):
+    n, b = 2, 2
+    models = [build_model(name, IMG, 10, hidden=32, seed=s).eval() for s in range(n)]  # eval: dropout off
+    stacked = {k: torch.stack([dict(m.named_parameters())[k].detach() for m in models])
+               for k, _ in models[0].named_parameters()}
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(n, b, *IMG, generator=gen), torch.randint(0, 10, (n, b), generator=gen)
+    loss = loss_fn(name)
+    base = models[0]
+
+    def client_loss(params, xb, yb):
+        return loss(functional_call(base, params, (xb,)), yb)
+
+    batched = vmap(grad(client_loss), randomness="different")(stacked, x, y)
+    for i, m in enumerate(models):
+        m.zero_grad()
+        loss(m(x[i]), y[i]).backward()
+        for k, p in m.named_parameters():
+            torch.testing.assert_close(batched[k][i], p.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_dropout_under_vmap_train_mode():
+    model = build_model("cinic_cnn", IMG, 10).train()
+    params = {k: torch.stack([p.detach()] * 2) for k, p in model.named_parameters()}
+    x = torch.randn(1, 4, *IMG).expand(2, 4, *IMG)
+    out = vmap(lambda p, xb: functional_call(model, p, (xb,)), randomness="different")(params, x)
+    assert out.shape == (2, 4, 10) and not torch.equal(out[0], out[1])  # independent dropout masks

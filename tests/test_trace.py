@@ -1,0 +1,143 @@
+"""``availability.kind: trace``: every format parses, wraps around, and fails with one clear line."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+from fedmpi.config import AvailabilityConfig, from_dict
+from fedmpi.errors import InputError
+from fedmpi.participation import ClientInfo, build
+
+
+def trace(path, m, fmt="auto"):
+    return build(AvailabilityConfig(kind="trace", trace=str(path), trace_format=fmt), ClientInfo(m=m, seed=0))
+
+
+def rounds(part, n):
+    return [part.available(t).tolist() for t in range(n)]
+
+
+def test_ids_text_with_empty_round_and_wraparound(tmp_path):
+    f = tmp_path / "ids.txt"
+    f.write_text("0 2\n3,1\n\n 0, 1 ,2 2\n")
+    part = trace(f, 4)
+    assert rounds(part, 9) == [[0, 2], [1, 3], [], [0, 1, 2]] * 2 + [[0, 2]]
+    assert part.probabilities(0) is None
+
+
+def test_matrix_text_auto_detected(tmp_path):
+    f = tmp_path / "mask.csv"
+    f.write_text("1,0,1\n0,1,0\n\n")
+    assert rounds(trace(f, 3), 5) == [[0, 2], [1], [0, 2], [1], [0, 2]]
+    assert rounds(trace(f, 3, "matrix"), 2) == [[0, 2], [1]]
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, bool, np.float64])
+def test_matrix_npy(tmp_path, dtype):
+    f = tmp_path / "mask.npy"
+    np.save(f, np.array([[1, 1, 0, 0], [0, 0, 0, 1], [0, 0, 0, 0]], dtype=dtype))
+    assert rounds(trace(f, 4), 4) == [[0, 1], [3], [], [0, 1]]
+
+
+def test_intervals_json(tmp_path):
+    f = tmp_path / "iv.json"
+    f.write_text(json.dumps({"0": [[0, 2], [5, 6]], "2": [[1, 3]]}))  # length max(end) = 6
+    assert rounds(trace(f, 3), 7) == [[0], [0, 2], [2], [], [], [0], [0]]
+
+
+FEDSCALE = {0: {"active": [0, 4], "inactive": [2], "finish_time": 3}, 1: {"active": [1], "inactive": [3]}}
+FEDSCALE_ROUNDS = [[0], [0, 1], [1], [], [0]]  # client 0's open interval from 4 lasts to the end (5)
+
+
+def test_intervals_fedscale_layout_json_and_pickle(tmp_path):
+    j = tmp_path / "behave.json"
+    j.write_text(json.dumps({str(k): v for k, v in FEDSCALE.items()}))
+    assert rounds(trace(j, 2), 6) == FEDSCALE_ROUNDS + [[0]]
+    p = tmp_path / "client_behave_trace"  # no extension: recognised as a pickle
+    p.write_bytes(pickle.dumps(FEDSCALE, protocol=4))
+    assert rounds(trace(p, 2, "intervals"), 5) == FEDSCALE_ROUNDS
+    assert rounds(trace(p, 2), 5) == FEDSCALE_ROUNDS
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.getpid, ())
+
+
+@pytest.mark.parametrize("payload", [_Evil(), {0: np.array([[0, 1]])}], ids=["reduce", "numpy"])
+def test_pickle_refuses_classes(tmp_path, payload):
+    f = tmp_path / "t.pkl"
+    f.write_bytes(pickle.dumps(payload))
+    with pytest.raises(InputError, match="refusing to load"):
+        trace(f, 2)
+
+
+def test_through_config(tmp_path):
+    f = tmp_path / "ids.txt"
+    f.write_text("1\n")
+    cfg = from_dict({"task": {"clients": 2}, "availability": {"kind": "trace", "trace": str(f), "trace_format": "ids"}})
+    assert build(cfg.availability, ClientInfo(m=2, seed=0)).available(5).tolist() == [1]
+
+
+BAD = [
+    ("ids.txt", "0 1\n2 9\n", "ids", "line 2: client id 9 outside [0, 4)"),
+    ("ids.txt", "0 -1\n", "ids", "client id -1 outside"),
+    ("ids.txt", "0 x\n", "ids", "line 1: expected integer client ids"),
+    ("ids.txt", "", "auto", "empty trace"),
+    ("m.txt", "1 0 1\n", "matrix", "3 entries, expected task.clients = 4"),
+    ("m.txt", "1 0 2 1\n", "matrix", "0 or 1"),
+    ("iv.json", "{not json", "auto", "malformed intervals trace"),
+    ("iv.json", '{"0": [[3, 1]]}', "auto", "ends before it starts"),
+    ("iv.json", '{"7": [[0, 1]]}', "auto", "client id 7 outside [0, 4)"),
+    ("iv.json", '{"0": [[0, 1.5]]}', "auto", "expected an integer round"),
+    ("iv.json", '[[0, 1]]', "intervals", "expected a mapping"),
+    ("iv.json", '{"0": {"active": [0], "inactive": [1, 2, 3]}}', "auto", "'active'/'inactive'"),
+    ("iv.pkl", "garbage", "auto", "malformed intervals trace"),
+]
+
+
+@pytest.mark.parametrize("name,content,fmt,msg", BAD, ids=[b[3][:25] for b in BAD])
+def test_bad_files_one_line_errors(tmp_path, name, content, fmt, msg):
+    f = tmp_path / name
+    f.write_text(content)
+    with pytest.raises(InputError) as e:
+        trace(f, 4, fmt)
+    text = str(e.value)
+    assert text.startswith(f"availability.trace: {f}: ") and "\n" not in text and msg in text, text
+
+
+def test_bad_npy_width_and_dims(tmp_path):
+    f = tmp_path / "m.npy"
+    np.save(f, np.ones((3, 5), dtype=np.uint8))
+    with pytest.raises(InputError, match=r"5 columns, expected task.clients = 4"):
+        trace(f, 4)
+    np.save(f, np.ones(4))
+    with pytest.raises(InputError, match=r"expected a 2-D 0/1 matrix"):
+        trace(f, 4)
+    np.save(f, np.array([[{}]], dtype=object))
+    with pytest.raises(InputError, match=r"^availability.trace: .*m.npy: malformed"):
+        trace(f, 1)
+
+
+def test_missing_path_and_file(tmp_path):
+    with pytest.raises(InputError, match=r"^availability\.trace: kind 'trace' needs a file path"):
+        build(AvailabilityConfig(kind="trace"), ClientInfo(m=2, seed=0))
+    missing = tmp_path / "nope.txt"
+    with pytest.raises(InputError, match=rf"^availability\.trace: {missing}: file not found"):
+        trace(missing, 2)
+    with pytest.raises(InputError, match=r"cannot read"):
+        trace(tmp_path, 2)  # a directory
+
+
+def test_auto_refuses_ambiguous_small_m(tmp_path):
+    f = tmp_path / "t.txt"
+    f.write_text("0 1\n1 1\n")
+    with pytest.raises(InputError, match="set availability.trace_format"):
+        trace(f, 2)
+    assert rounds(trace(f, 2, "ids"), 2) == [[0, 1], [1]]
+    assert rounds(trace(f, 2, "matrix"), 2) == [[1], [0, 1]]
