@@ -275,14 +275,14 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     raise InputError(f"{path}: must be {_type_name(tp)}, got {value!r}")
 
 
-def _check_bounds(value: Any, meta: dict, path: str) -> None:
+def _check_bounds(value: Any, meta: dict, path: str, raw: Any = None) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return
     for k, ok, word in (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"),
                         ("le", lambda v, b: v <= b, "<="), ("lt", lambda v, b: v < b, "<")):
         b = meta.get(k)
         if b is not None and not ok(value, b):
-            raise InputError(f"{path}: must be {word} {b}, got {value!r}")
+            raise InputError(f"{path}: must be {word} {b}, got {value if raw is None else raw!r}")
 
 
 def _build(cls: type, data: Any, path: str) -> Any:
@@ -301,7 +301,7 @@ def _build(cls: type, data: Any, path: str) -> Any:
         if name in data:
             p = f"{path}.{name}" if path else name
             v = _coerce(data[name], hints[name], p)
-            _check_bounds(v, f.metadata, p)
+            _check_bounds(v, f.metadata, p, raw=data[name])
             kwargs[name] = v
     return cls(**kwargs)
 

@@ -115,7 +115,7 @@ def _load_images(cfg: Config):
 
     try:
         return readers.load(cfg.task.dataset, cfg.task.root, cfg.task.cache_dir), None
-    except InputError as e:
+    except readers.DatasetMissing as e:  # absent data only; corrupt files stay errors
         fallback = cfg.task.dataset == "fmnist" and cfg.task.root is None and cfg.task.fallback_synthetic
         if not fallback:
             raise
