@@ -1,0 +1,180 @@
+"""Model exchange along the active edges of one iteration, across ranks.
+
+Each rank holds the stacked flat models x_local (n_local, d) of its contiguous client block
+``world.shard(m)``. ``Exchanger.neighbor_sum`` returns, for every local client i, the DSpodFL
+mixing term
+
+    sum_{j in N_i} r_ij v_ij (x_j - x_i)
+
+Communication: only ACTIVE cross-rank edges move data. For each peer rank, both sides derive
+from the (shared) active-edge mask, without talking, the same two lists: my clients with an
+active edge to that peer and its clients with an active edge to me, each in increasing client
+id. The rows to send are packed into one contiguous buffer (one slice per peer); one isend and
+one irecv per peer, ordered by peer rank, go out in a single ``batch_isend_irecv``. A warm-up
+batch among all rank pairs sharing an edge (plus ring neighbours, so that every rank takes part)
+runs once at construction, as NCCL wants the first P2P call of a group to be collective. A
+single process makes no torch.distributed call at all.
+
+Determinism: the result is bitwise the same on any number of ranks. Client i's terms are
+added in increasing neighbour id (= increasing edge index), skipping inactive edges, one
+"slot" at a time: slot s holds, for every client, its s-th active neighbour. Local clients are
+visited by decreasing active degree, so the clients taking part in slot s are a prefix of that
+order and each slot is a few batched tensor ops over all of them (gather x_j, subtract x_i,
+scale by r_ij, add to the running sum): the per-element arithmetic, in that fixed order, does
+not depend on where x_j came from or how many clients a rank holds (no BLAS, no atomics, no
+fused multiply-add). Cost: O(active entries x d) memory traffic in max-active-degree batches,
+never a Python loop over edges or clients; neighbours' rows are all received before the sums
+start (overlap would make the order rank-dependent).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..runtime.world import World
+from .topology import Graph
+
+_CHUNK = 1 << 24  # elements per float64 chunk in mean_and_consensus
+
+
+@dataclass
+class _Plan:
+    """Index work of one iteration.
+
+    Local clients are visited in ``perm`` order (most active neighbours first), so that the
+    clients owning an s-th active neighbour are the first ``slots[s]`` of that order. Sources
+    index a buffer holding x_local[perm] followed by the rows received from the peers.
+    """
+
+    perm: np.ndarray       # local rows by decreasing active degree (stable)
+    position: np.ndarray   # position[i] = where local row i sits in perm
+    src: np.ndarray        # buffer row of x_j for each active entry, sorted by (slot, position)
+    weight: np.ndarray     # r_ij of each active entry, same order
+    slots: list            # number of entries (= clients) in each slot
+    send_rows: np.ndarray  # local rows packed for sending, peer after peer
+    peers: list            # (peer, send_start, send_stop, recv_start, recv_stop), ascending peer
+    n_recv: int
+
+
+class Exchanger:
+    """Cross-rank neighbour sums, gathering, mean model and consensus error for one graph."""
+
+    def __init__(self, world: World, graph: Graph, m: int | None = None) -> None:
+        if m is not None and m != graph.m:
+            raise ValueError(f"Exchanger: m={m} but the graph has {graph.m} clients")
+        self.world, self.graph, self.m = world, graph, graph.m
+        self.lo, self.hi = world.shard(self.m)
+        self.n_local = self.hi - self.lo
+        indptr, nbr, eid = graph.adjacency
+        s, t = indptr[self.lo], indptr[self.hi]
+        # directed entries (i local, j neighbour) in (i, j) order
+        self._row = np.repeat(np.arange(self.n_local), np.diff(indptr[self.lo:self.hi + 1]))
+        self._nbr, self._eid = nbr[s:t], eid[s:t]
+        self._peer = world.owner(self._nbr, self.m) if world.size > 1 else np.zeros(t - s, np.int64)
+        self.peers = np.unique(self._peer[self._peer != world.rank])  # ranks sharing an edge with us
+        self.sent_rows = 0  # model rows sent so far (cumulative)
+        self.sent_ops = 0   # isend calls so far (cumulative)
+        if world.size > 1:
+            self._warm_up()
+
+    # ------------------------------------------------------------------ mixing term
+    def neighbor_sum(self, x_local: torch.Tensor, active_edges: np.ndarray) -> torch.Tensor:
+        """(n_local, d): row i = sum_{j in N_i, v_ij = 1} r_ij (x_j - x_i)."""
+        plan = self._plan(np.asarray(active_edges, dtype=bool))
+        dev, n = x_local.device, self.n_local
+        buf = x_local.new_empty((n + plan.n_recv, x_local.shape[1]))
+        buf[:n] = x_local[torch.as_tensor(plan.perm, device=dev)]  # (advanced indexing: fast gathers on CPU)
+        self._exchange(x_local, plan, buf[n:])
+        src = torch.as_tensor(plan.src, device=dev)
+        weight = torch.as_tensor(plan.weight, dtype=x_local.dtype, device=dev)[:, None]
+        acc = torch.zeros_like(x_local)
+        a = 0
+        for k in plan.slots:  # slot s: the s-th active neighbour of the first k clients of perm
+            term = buf[src[a:a + k]]
+            acc[:k].add_(term.sub_(buf[:k]).mul_(weight[a:a + k]))
+            a += k
+        return acc[torch.as_tensor(plan.position, device=dev)]
+
+    def _plan(self, active: np.ndarray) -> _Plan:
+        if active.shape != (self.graph.num_edges,):
+            raise ValueError(f"active_edges: expected shape ({self.graph.num_edges},), got {active.shape}")
+        on = np.flatnonzero(active[self._eid])  # active entries in (row, neighbour) order
+        row, nbr, peer = self._row[on], self._nbr[on], self._peer[on]
+        count = np.bincount(row, minlength=self.n_local)
+        perm = np.argsort(-count, kind="stable")
+        position = np.empty_like(perm)
+        position[perm] = np.arange(self.n_local)
+        remote = peer != self.world.rank
+        src = np.zeros(on.size, np.int64)
+        src[~remote] = position[nbr[~remote] - self.lo]
+        send_rows, peers, n_sent, n_recv = [], [], 0, 0
+        for p in np.unique(peer[remote]):
+            sel = peer == p
+            mine, theirs = np.unique(row[sel]), np.unique(nbr[sel])  # increasing client id
+            src[sel] = self.n_local + n_recv + np.searchsorted(theirs, nbr[sel])
+            send_rows.append(mine)
+            peers.append((int(p), n_sent, n_sent + mine.size, n_recv, n_recv + theirs.size))
+            n_sent, n_recv = n_sent + mine.size, n_recv + theirs.size
+        slot = np.arange(on.size) - np.repeat(np.cumsum(count) - count, count)
+        order = np.lexsort((position[row], slot))
+        return _Plan(perm, position, src[order], self.graph.weights[self._eid[on[order]]],
+                     np.bincount(slot).tolist(),
+                     np.concatenate(send_rows) if send_rows else np.zeros(0, np.int64), peers, n_recv)
+
+    def _exchange(self, x_local: torch.Tensor, plan: _Plan, recv: torch.Tensor) -> None:
+        """Send my rows / receive into ``recv`` the peers' rows that this iteration's active cross edges need."""
+        if not plan.peers:
+            return
+        packed = x_local[torch.as_tensor(plan.send_rows, device=x_local.device)]
+        ops = []
+        for p, s0, s1, r0, r1 in plan.peers:
+            ops += [dist.P2POp(dist.isend, packed[s0:s1], p), dist.P2POp(dist.irecv, recv[r0:r1], p)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        self.sent_rows += packed.shape[0]
+        self.sent_ops += len(plan.peers)
+
+    def _warm_up(self) -> None:
+        r, n = self.world.rank, self.world.size
+        partners = sorted((set(self.peers.tolist()) | {(r + 1) % n, (r - 1) % n}) - {r})
+        dev = self.world.device
+        ops = []
+        for p in partners:
+            ops += [dist.P2POp(dist.isend, torch.zeros(1, device=dev), p),
+                    dist.P2POp(dist.irecv, torch.empty(1, device=dev), p)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+
+    # ------------------------------------------------------------------ global views
+    def gather_all(self, x_local: torch.Tensor) -> torch.Tensor | None:
+        """All m models (m, d) on rank 0, in client order; None on the other ranks."""
+        w = self.world
+        if w.size == 1:
+            return x_local
+        n_max = max(w.shard(self.m, r)[1] - w.shard(self.m, r)[0] for r in range(w.size))
+        buf = x_local.new_zeros((n_max, x_local.shape[1]))
+        buf[:self.n_local] = x_local
+        if w.rank != 0:
+            dist.gather(buf, dst=0)
+            return None
+        parts = [torch.empty_like(buf) for _ in range(w.size)]
+        dist.gather(buf, parts, dst=0)
+        return torch.cat([parts[r][:w.shard(self.m, r)[1] - w.shard(self.m, r)[0]] for r in range(w.size)])
+
+    def mean_and_consensus(self, x_local: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """(mean model x_bar (d,) float32, consensus error (1/m) sum_i ||x_i - x_bar||^2), on every rank.
+
+        Sums run in float64 and are all-reduced: equal on any number of ranks up to float64 rounding.
+        """
+        total = x_local.sum(0, dtype=torch.float64)
+        mean = self.world.allreduce_sum_(total) / self.m
+        sq = torch.zeros((), dtype=torch.float64, device=x_local.device)
+        step = max(1, _CHUNK // max(1, x_local.shape[1]))
+        for a in range(0, self.n_local, step):
+            sq += (x_local[a:a + step].double() - mean).square().sum()
+        sq = self.world.allreduce_sum_(sq.reshape(1))
+        return mean.float(), float(sq.item()) / self.m
