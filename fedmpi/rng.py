@@ -15,6 +15,7 @@ vectorised with numpy). This is what makes results independent of the number of 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 import numpy as np
@@ -35,17 +36,27 @@ def _mix(z: np.ndarray) -> np.ndarray:
     return z
 
 
+@functools.lru_cache(maxsize=None)
 def _purpose_hash(purpose: str) -> int:
     return int.from_bytes(hashlib.blake2b(purpose.encode(), digest_size=8).digest(), "little")
 
 
+def _mix_int(z: int) -> int:
+    """SplitMix64 finalizer on one Python int (same function as ``_mix``)."""
+    z ^= z >> 30
+    z = (z * 0xBF58476D1CE4E5B9) & _MASK64
+    z ^= z >> 27
+    z = (z * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
 def key(seed: int, purpose: str, *counters: int) -> np.uint64:
     """A stream key for (seed, purpose, counters...). Pure function of its arguments."""
-    z = np.array([(int(seed) & _MASK64) ^ _purpose_hash(purpose)], dtype=np.uint64)
-    z = _mix(z + _GOLDEN)
+    golden = int(_GOLDEN)
+    z = _mix_int((((int(seed) & _MASK64) ^ _purpose_hash(purpose)) + golden) & _MASK64)
     for c in counters:
-        z = _mix(z ^ np.array([int(c) & _MASK64], dtype=np.uint64)) + _GOLDEN
-    return _mix(z)[0]
+        z = (_mix_int(z ^ (int(c) & _MASK64)) + golden) & _MASK64
+    return np.uint64(_mix_int(z))
 
 
 def bits(k: np.uint64, idx: np.ndarray | int) -> np.ndarray:
