@@ -1,0 +1,10 @@
+"""Who is available when: availability dynamics, the Markov sampler, pi_R.
+
+Importing the package registers every kind; use ``build(cfg.availability, info)``.
+"""
+
+from . import basic  # noqa: F401  (registers always, cohort, stationary)
+from . import markov  # noqa: F401
+from .base import Bernoulli, ClientInfo, Participation, build, mask, register  # noqa: F401
+from .probs import base_probabilities  # noqa: F401
+from . import dynamics, trace  # noqa: F401
