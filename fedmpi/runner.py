@@ -7,7 +7,9 @@ wrong file on one node neither hangs the job nor prints one error per rank.
 
 from __future__ import annotations
 
+import os
 import resource
+import signal
 import sys
 import time
 import traceback
@@ -39,6 +41,18 @@ def agree(world: World, fn: Callable[[], object]) -> object:
     if errors:
         raise InputError(errors[0])
     return out
+
+
+def _inject_fault(rank: int, t: int) -> None:
+    """Test hook: FEDMPI_TEST_FAULT="RANK:ROUND:raise|kill" makes that rank fail there."""
+    spec = os.environ.get("FEDMPI_TEST_FAULT")
+    if not spec:
+        return
+    r, when, how = spec.split(":")
+    if int(r) == rank and int(when) == t:
+        if how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise RuntimeError(f"injected fault at round {t}")
 
 
 class Runner:
@@ -114,6 +128,7 @@ class Runner:
         try:
             self._evaluate(0, 0, t0)
             for t in range(cfg.rounds):
+                _inject_fault(world.rank, t)
                 n_active = self.algo.round(t)
                 if self.writer is not None and cfg.runtime.log_availability:
                     self.writer.append_mask(self.algo.last_mask())
@@ -180,6 +195,12 @@ class Runner:
             self.writer.finish(status, final if self.world.rank == 0 else None, rounds_done)
 
 
+def _is_peer_failure(e: Exception) -> bool:
+    text = f"{type(e).__name__} {e}"
+    return any(w in text for w in ("DistBackendError", "Connection reset", "Connection closed", "timed out",
+                                   "Timeout", "Broken pipe", "peer"))
+
+
 def run(cfg: Config, world: World, out_path: str, quiet: bool = False) -> int:
     """Run ``cfg``; return the exit code. Errors after set-up are reported with the rank."""
     runner = Runner(cfg, world, out_path, quiet)
@@ -187,8 +208,12 @@ def run(cfg: Config, world: World, out_path: str, quiet: bool = False) -> int:
         return runner.run()
     except KeyboardInterrupt:
         return 3
-    except Exception:  # a failure on one rank must end the whole job, reported once
-        print(f"fedmpi: rank {world.rank} failed:\n{traceback.format_exc()}", file=sys.stderr)
+    except Exception as e:  # a failure on one rank must end the whole job, reported once
+        if _is_peer_failure(e):  # a consequence of another rank's death: that rank reports its own error
+            print(f"fedmpi: rank {world.rank}: lost contact with another rank ({type(e).__name__}); "
+                  f"ending the job", file=sys.stderr)
+        else:
+            print(f"fedmpi: rank {world.rank} failed:\n{traceback.format_exc()}", file=sys.stderr)
         if world.comm is not None and world.size > 1:
             world.comm.Abort(1)
         return 1

@@ -165,3 +165,21 @@ def test_bad_config_under_mpiexec(tmp_path):
     assert p.returncode == 2
     ours = [ln for ln in p.stderr.splitlines() if ln.startswith("fedmpi:")]
     assert ours == ["fedmpi: error: train.lr: must be > 0, got -1"] and "Traceback" not in p.stderr
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("how", ["raise", "kill"])
+def test_a_failing_rank_ends_the_job(tmp_path, how):
+    """An exception or a SIGKILL on rank 1 ends the whole job promptly; rank 0 marks the file failed."""
+    out = tmp_path / "f.h5"
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(output=str(out), rounds=10000, eval_every=1,
+                                                              availability={"kind": "always"},
+                                                              runtime={"timeout_s": 20, "progress": False}))
+    start = time.time()
+    p = fedmpi(["run", cfg, "--quiet"], ranks=2, check=False, timeout=180,
+               env={"FEDMPI_TEST_FAULT": f"1:3:{how}"})
+    assert p.returncode != 0 and time.time() - start < 150
+    with h5py.File(out, "r") as f:
+        assert f.attrs["status"] == "failed" and f.attrs["rounds_done"] == 3
+    if how == "raise":
+        assert p.stderr.count("injected fault at round 3") == 1
