@@ -40,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override a config key (dotted path), e.g. --set train.lr=0.1; repeatable")
     r.add_argument("--out", help="result file (default: the config's output, or runs/{name}-s{seed}.h5)")
     r.add_argument("--plot", help="also write a PNG of test accuracy (test loss for regression) here")
-    r.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    r.add_argument("--resume", action="store_true",
+                   help="continue from the last checkpoint (required to exist; a run also resumes by itself "
+                        "when a checkpoint of the same config is present)")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
 
     i = sub.add_parser("info", help="status, rounds and last metrics of a result file")
@@ -78,14 +80,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .runtime import World, launched_size
 
     cfg = config.load(args.config, args.overrides, world_size=launched_size())
-    if args.resume:
-        raise InputError("--resume: checkpointing is not available in this build yet (runtime.checkpoint_every)")
     out = args.out or cfg.output_path
     world = World.create(cfg.runtime.device, cfg.runtime.backend, cfg.runtime.timeout_s, cfg.runtime.threads)
     from .runner import run
 
     try:
-        code = run(cfg, world, out, quiet=args.quiet)
+        code = run(cfg, world, out, quiet=args.quiet, resume=args.resume)
     finally:
         world.close()
     if code == 0 and world.rank == 0:

@@ -212,6 +212,12 @@ class Config:
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
+    def resume_digest(self) -> str:
+        """Hash of what a checkpoint depends on (not rounds, evaluation, output or runtime)."""
+        d = self.to_dict()
+        keep = {k: d[k] for k in ("seed", "task", "train", "algorithm", "availability", "topology", "sporadicity")}
+        return hashlib.sha256(yaml.safe_dump(keep, sort_keys=True).encode()).hexdigest()[:16]
+
     def digest(self) -> str:
         """Hash of the resolved config (checkpoint compatibility)."""
         return hashlib.sha256(self.to_yaml().encode()).hexdigest()[:16]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import resource
+import shutil
 import signal
 import sys
 import time
@@ -20,7 +21,8 @@ import psutil
 import torch
 
 from .config import DECENTRALIZED, Config
-from .errors import InputError
+from . import checkpoint
+from .errors import InputError, Interrupted
 from .runtime import World
 
 
@@ -55,12 +57,40 @@ def _inject_fault(rank: int, t: int) -> None:
         raise RuntimeError(f"injected fault at round {t}")
 
 
+class _StopFlag:
+    """SIGTERM, SIGINT and SIGUSR1 set a flag; the ranks agree on it at round boundaries."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+    def __init__(self):
+        self.signame = ""
+        self._old = {}
+        for sig in self.SIGNALS:
+            try:
+                self._old[sig] = signal.signal(sig, self._set)
+            except ValueError:  # not the main thread
+                pass
+
+    def _set(self, signum, frame) -> None:
+        self.signame = signal.Signals(signum).name
+
+    def agreed(self, world: World) -> bool:
+        """True on every rank when any rank got a signal (one tiny collective per round)."""
+        return world.max_float(1.0 if self.signame else 0.0) > 0 if world.size > 1 else bool(self.signame)
+
+    def restore(self) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
 class Runner:
     """One run of ``cfg`` on ``world`` writing ``out_path`` (rank 0)."""
 
-    def __init__(self, cfg: Config, world: World, out_path: str, quiet: bool = False):
+    def __init__(self, cfg: Config, world: World, out_path: str, quiet: bool = False, resume: bool = False):
         self.cfg, self.world, self.out_path, self.quiet = cfg, world, out_path, quiet
         self.writer = None
+        self._resumed = None
+        self._want_resume = resume
         agree(world, self._setup)
 
     # ------------------------------------------------------------------ set-up
@@ -79,15 +109,23 @@ class Runner:
         if cfg.algorithm.name not in DECENTRALIZED:
             part = participation.build(cfg.availability, task.client_info(cfg.seed))
         self.task = task
+        self.part = part
         self.algo = algorithms.build(algorithms.Context(cfg, world, task, trainer, part))
+        folder = checkpoint.folder_for(self.out_path)
+        self._resumed = checkpoint.load(world, folder, cfg.resume_digest(), task.m)
+        if self._resumed is None and self._want_resume:
+            raise InputError(f"--resume: no checkpoint at {folder}")
         self.spec = trainer.spec
         self.metric_names = self._metric_names()
         self._train_subset = self._train_eval_subset()
         if world.rank == 0:
             from .results.hdf5 import ResultWriter
 
+            resume_at = self._resumed[0] if self._resumed is not None else None
             self.writer = ResultWriter(self.out_path, cfg.to_yaml(), cfg.seed, world.size, self.metric_names,
-                                       task.m, cfg.runtime.log_availability)
+                                       task.m, cfg.runtime.log_availability, resume_at=resume_at)
+            if resume_at is not None:
+                return
             self.writer.write_group("partition", {"samples": task.sizes.astype(np.int64),
                                                   **({"label_hist": task.label_hist} if task.label_hist is not None
                                                      else {})})
@@ -119,15 +157,18 @@ class Runner:
 
     # ------------------------------------------------------------------ loop
     def run(self) -> int:
+        """The round loop. Returns 0, or raises Interrupted after checkpointing on a signal."""
         cfg, world = self.cfg, self.world
-        t0 = time.perf_counter()
-        bar = self._progress()
-        n_active = 0
-        t = 0
+        start = self._resume_point()
+        t0 = time.perf_counter() - self._wall_offset
+        bar = self._progress(start)
+        n_active, t = 0, start - 1
         status = "failed"
+        stop = _StopFlag()
         try:
-            self._evaluate(0, 0, t0)
-            for t in range(cfg.rounds):
+            if start == 0:
+                self._evaluate(0, 0, t0)
+            for t in range(start, cfg.rounds):
                 _inject_fault(world.rank, t)
                 n_active = self.algo.round(t)
                 if self.writer is not None and cfg.runtime.log_availability:
@@ -139,24 +180,61 @@ class Runner:
                         bar.set_postfix({k: f"{row[k]:.4f}" for k in ("test_acc", "test_loss") if k in row})
                 if bar is not None:
                     bar.update(1)
-                if self.algo.done():
+                if last:
                     break
+                every = cfg.runtime.checkpoint_every
+                if stop.agreed(world):
+                    self._checkpoint(t + 1, t0)
+                    status = "interrupted"
+                    raise Interrupted(f"signal {stop.signame} at round {t + 1}; checkpoint written, "
+                                      f"run the same command again (or with --resume) to continue")
+                if every and (t + 1) % every == 0:
+                    self._checkpoint(t + 1, t0)
             status = "completed"
         except KeyboardInterrupt:
             status = "interrupted"
             raise
         finally:
+            stop.restore()
             if bar is not None:
                 bar.close()
-            self._finish(status, t + 1 if status == "completed" else None)
+            self._finish(status, t + 1 if status in ("completed", "interrupted") else None)
+        if self.world.rank == 0 and status == "completed":
+            shutil.rmtree(checkpoint.folder_for(self.out_path), ignore_errors=True)
         return 0
 
-    def _progress(self):
+    def _state(self, t0: float) -> dict[str, torch.Tensor]:
+        state = dict(self.algo.state_dict())
+        if self.part is not None:
+            state.update({f"participation/{k}": torch.as_tensor(v) for k, v in self.part.state_dict().items()})
+        state["runner/wall_time"] = torch.tensor(time.perf_counter() - t0, dtype=torch.float64)
+        return state
+
+    def _checkpoint(self, rounds_done: int, t0: float) -> None:
+        checkpoint.save(self.world, checkpoint.folder_for(self.out_path), rounds_done, self.cfg.resume_digest(),
+                        self.task.m, self._state(t0))
+
+    def _resume_point(self) -> int:
+        """Rounds already done by a committed checkpoint (0 when starting afresh)."""
+        self._wall_offset = 0.0
+        if self._resumed is None:
+            return 0
+        rounds_done, state = self._resumed
+        dev = self.world.device
+        part_state = {k.split("/", 1)[1]: v.numpy() for k, v in state.items() if k.startswith("participation/")}
+        if self.part is not None:
+            self.part.load_state_dict(part_state)
+        self._wall_offset = float(state.pop("runner/wall_time", torch.tensor(0.0)))
+        self.algo.load_state_dict({k: v.to(dev) for k, v in state.items()
+                                   if not k.startswith(("participation/", "runner/"))})
+        return rounds_done
+
+    def _progress(self, start: int):
         if self.world.rank != 0 or self.quiet or not self.cfg.runtime.progress or not sys.stderr.isatty():
             return None
         from tqdm import tqdm
 
-        return tqdm(total=self.cfg.rounds, unit="round", dynamic_ncols=True, file=sys.stderr)
+        return tqdm(total=self.cfg.rounds, initial=start, unit="round", dynamic_ncols=True, file=sys.stderr)
 
     def _evaluate(self, rounds_done: int, n_active: int, t0: float) -> dict[str, float]:
         """Evaluate on rank 0; extra metrics and peak memory are collective (every rank)."""
@@ -201,13 +279,17 @@ def _is_peer_failure(e: Exception) -> bool:
                                    "Timeout", "Broken pipe", "peer"))
 
 
-def run(cfg: Config, world: World, out_path: str, quiet: bool = False) -> int:
+def run(cfg: Config, world: World, out_path: str, quiet: bool = False, resume: bool = False) -> int:
     """Run ``cfg``; return the exit code. Errors after set-up are reported with the rank."""
-    runner = Runner(cfg, world, out_path, quiet)
+    runner = Runner(cfg, world, out_path, quiet, resume)
     try:
         return runner.run()
     except KeyboardInterrupt:
         return 3
+    except Interrupted as e:
+        if world.rank == 0:
+            print(f"fedmpi: interrupted: {e}", file=sys.stderr)
+        return e.exit_code
     except Exception as e:  # a failure on one rank must end the whole job, reported once
         if _is_peer_failure(e):  # a consequence of another rank's death: that rank reports its own error
             print(f"fedmpi: rank {world.rank}: lost contact with another rank ({type(e).__name__}); "

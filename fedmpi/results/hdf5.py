@@ -26,14 +26,17 @@ class ResultWriter:
     """Append-only writer of one run's result file."""
 
     def __init__(self, path: str, config_yaml: str, seed: int, world_size: int, metrics: list[str],
-                 m: int, log_mask: bool):
+                 m: int, log_mask: bool, resume_at: int | None = None):
         folder = os.path.dirname(os.path.abspath(path))
+        self.path = path
+        if resume_at is not None:
+            self._reopen(resume_at, world_size)
+            return
         try:
             os.makedirs(folder, exist_ok=True)
             self.f = h5py.File(path, "w")
         except OSError as e:
             raise InputError(f"{path}: cannot write the result file ({e.strerror or e})") from None
-        self.path = path
         self.f.attrs["config"] = config_yaml
         self.f.attrs["fedmpi_version"] = __version__
         self.f.attrs["world_size"] = world_size
@@ -50,6 +53,27 @@ class ResultWriter:
             self.mask = self.f.create_dataset("availability/mask", shape=(0, m), maxshape=(None, m),
                                               chunks=(max(1, min(64, 2**20 // max(m, 1))), min(m, 2**20)),
                                               dtype=np.uint8, compression="gzip", compression_opts=1)
+        self.f.flush()
+
+    def _reopen(self, rounds_done: int, world_size: int) -> None:
+        """Continue a file after a checkpoint: drop rows written after ``rounds_done``."""
+        try:
+            self.f = h5py.File(self.path, "a")
+            g = self.f["metrics"]
+            self.names = ["round"] + [n for n in g if n != "round"]
+            keep = int(np.searchsorted(g["round"][:], rounds_done, side="right"))
+        except (OSError, KeyError) as e:
+            raise InputError(f"{self.path}: cannot continue this result file ({e})") from None
+        for n in self.names:
+            g[n].resize((keep,))
+        self.mask = self.f.get("availability/mask")
+        if self.mask is not None:
+            self.mask.resize((min(self.mask.shape[0], rounds_done), self.mask.shape[1]))
+        if "final" in self.f:
+            del self.f["final"]
+        self.f.attrs["status"] = "running"
+        self.f.attrs["rounds_done"] = rounds_done
+        self.f.attrs["world_size"] = world_size
         self.f.flush()
 
     def append(self, row: dict[str, float], rounds_done: int) -> None:
