@@ -134,8 +134,8 @@ class ServerAlgorithm(Algorithm):
         end = self.ctx.trainer.train(start, local, t, lr_scale=self.lr_scale(t, local))
         rows = self.contribution(t, active, local, start, end)
         buf = reproducible_sum(self.world, rows, len(active))
-        if self.world.is_server:
-            self.x = self.server_update(t, active, buf).float()
+        # x^{t+1} goes into a fresh tensor on every rank: ``start`` may view x^t
+        self.x = self.server_update(t, active, buf).float() if self.world.is_server else torch.empty_like(self.x)
         self.world.broadcast_(self.x)
         self.after_round(t, active, local, start, end)
         return len(active)
