@@ -7,6 +7,7 @@ interrupted (checkpointed); 1 anything else.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 
@@ -27,6 +28,14 @@ def _env_rank() -> int:
         if v and v.isdigit():
             return int(v)
     return 0
+
+
+# Subcommands implemented next to their subject: (name, module, help); each module has
+# add_arguments(parser) and run_cli(args) -> exit code.
+_EXTENSIONS = [
+    ("pi", ".participation.pi", "stationary participation distribution pi_R of the Markov sampler"),
+    ("availability", ".participation.show", "print or plot the p_i^t trajectories of a config"),
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,22 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--out", required=True, help="figure file (.png, .pdf, .svg)")
     pl.add_argument("--title")
 
-    try:
-        from .participation import pi
-    except ImportError:
-        pi = None
-    if pi is not None:
-        pp = sub.add_parser("pi", help="stationary participation distribution pi_R of the Markov sampler")
-        pi.add_arguments(pp)
-        pp.set_defaults(_handler=pi.run_cli)
-    try:
-        from .participation import show
-    except ImportError:
-        show = None
-    if show is not None:
-        pa = sub.add_parser("availability", help="print or plot the p_i^t trajectories of a config")
-        show.add_arguments(pa)
-        pa.set_defaults(_handler=show.run_cli)
+    for name, module, text in _EXTENSIONS:
+        try:
+            mod = importlib.import_module(module, __package__)
+        except ImportError:  # an optional part that is not in this build
+            continue
+        sp = sub.add_parser(name, help=text)
+        mod.add_arguments(sp)
+        sp.set_defaults(_handler=mod.run_cli)
     return p
 
 
