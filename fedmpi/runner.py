@@ -45,6 +45,24 @@ def agree(world: World, fn: Callable[[], object]) -> object:
     return out
 
 
+def _check_memory(cfg: Config, world: World, m: int, d: int) -> None:
+    """Refuse up front, with the estimate, an O(m d) algorithm state that cannot fit."""
+    from .algorithms.base import memory_estimate
+
+    lo, hi = world.shard(m)
+    need = memory_estimate(cfg.algorithm.name, hi - lo, d)
+    if world.device.type == "cuda":
+        free = torch.cuda.mem_get_info(world.device)[0]
+        where = f"GPU {world.device}"
+    else:
+        free = psutil.virtual_memory().available // max(world.local_size, 1)
+        where = "host memory per rank"
+    if need > 0.9 * free:
+        raise InputError(f"algorithm.name: {cfg.algorithm.name} keeps {need / 2**30:.1f} GiB of per-client state "
+                         f"per rank ({hi - lo} clients x {d} parameters), more than the {free / 2**30:.1f} GiB "
+                         f"{where} available; use more ranks or fewer clients")
+
+
 def _inject_fault(rank: int, t: int) -> None:
     """Test hook: FEDMPI_TEST_FAULT="RANK:ROUND:raise|kill" makes that rank fail there."""
     spec = os.environ.get("FEDMPI_TEST_FAULT")
@@ -110,6 +128,7 @@ class Runner:
             part = participation.build(cfg.availability, task.client_info(cfg.seed))
         self.task = task
         self.part = part
+        _check_memory(cfg, world, task.m, trainer.spec.dim)
         self.algo = algorithms.build(algorithms.Context(cfg, world, task, trainer, part))
         folder = checkpoint.folder_for(self.out_path)
         self._resumed = checkpoint.load(world, folder, cfg.resume_digest(), task.m)

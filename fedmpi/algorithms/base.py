@@ -73,9 +73,11 @@ class Context:
 
 
 class Algorithm:
-    """Base of every algorithm. ``metrics`` names the extra metrics it logs."""
+    """Base of every algorithm. ``metrics`` names the extra metrics it logs; ``client_rows`` is
+    how many model-sized float32 rows it keeps per client (for the up-front memory check)."""
 
     metrics: tuple[str, ...] = ()
+    client_rows: int = 0
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
@@ -197,6 +199,12 @@ def register(name: str):
         return cls
 
     return deco
+
+
+def memory_estimate(name: str, local_clients: int, d: int) -> int:
+    """Bytes of per-client model-sized state an algorithm needs on one rank."""
+    cls = _REGISTRY.get(name)
+    return 0 if cls is None else int(cls.client_rows) * local_clients * d * 4
 
 
 def build(ctx: Context) -> Algorithm:
