@@ -1,0 +1,55 @@
+"""The SLURM templates' preemption logic, run by bash with stand-ins for srun and scontrol."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+
+import h5py
+import pytest
+
+from conftest import ROOT, synthetic_config, write_config
+
+
+def _shim(folder, name: str, body: str) -> None:
+    path = folder / name
+    path.write_text("#!/usr/bin/env bash\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+@pytest.mark.parametrize("template", ["single_node_gpus.sbatch", "cpu_ranks.sbatch"])
+def test_usr1_checkpoints_and_requeues(tmp_path, template):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # srun stand-in: drop srun's own options, run the command (one task), forward signals to it
+    _shim(bin_dir, "srun", 'while [[ "$1" == --* ]]; do shift; done\n"$@" &\nchild=$!\n'
+                           'trap \'kill -USR1 $child\' USR1\ntrap \'kill -TERM $child\' TERM\n'
+                           'while true; do code=0; wait $child || code=$?; kill -0 $child 2>/dev/null || exit $code; done\n')
+    _shim(bin_dir, "scontrol", f'echo "$@" >> {tmp_path}/scontrol.log\n')
+    out = tmp_path / "r.h5"
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(output=str(out), rounds=100000, eval_every=2,
+                                                              runtime={"progress": False}))
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.path.dirname(sys.executable)}{os.pathsep}"
+               f"{os.environ['PATH']}", SLURM_JOB_ID="4242", PYTHONPATH=ROOT)
+    proc = subprocess.Popen(["bash", os.path.join(ROOT, "slurm", template), cfg, "--quiet"], cwd=tmp_path,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        time.sleep(0.3)
+        try:
+            with h5py.File(out, "r", locking=False) as f:
+                if f["metrics/round"].shape[0] >= 2:
+                    break
+        except (OSError, KeyError):
+            pass
+    proc.send_signal(signal.SIGUSR1)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 3, stderr
+    assert "requeue 4242" in (tmp_path / "scontrol.log").read_text()
+    assert os.path.exists(str(out) + ".ckpt/manifest.json")
+    with h5py.File(out, "r") as f:
+        assert f.attrs["status"] == "interrupted"
