@@ -1,0 +1,156 @@
+"""FedSWE (Algorithm 1 of the FedSWE paper); k = 0 is the conference version FedAWE.
+
+State: every client i keeps x_i (init x_0) and tau_i (init -1); the server keeps x^t.
+Round t:
+
+    for i in A_t:  x_i^{t,0} <- x_i                                 (its OWN model, not x^t)
+                   s local SGD steps with eta_l -> x_i^{t,s}
+                   G_i = x_i - x_i^{t,s}
+                   x_i^dag = x_i - eta_g (t - tau_i) G_i;  tau_i <- t   (adaptive innovation echoing)
+    server:        x^{t+1} = (sum_{A_t} x_i^dag + k x^t) / (|A_t| + k)  (global moving average)
+                   A_t empty: x^{t+1} = x^t
+    for i in A_t:  x_i <- x^{t+1}                                   (postponed multicast)
+
+``algorithm.k`` null means k = m. ``algorithm.server_clip: c`` (authors' code: c = 0.5 with
+k = 0) clips the mean echoed change (1/|A_t|) sum_{A_t} (x_i^dag - x_i) to norm at most c
+before the moving average -- the authors' ``clip`` rescales only when the norm exceeds c.
+(Their code clips before multiplying by eta_g; here eta_g is inside, as in ALGORITHMS.md:
+the same thing for the paper's eta_g = 1.)
+
+Memory: an inactive client's x_i is the past global model x^{tau_i + 1} (x_0 when tau_i = -1),
+so clients hold references into a ``VersionStore`` with one copy per distinct version.
+
+Outputs: ``""`` = x_bar = (1/m) sum_i x_i over ALL clients (what Corollary 12 bounds and the
+authors evaluate), ``"server"`` = x^t; metric ``consensus_error`` = (1/m) sum_i ||x_i - x_bar||^2.
+Both are computed from the live versions and how many clients hold each (``_client_mean``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..engine.reduce import preround, reproducible_sum
+from ..engine.store import VersionStore
+from .base import Context, ServerAlgorithm, register
+
+
+@register("fedswe")
+class FedSWE(ServerAlgorithm):
+    metrics = ("consensus_error",)
+
+    def __init__(self, ctx: Context):
+        super().__init__(ctx)
+        a = self.cfg.algorithm
+        self.k = float(self.m if a.k is None else a.k)  # k: weight of x^t in the moving average
+        self.clip = a.server_clip  # c, or None
+        self.lo, hi = ctx.shard
+        self.store = VersionStore(self.lo, hi, self.x)  # x_i of the local clients
+        self.tau = np.full(hi - self.lo, -1, dtype=np.int64)  # tau_i of the local clients
+        self._x_bar, self._consensus, self._fresh = self.x.clone(), 0.0, True
+
+    # ---------------------------------------------------------------- clients
+    def start_models(self, local: np.ndarray) -> torch.Tensor:
+        return self.store.gather(local)  # x_i^{t,0} <- x_i
+
+    def contribution(self, t: int, active: np.ndarray, local: np.ndarray,
+                     start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
+        """x_i^dag per local active client; with server_clip the pair (x_i, x_i^dag - x_i)."""
+        x_i = start.double()
+        G = x_i - end.double()  # G_i = x_i - x_i^{t,s}
+        echo = torch.as_tensor(self.eta_g * (t - self.tau[local - self.lo]), dtype=torch.float64,
+                               device=G.device)  # eta_g (t - tau_i)
+        change = -echo[:, None] * G  # x_i^dag - x_i
+        return x_i + change if self.clip is None else torch.cat([x_i, change], dim=1)
+
+    # ---------------------------------------------------------------- server
+    def server_update(self, t: int, active: np.ndarray, total: torch.Tensor) -> torch.Tensor:
+        n = len(active)
+        x = self.x.double()
+        if n == 0:  # nobody reported: k = 0 keeps x^t; k > 0 gives k x^t / k = x^t anyway
+            return x
+        if self.clip is not None:  # sum x_i^dag = sum x_i + |A_t| * clip(mean echoed change)
+            sum_x, sum_change = total.chunk(2)
+            mean_change = sum_change / n
+            norm = float(mean_change.norm())
+            if norm > self.clip:
+                mean_change = mean_change * (self.clip / norm)
+            total = sum_x + n * mean_change
+        return (total + self.k * x) / (n + self.k)  # x^{t+1}
+
+    def after_round(self, t: int, active: np.ndarray, local: np.ndarray,
+                    start: torch.Tensor, end: torch.Tensor) -> None:
+        self.tau[local - self.lo] = t  # tau_i <- t
+        self.store.assign(local, self.x)  # postponed multicast: only A_t receive x^{t+1}
+        self._fresh = False
+
+    # ---------------------------------------------------------------- outputs
+    def _client_mean(self) -> None:
+        """x_bar and the consensus error over all m clients (collective: call on every rank).
+
+        Versions are named by tau (x_i = x^{tau_i + 1}); every rank learns how many clients
+        hold each tau, and the lowest rank holding a version contributes count * version.
+        The sum is ``reproducible_sum`` over those rows, streamed one version at a time (its
+        two passes: the global max per coordinate, then exact sums of pre-rounded rows), so it
+        costs O(d) memory and gives the same bits whatever the number of ranks.
+        """
+        taus, first, cnt = np.unique(self.tau, return_index=True, return_counts=True)
+        per_rank = self.world.allgather_obj((taus, cnt))
+        every = np.unique(np.concatenate([p[0] for p in per_rank]))  # all live versions
+        count = np.zeros(len(every), dtype=np.int64)
+        owner = np.full(len(every), -1)
+        for r, (tr, cr) in enumerate(per_rank):
+            pos = np.searchsorted(every, tr)
+            count[pos] += cr
+            owner[pos] = np.where(owner[pos] < 0, r, owner[pos])
+        pos = np.searchsorted(every, taus)
+        mine = owner[pos] == self.world.rank
+        held = [(float(count[j]), self.lo + int(i)) for j, i in zip(pos[mine], first[mine])]
+
+        def version(client: int) -> torch.Tensor:  # x^{tau+1} held by ``client``
+            return self.store.gather(np.array([client]))[0].double()
+
+        biggest = torch.zeros(self.ctx.spec.dim, dtype=torch.float64, device=self.x.device)
+        for c, client in held:  # count * version is exact in float64
+            torch.maximum(biggest, (c * version(client)).abs(), out=biggest)
+        self.world.allreduce_max_(biggest)
+        total = torch.zeros_like(biggest)
+        for c, client in held:
+            total += preround(c * version(client), biggest, len(every))
+        x_bar = self.world.allreduce_sum_(total) / self.m
+        spread = torch.tensor([c * float((version(client) - x_bar).pow(2).sum()) for c, client in held],
+                              dtype=torch.float64, device=x_bar.device)  # count * ||x^{tau+1} - x_bar||^2
+        consensus = reproducible_sum(self.world, spread.reshape(-1, 1), len(every), to_all=True) / self.m
+        self._x_bar, self._consensus, self._fresh = x_bar.float(), float(consensus[0]), True
+
+    def extra_metrics(self) -> dict[str, float]:
+        self._client_mean()  # every rank calls this at each evaluation, before eval_models
+        return {"consensus_error": self._consensus}
+
+    def eval_models(self) -> dict[str, torch.Tensor]:
+        if not self._fresh:
+            if self.world.size > 1:  # the runner calls eval_models on rank 0 only
+                raise RuntimeError("FedSWE.eval_models: call extra_metrics() on every rank first")
+            self._client_mean()
+        return {"": self._x_bar, "server": self.x}
+
+    def final_params(self) -> torch.Tensor:
+        self._client_mean()  # called on every rank at the end of a run
+        return self._x_bar
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Checkpoint protocol: tau_i per client, each live version once as union/version/<tau>."""
+        taus, first = np.unique(self.tau, return_index=True)
+        versions = self.store.gather(self.lo + first)
+        return {"x": self.x, "client/tau": torch.as_tensor(self.tau),
+                **{f"union/version/{int(tau)}": v for tau, v in zip(taus, versions)}}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        super().load_state_dict(state)
+        self.tau = state["client/tau"].cpu().numpy().astype(np.int64).copy()
+        hi = self.lo + len(self.tau)
+        dev = self.x.device
+        self.store = VersionStore(self.lo, hi, state.get("union/version/-1", self.x).to(dev))  # x_0
+        for tau in np.unique(self.tau[self.tau >= 0]):  # x_i = x^{tau_i + 1}
+            self.store.assign(self.lo + np.flatnonzero(self.tau == tau), state[f"union/version/{int(tau)}"].to(dev))
+        self._fresh = False

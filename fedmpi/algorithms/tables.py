@@ -1,0 +1,62 @@
+"""The per-client update table shared by MIFA and FedVARP.
+
+Each client j has a row T_j (MIFA's G_j, FedVARP's y_j), zero until j first participates.
+Rows live in a ``ClientTable`` sharded over ranks (O(m d) memory by design, as the papers
+say); the server keeps only the running sum S = sum_j T_j. In round t each active client
+sends the innovation Delta_i - T_i, the reproducible reduction gives the server
+
+    D = sum_{i in A_t} (Delta_i - T_i)
+
+(the same bits for any number of ranks), S <- S + D, and every active client writes
+T_i <- Delta_i. S therefore equals sum_j T_j up to the reduction's pre-rounding, and -- being
+a sum of identical terms in identical order -- is itself identical for any number of ranks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..engine.store import ClientTable
+from .base import Context, ServerAlgorithm
+
+
+class TableAlgorithm(ServerAlgorithm):
+    client_rows = 1  # T_j: one model-sized row per client (O(m d) overall, sharded)
+    """A ServerAlgorithm whose clients send Delta_i - T_i and then store T_i <- Delta_i.
+
+    Subclasses write ``server_update`` with ``self.table_sum`` (S before this round) and call
+    ``self.absorb(D)`` there to move S to the new table.
+    """
+
+    client_rows = 1  # T_j: one model-sized row per client (up-front memory check)
+
+    def __init__(self, ctx: Context):
+        super().__init__(ctx)
+        lo, hi = ctx.shard
+        self.table = ClientTable(lo, hi, ctx.spec.dim, ctx.device)  # T_j of the local clients
+        self.table_sum = torch.zeros(ctx.spec.dim, dtype=torch.float64, device=ctx.device)  # S (server)
+        self._new_rows: torch.Tensor | None = None
+
+    def contribution(self, t: int, active: np.ndarray, local: np.ndarray,
+                     start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
+        self._new_rows = end - start  # Delta_i = x_i^{t,s} - x^t, float32 as stored; written in after_round
+        return self._new_rows.double() - self.table.get(local).double()  # Delta_i - T_i
+
+    def absorb(self, innovation_sum: torch.Tensor) -> None:
+        """S <- S + D (server)."""
+        self.table_sum = self.table_sum + innovation_sum
+
+    def after_round(self, t: int, active: np.ndarray, local: np.ndarray,
+                    start: torch.Tensor, end: torch.Tensor) -> None:
+        if len(local):
+            self.table.set(local, self._new_rows)  # T_i <- Delta_i
+        self._new_rows = None
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {**super().state_dict(), "client/table": self.table.rows, "table_sum": self.table_sum}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        super().load_state_dict(state)
+        self.table.load_state_dict({"rows": state["client/table"]})
+        self.table_sum = state["table_sum"].to(self.ctx.device, torch.float64)  # S, used by the server only

@@ -1,0 +1,233 @@
+"""The FedSWE paper's baselines on the quadratic task, against plain-float references that follow
+ALGORITHMS.md section 2; plus rank-count independence of FedSWE, MIFA and FedVARP under mpiexec.
+
+F_i(x) = (x - u_i)^2 / 2 with exact gradients: from the server model x, s local steps of size eta_l
+give Delta_i = (1 - q)(u_i - x) with q = (1 - eta_l)^s.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT, mpiexec
+from fedmpi.errors import InputError
+from fedmpi.runtime import World
+from test_fedswe import Q, Scripted, build, quadratic_cfg, scalar
+
+U = [0.0, 8.0, -4.0]
+M, X0 = len(U), 2.0
+# an empty round; client 2 first seen at t = 2 after two absent rounds (FedAU's cap K = 2 is hit)
+SCRIPT = [[0, 1], [], [2], [0, 1, 2], [1], [0, 2]]
+PROBS = [[0.5, 0.25 + 0.125 * (t % 2), 0.75] for t in range(len(SCRIPT))]  # fedknown's true p_i^t
+
+
+def delta(i: int, x: float) -> float:
+    return (1 - Q) * (U[i] - x)  # Delta_i from the server model x
+
+
+# ----------------------------------------------------------------------------- references
+
+def ref_fedavg_all(eta_g: float) -> list[float]:
+    x, out = X0, []
+    for A in SCRIPT:
+        x = x + eta_g * sum(delta(i, x) for i in A) / M
+        out.append(x)
+    return out
+
+
+def ref_fedknown(eta_g: float) -> list[float]:
+    x, out = X0, []
+    for t, A in enumerate(SCRIPT):
+        x = x + eta_g * sum(delta(i, x) / PROBS[t][i] for i in A) / M
+        out.append(x)
+    return out
+
+
+def ref_gfedavg(eta_g: float, a: float = 3.0, P: int = 2) -> list[float]:
+    x, anchor, out = X0, X0, []
+    for t, A in enumerate(SCRIPT):
+        if A:
+            x = x + eta_g * sum(delta(i, x) for i in A) / len(A)
+        if (t + 1) % P == 0:
+            x = x + (a - 1) * (x - anchor)
+            anchor = x
+        out.append(x)
+    return out
+
+
+def ref_fedau(eta_g: float, K: int = 2) -> list[float]:
+    x, c, L, out = X0, [0] * M, [[] for _ in range(M)], []
+    for A in SCRIPT:
+        w = {i: (sum(L[i]) / len(L[i]) if L[i] else 1.0) for i in A}
+        x = x + eta_g * sum(w[i] * delta(i, x) for i in A) / M
+        for i in range(M):
+            if i in A:
+                L[i].append(c[i] + 1)
+                c[i] = 0
+            else:
+                c[i] += 1
+                if c[i] == K:
+                    L[i].append(K)
+                    c[i] = 0
+        out.append(x)
+    return out
+
+
+def ref_f3ast(eta_g: float, select: int = 2, beta: float = 0.5) -> list[float]:
+    x, r, out = X0, [1.0] * M, []
+    for A in SCRIPT:
+        S = sorted(A, key=lambda i: (r[i], i))[:select]
+        x = x + eta_g * sum(delta(i, x) / r[i] for i in S) / M
+        r = [(1 - beta) * r[i] + beta * (i in S) for i in range(M)]
+        out.append(x)
+    return out
+
+
+def ref_mifa(eta_g: float) -> list[float]:
+    x, G, out = X0, [0.0] * M, []
+    for A in SCRIPT:
+        for i in A:
+            G[i] = delta(i, x)
+        x = x + eta_g * sum(G) / M  # every round, empty ones too
+        out.append(x)
+    return out
+
+
+def ref_fedvarp(eta_g: float) -> list[float]:
+    x, y, out = X0, [0.0] * M, []
+    for A in SCRIPT:
+        if A:
+            d = {i: delta(i, x) for i in A}
+            x = x + eta_g * (sum(d[i] - y[i] for i in A) / len(A) + sum(y) / M)
+            for i in A:
+                y[i] = d[i]
+        out.append(x)
+    return out
+
+
+CASES = {
+    "fedavg_all": (ref_fedavg_all, {}),
+    "fedknown": (ref_fedknown, {}),
+    "gfedavg": (ref_gfedavg, {"amplification": 3.0, "anchor_period": 2}),
+    "fedau": (ref_fedau, {"fedau_cap": 2}),
+    "f3ast": (ref_f3ast, {"select": 2, "rate_beta": 0.5}),
+    "mifa": (ref_mifa, {}),
+    "fedvarp": (ref_fedvarp, {}),
+}
+
+
+def make(name: str, eta_g: float = 1.0):
+    return build(quadratic_cfg(name, U, X0, eta_g=eta_g, **CASES[name][1]), Scripted(M, SCRIPT, PROBS))
+
+
+@pytest.mark.parametrize("eta_g", [1.0, 0.5])
+@pytest.mark.parametrize("name", list(CASES))
+def test_trajectory_matches_definition(name, eta_g):
+    ref = CASES[name][0](eta_g)
+    algo = make(name, eta_g)
+    got = []
+    for t in range(len(SCRIPT)):
+        algo.round(t)
+        got.append(scalar(algo.eval_models()[""]))
+    assert got == pytest.approx(ref, rel=1e-5, abs=1e-5)
+
+
+def test_empty_round_behaviour():
+    """Round 1 has no active client: only MIFA moves (it re-applies its stored updates)."""
+    for name in CASES:
+        algo = make(name)
+        algo.round(0)
+        before = algo.x.clone()
+        algo.round(1)
+        moved = not torch.equal(algo.x, before)
+        assert moved == (name in ("mifa", "gfedavg")), name  # gfedavg: round 1 ends an anchor period
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_state_dict_round_trip(name):
+    a = make(name)
+    for t in range(3):
+        a.round(t)
+    state = a.state_dict()
+    assert all(isinstance(v, torch.Tensor) for v in state.values())
+    b = make(name)
+    b.load_state_dict({k: v.clone() for k, v in state.items()})
+    for t in range(3, len(SCRIPT)):
+        a.round(t), b.round(t)
+    assert torch.equal(a.x, b.x)
+
+
+@pytest.mark.parametrize("name", ["fedswe", "gfedavg", "fedau", "f3ast", "mifa", "fedvarp"])
+def test_checkpoint_resume_gives_the_same_run(name, tmp_path, monkeypatch):
+    """Through the runner: fail at round 5, resume from the round-4 checkpoint, finish as if uninterrupted."""
+    from fedmpi.runner import Runner
+
+    cfg = quadratic_cfg(name, [[0.0, 1.0], [8.0, -2.0], [-4.0, 3.0], [1.0, 1.0], [2.0, -6.0]],
+                        availability={"kind": "stationary", "base": {"kind": "fixed", "values": [0.4]}},
+                        k=2, anchor_period=3, fedau_cap=3, select=2, rate_beta=0.3)
+    cfg.rounds, cfg.eval_every, cfg.runtime.checkpoint_every = 8, 2, 2
+    Runner(cfg, World(), str(tmp_path / "straight.h5"), quiet=True).run()
+    monkeypatch.setenv("FEDMPI_TEST_FAULT", "0:5:raise")
+    with pytest.raises(RuntimeError, match="injected"):
+        Runner(cfg, World(), str(tmp_path / "cut.h5"), quiet=True).run()
+    monkeypatch.delenv("FEDMPI_TEST_FAULT")
+    Runner(cfg, World(), str(tmp_path / "cut.h5"), quiet=True, resume=True).run()
+    with h5py.File(tmp_path / "straight.h5") as a, h5py.File(tmp_path / "cut.h5") as b:
+        assert np.array_equal(a["final/params"][:], b["final/params"][:])
+        assert np.array_equal(a["metrics/test_loss"][:], b["metrics/test_loss"][:])
+
+
+def test_fedknown_refuses_unknown_probabilities():
+    with pytest.raises(InputError, match="availability.kind"):
+        build(quadratic_cfg("fedknown", U, X0), Scripted(M, SCRIPT, probs=None))
+
+
+def test_f3ast_selects_smallest_rates_ties_by_id():
+    algo = make("f3ast")
+    algo.r = np.array([0.3, 0.1, 0.1])
+    assert algo.select(0, np.array([0, 1, 2])).tolist() == [1, 2]
+    algo.r = np.array([0.2, 0.2, 0.2])
+    assert algo.select(0, np.array([0, 1, 2])).tolist() == [0, 1]
+    assert algo.select(0, np.array([2])).tolist() == [2]
+
+
+def test_table_sum_tracks_the_rows():
+    """The server's running sum S equals the sum of the sharded table rows."""
+    for name in ("mifa", "fedvarp"):
+        algo = make(name)
+        for t in range(len(SCRIPT)):
+            algo.round(t)
+            assert torch.allclose(algo.table_sum, algo.table.local_sum(), rtol=0, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------- MPI
+
+@pytest.mark.mpi
+def test_two_ranks_match_one_rank_bit_for_bit(tmp_path):
+    import subprocess
+
+    sys.path.insert(0, os.path.join(ROOT, "tests", "mpi_scripts"))
+    from unavailability_check import RUNS, run
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir(), two.mkdir()
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    script = os.path.join(ROOT, "tests", "mpi_scripts", "unavailability_check.py")
+    proc = subprocess.run(mpiexec(2) + [sys.executable, script, str(two)], capture_output=True, text=True,
+                          timeout=240, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run(World(), str(one))
+    for name in RUNS:
+        with h5py.File(one / f"{name}.h5") as a, h5py.File(two / f"{name}.h5") as b:
+            assert a.attrs["world_size"] == 1 and b.attrs["world_size"] == 2
+            assert np.array_equal(a["final/params"][:], b["final/params"][:]), name
+            for key in a["metrics"]:
+                if key not in ("wall_time", "peak_rss_mb"):
+                    assert np.array_equal(a["metrics"][key][:], b["metrics"][key][:]), (name, key)
+            assert a["metrics/n_active"][:].sum() > 0
