@@ -22,12 +22,13 @@ from .base import Context, ServerAlgorithm
 
 
 class TableAlgorithm(ServerAlgorithm):
-    client_rows = 1  # T_j: one model-sized row per client (O(m d) overall, sharded)
     """A ServerAlgorithm whose clients send Delta_i - T_i and then store T_i <- Delta_i.
 
     Subclasses write ``server_update`` with ``self.table_sum`` (S before this round) and call
     ``self.absorb(D)`` there to move S to the new table.
     """
+
+    client_rows = 1  # T_j: one model-sized row per client (O(m d) overall, sharded)
 
     client_rows = 1  # T_j: one model-sized row per client (up-front memory check)
 
