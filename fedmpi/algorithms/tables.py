@@ -30,8 +30,6 @@ class TableAlgorithm(ServerAlgorithm):
 
     client_rows = 1  # T_j: one model-sized row per client (O(m d) overall, sharded)
 
-    client_rows = 1  # T_j: one model-sized row per client (up-front memory check)
-
     def __init__(self, ctx: Context):
         super().__init__(ctx)
         lo, hi = ctx.shard
