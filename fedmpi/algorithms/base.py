@@ -34,7 +34,7 @@ from ..config import Config
 from ..data.task import Task
 from ..engine.local import LocalTrainer
 from ..engine.params import ParamSpec
-from ..engine.reduce import reproducible_sum
+from ..engine.reduce import reproducible_sum_blocks
 from ..errors import InputError
 from ..participation import Participation
 from ..runtime import World
@@ -134,8 +134,8 @@ class ServerAlgorithm(Algorithm):
         local = self.ctx.local(active)
         start = self.start_models(local)
         end = self.ctx.trainer.train(start, local, t, lr_scale=self.lr_scale(t, local))
-        rows = self.contribution(t, active, local, start, end)
-        buf = reproducible_sum(self.world, rows, len(active))
+        buf = reproducible_sum_blocks(  # one reduction; rows made block by block to bound memory
+            self.world, lambda s: self.contribution(t, active, local[s], start[s], end[s]), len(local), len(active))
         # x^{t+1} goes into a fresh tensor on every rank: ``start`` may view x^t
         self.x = self.server_update(t, active, buf).float() if self.world.is_server else torch.empty_like(self.x)
         self.world.broadcast_(self.x)
@@ -156,8 +156,9 @@ class ServerAlgorithm(Algorithm):
 
     def contribution(self, t: int, active: np.ndarray, local: np.ndarray,
                      start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
-        """One float64 row per local active client, summed over all clients for the server.
+        """One float64 row per listed local client, summed over all clients for the server.
 
+        Called on blocks of the local clients, twice each: it must not change any state.
         Default: w_i Delta_i with w_i from ``weights``."""
         w = torch.as_tensor(self.weights(t, active, local), dtype=torch.float64, device=end.device)
         return w[:, None] * (end - start).double()

@@ -35,12 +35,10 @@ class TableAlgorithm(ServerAlgorithm):
         lo, hi = ctx.shard
         self.table = ClientTable(lo, hi, ctx.spec.dim, ctx.device)  # T_j of the local clients
         self.table_sum = torch.zeros(ctx.spec.dim, dtype=torch.float64, device=ctx.device)  # S (server)
-        self._new_rows: torch.Tensor | None = None
 
     def contribution(self, t: int, active: np.ndarray, local: np.ndarray,
                      start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
-        self._new_rows = end - start  # Delta_i = x_i^{t,s} - x^t, float32 as stored; written in after_round
-        return self._new_rows.double() - self.table.get(local).double()  # Delta_i - T_i
+        return (end - start).double() - self.table.get(local).double()  # Delta_i - T_i
 
     def absorb(self, innovation_sum: torch.Tensor) -> None:
         """S <- S + D (server)."""
@@ -49,8 +47,7 @@ class TableAlgorithm(ServerAlgorithm):
     def after_round(self, t: int, active: np.ndarray, local: np.ndarray,
                     start: torch.Tensor, end: torch.Tensor) -> None:
         if len(local):
-            self.table.set(local, self._new_rows)  # T_i <- Delta_i
-        self._new_rows = None
+            self.table.set(local, end - start)  # T_i <- Delta_i (float32, as stored)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return {**super().state_dict(), "client/table": self.table.rows, "table_sum": self.table_sum}

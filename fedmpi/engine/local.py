@@ -120,6 +120,18 @@ class LocalTrainer:
         if lr_scale is not None:
             lr = lr * lr_scale.to(self.device, torch.float32)
         self.task.model.train()
+        chunk = self.chunk_size()
+        for a in range(0, n, chunk):  # a client's result does not depend on its chunk-mates
+            self._train_block(x[a:a + chunk], clients[a:a + chunk], t, lr[a:a + chunk], steps)
+        return x
+
+    def chunk_size(self) -> int:
+        """Clients per batched call: bounds the per-call temporaries to about 256 MB of parameters."""
+        return max(1, (256 << 20) // (16 * self.spec.dim))
+
+    def _train_block(self, x: torch.Tensor, clients: np.ndarray, t: int, lr: torch.Tensor,
+                     steps: int | None) -> None:
+        """SGD steps on the rows of ``x`` in place."""
         for step in range(self.cfg.local_steps if steps is None else steps):
             xb, yb, wb = self.batch(clients, t, step)
             g = self.gradients(x, xb, yb, wb)
@@ -127,7 +139,6 @@ class LocalTrainer:
                 norms = g.norm(dim=1, keepdim=True)
                 g = g * torch.clamp(self.cfg.grad_clip / (norms + 1e-12), max=1.0)
             x.sub_(lr[:, None] * g)
-        return x
 
     def gradients(self, x: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor, wb: torch.Tensor | None) -> torch.Tensor:
         """Per-client gradients (n, d) at the rows of ``x``."""

@@ -13,6 +13,7 @@ largest term (about 1e-12 for n = 100): far under float32 resolution.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 
@@ -32,9 +33,30 @@ def reproducible_sum(world: World, rows: torch.Tensor, n_total: int, to_all: boo
     return world.allreduce_sum_(total) if to_all else world.sum_to_server_(total)
 
 
+def reproducible_sum_blocks(world: World, make_rows: Callable[[slice], torch.Tensor], n_local: int, n_total: int,
+                            to_all: bool = False, block_bytes: int = 256 << 20) -> torch.Tensor:
+    """``reproducible_sum`` of rows produced block by block by ``make_rows(slice)``.
+
+    Two passes over the blocks (the global maximum first, then the exact sums), so only one
+    block of float64 rows exists at a time: memory O(block x width) instead of O(n x width).
+    ``make_rows`` must be a pure function of its slice (it is called twice per block).
+    """
+    first = make_rows(slice(0, min(n_local, 1))).double()
+    width = first.shape[-1]
+    block = max(1, block_bytes // (8 * width))
+    biggest = torch.zeros(width, dtype=torch.float64, device=first.device)
+    for a in range(0, n_local, block):
+        torch.maximum(biggest, make_rows(slice(a, a + block)).double().abs().amax(0), out=biggest)
+    world.allreduce_max_(biggest)
+    total = torch.zeros(width, dtype=torch.float64, device=first.device)
+    for a in range(0, n_local, block):
+        total += preround(make_rows(slice(a, a + block)).double(), biggest, n_total).sum(0)
+    return world.allreduce_sum_(total) if to_all else world.sum_to_server_(total)
+
+
 def preround(rows: torch.Tensor, biggest: torch.Tensor, n_total: int) -> torch.Tensor:
     """Round float64 ``rows`` to the grid on which sums of ``n_total`` terms are exact."""
     _, e = torch.frexp(biggest)  # biggest < 2^e
     k = math.ceil(math.log2(max(n_total, 1))) + 1
     sigma = torch.ldexp(torch.ones_like(biggest), e + k)
-    return (rows + sigma) - sigma
+    return (rows + sigma).sub_(sigma)
