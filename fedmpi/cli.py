@@ -35,6 +35,7 @@ def _env_rank() -> int:
 _EXTENSIONS = [
     ("pi", ".participation.pi", "stationary participation distribution pi_R of the Markov sampler"),
     ("availability", ".participation.show", "print or plot the p_i^t trajectories of a config"),
+    ("markov-plot", ".results.markov_plots", "Figure 1 study (pi_R vs R) and per-client participation shares"),
 ]
 
 
