@@ -37,10 +37,12 @@ def test_batched_equals_sequential(model):
     assert torch.allclose(a, b, atol=1e-5, rtol=0)
 
 
-def test_client_results_do_not_depend_on_their_companions():
+@pytest.mark.parametrize("model", ["logreg", "mlp", "linear_svm"])
+def test_client_results_do_not_depend_on_their_companions(model):
     """What makes results independent of the number of ranks: a client's end model is the
     same bits whether it trains alone, in a block, or in another order."""
-    _, task, tr = trainer()
+    _, task, tr = trainer(task__model=model, task__hidden=32,
+                          task__synthetic={"samples": 1200, "test_samples": 100, "features": 64, "classes": 4})
     ids = np.array([0, 3, 4, 7, 11])
     x0 = tr.spec.flatten(task.model).expand(len(ids), -1)
     together = tr.train(x0, ids, t=1)

@@ -29,12 +29,14 @@ start (overlap would make the order rank-dependent).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..engine.reduce import preround
 from ..runtime.world import World
 from .topology import Graph
 
@@ -168,13 +170,25 @@ class Exchanger:
     def mean_and_consensus(self, x_local: torch.Tensor) -> tuple[torch.Tensor, float]:
         """(mean model x_bar (d,) float32, consensus error (1/m) sum_i ||x_i - x_bar||^2), on every rank.
 
-        Sums run in float64 and are all-reduced: equal on any number of ranks up to float64 rounding.
+        Bitwise the same on any number of ranks: both sums over clients are pre-rounded per
+        coordinate (``engine.reduce.preround``), hence exact in float64 whatever the grouping of
+        the terms, and the last sum, over coordinates, runs in numpy on identical data everywhere.
         """
-        total = x_local.sum(0, dtype=torch.float64)
-        mean = self.world.allreduce_sum_(total) / self.m
-        sq = torch.zeros((), dtype=torch.float64, device=x_local.device)
-        step = max(1, _CHUNK // max(1, x_local.shape[1]))
-        for a in range(0, self.n_local, step):
-            sq += (x_local[a:a + step].double() - mean).square().sum()
-        sq = self.world.allreduce_sum_(sq.reshape(1))
-        return mean.float(), float(sq.item()) / self.m
+        w, dev, dim = self.world, x_local.device, x_local.shape[1]
+        step = max(1, _CHUNK // max(1, dim))
+        chunks = [x_local[a:a + step] for a in range(0, self.n_local, step)]
+        ext = torch.full((2, dim), -math.inf, dtype=torch.float64, device=dev)  # per coordinate: max, -min
+        for c in chunks:
+            ext = torch.maximum(ext, torch.stack([c.amax(0), -c.amin(0)]).double())
+        w.allreduce_max_(ext)
+        hi, lo = ext[0], -ext[1]
+        total = torch.zeros(dim, dtype=torch.float64, device=dev)
+        for c in chunks:
+            total += preround(c.double(), torch.maximum(hi.abs(), lo.abs()), self.m).sum(0)
+        mean = w.allreduce_sum_(total) / self.m
+        bound = torch.maximum((hi - mean).square(), (lo - mean).square())  # >= every (x_i - x_bar)^2
+        sq = torch.zeros_like(total)
+        for c in chunks:
+            sq += preround((c.double() - mean).square(), bound, self.m).sum(0)
+        sq = w.allreduce_sum_(sq)
+        return mean.float(), float(np.sum(sq.cpu().numpy())) / self.m
