@@ -64,7 +64,8 @@ def _check_memory(cfg: Config, world: World, m: int, d: int) -> None:
 
 
 def _inject_fault(rank: int, t: int) -> None:
-    """Test hook: FEDMPI_TEST_FAULT="RANK:ROUND:raise|kill" makes that rank fail there."""
+    """Test hook: FEDMPI_TEST_FAULT="RANK:ROUND:raise|kill|usr1" makes that rank fail (or get
+    a preemption signal) there."""
     spec = os.environ.get("FEDMPI_TEST_FAULT")
     if not spec:
         return
@@ -72,6 +73,9 @@ def _inject_fault(rank: int, t: int) -> None:
     if int(r) == rank and int(when) == t:
         if how == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if how == "usr1":
+            os.kill(os.getpid(), signal.SIGUSR1)
+            return
         raise RuntimeError(f"injected fault at round {t}")
 
 

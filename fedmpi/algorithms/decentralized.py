@@ -145,9 +145,9 @@ class Decentralized(Algorithm):
         return {"topology": {"edges": g.edges, "weights": g.weights, "d": d, "b": b, "degree": g.degree}}
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        return {"x": self.table.rows, "x_bar": self.x_bar, "delay": torch.as_tensor(self.delay)}
+        return {"client/x": self.table.rows, "x_bar": self.x_bar, "delay": torch.as_tensor(self.delay)}
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.table.load_state_dict({"rows": state["x"]})
+        self.table.load_state_dict({"rows": state["client/x"]})
         self.x_bar = state["x_bar"].to(self.ctx.device)
         self.delay = state["delay"].cpu().numpy().astype(np.float64)
