@@ -38,13 +38,21 @@ def test_quadratic_fedavg_layout(tmp_path):
         assert m["test_loss"].chunks is not None and m["test_loss"].maxshape == (None,)
 
 
-def test_info_and_plot(tmp_path):
+def _runs_in_process(tmp_path, seeds, **over) -> list[str]:
+    """Runs through the CLI's main() in this process (no interpreter start-up per run)."""
+    from fedmpi.cli import main
+
     paths = []
-    for seed in (1, 2):
+    for seed in seeds:
         out = str(tmp_path / f"s{seed}.h5")
-        cfg = write_config(tmp_path / f"c{seed}.yaml", synthetic_config(seed=seed, output=out))
-        fedmpi(["run", cfg, "--quiet"])
+        cfg = write_config(tmp_path / f"c{seed}.yaml", synthetic_config(seed=seed, output=out, **over))
+        assert main(["run", cfg, "--quiet"]) == 0
         paths.append(out)
+    return paths
+
+
+def test_info_and_plot(tmp_path):
+    paths = _runs_in_process(tmp_path, (1, 2))
     info = fedmpi(["info", paths[0]]).stdout
     assert "status:     completed" in info and "test_acc" in info and "config:" in info
     png = str(tmp_path / "fig.png")
@@ -57,12 +65,7 @@ def test_info_and_plot(tmp_path):
 def test_plot_groups_seeds_into_a_band(tmp_path):
     from fedmpi.results.plot import load_curves
 
-    paths = []
-    for seed in (1, 2, 3):
-        out = str(tmp_path / f"s{seed}.h5")
-        cfg = write_config(tmp_path / f"c{seed}.yaml", synthetic_config(seed=seed, output=out, rounds=2))
-        fedmpi(["run", cfg, "--quiet"])
-        paths.append(out)
+    paths = _runs_in_process(tmp_path, (1, 2, 3), rounds=2)
     curves = load_curves(paths, "test_acc", "round")
     assert len(curves) == 1 and curves[0][4] == 3 and (curves[0][3] >= 0).all()
 
