@@ -60,7 +60,7 @@ class Task:
         if not self.image:
             return xb
         shape = [1] * (xb.dim() - 3) + [-1, 1, 1]
-        return (xb.float().div_(255.0) - self.mean.view(shape)) / self.std.view(shape)
+        return xb.float().mul_((1.0 / (255.0 * self.std)).view(shape)).sub_((self.mean / self.std).view(shape))
 
     def client_info(self, seed: int) -> ClientInfo:
         return ClientInfo(m=self.m, seed=seed, label_hist=self.label_hist, group=self.groups)
