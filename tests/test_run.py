@@ -186,3 +186,11 @@ def test_a_failing_rank_ends_the_job(tmp_path, how):
         assert f.attrs["status"] == "failed" and f.attrs["rounds_done"] == 3
     if how == "raise":
         assert p.stderr.count("injected fault at round 3") == 1
+
+
+def test_plot_labels_tell_groups_apart():
+    from fedmpi.results.plot import _labels
+
+    labels = _labels([{"name": "p", "algorithm": {"name": "fedswe", "k": 0}},
+                      {"name": "p", "algorithm": {"name": "fedswe", "k": 100}}])
+    assert labels == ["p (fedswe) k=0", "p (fedswe) k=100"]

@@ -16,12 +16,35 @@ from ..errors import InputError
 from .hdf5 import read_metrics
 
 
-def _group_key(config_yaml: str) -> tuple[str, str]:
+def _group_key(config_yaml: str) -> tuple[str, dict]:
     cfg = yaml.safe_load(config_yaml) or {}
     cfg.pop("seed", None)
     cfg.pop("output", None)
-    label = f"{cfg.get('name', 'run')} ({(cfg.get('algorithm') or {}).get('name', '?')})"
-    return yaml.safe_dump(cfg, sort_keys=True), label
+    return yaml.safe_dump(cfg, sort_keys=True), cfg
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def _labels(configs: list[dict]) -> list[str]:
+    """'name (algorithm)' plus the keys whose values tell the groups apart (at most 3)."""
+    flats = [_flat(c) for c in configs]
+    keys = sorted({k for f in flats for k in f})
+    differ = [k for k in keys if k not in ("name", "algorithm.name", "rounds", "eval_every")
+              and len({repr(f.get(k)) for f in flats}) > 1]
+    labels = []
+    for f in flats:
+        base = f"{f.get('name', 'run')} ({f.get('algorithm.name', '?')})"
+        extra = ", ".join(f"{k.rsplit('.', 1)[-1]}={f.get(k)}" for k in differ[:3])
+        labels.append(base + (f" {extra}" if extra else ""))
+    return labels
 
 
 def load_curves(paths: list[str], metric: str, x: str) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray, int]]:
@@ -33,10 +56,10 @@ def load_curves(paths: list[str], metric: str, x: str) -> list[tuple[str, np.nda
             if name not in metrics:
                 have = ", ".join(sorted(metrics))
                 raise InputError(f"{p}: has no metric {name!r} (has: {have})")
-        key, label = _group_key(attrs.get("config", ""))
-        groups.setdefault(key, (label, []))[1].append((metrics[x].astype(float), metrics[metric].astype(float)))
+        key, cfg = _group_key(attrs.get("config", ""))
+        groups.setdefault(key, (cfg, []))[1].append((metrics[x].astype(float), metrics[metric].astype(float)))
     curves = []
-    for label, runs in groups.values():
+    for label, (_, runs) in zip(_labels([g[0] for g in groups.values()]), groups.values()):
         if all(len(r[0]) == len(runs[0][0]) and np.array_equal(r[0], runs[0][0]) for r in runs):
             grid = runs[0][0]
             ys = np.stack([r[1] for r in runs])
