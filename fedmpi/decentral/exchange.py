@@ -89,17 +89,17 @@ class Exchanger:
         plan = self._plan(np.asarray(active_edges, dtype=bool))
         dev, n = x_local.device, self.n_local
         buf = x_local.new_empty((n + plan.n_recv, x_local.shape[1]))
-        buf[:n] = x_local[torch.as_tensor(plan.perm, device=dev)]  # (advanced indexing: fast gathers on CPU)
+        torch.index_select(x_local, 0, torch.as_tensor(plan.perm, device=dev), out=buf[:n])
         self._exchange(x_local, plan, buf[n:])
         src = torch.as_tensor(plan.src, device=dev)
         weight = torch.as_tensor(plan.weight, dtype=x_local.dtype, device=dev)[:, None]
         acc = torch.zeros_like(x_local)
         a = 0
         for k in plan.slots:  # slot s: the s-th active neighbour of the first k clients of perm
-            term = buf[src[a:a + k]]
+            term = buf.index_select(0, src[a:a + k])
             acc[:k].add_(term.sub_(buf[:k]).mul_(weight[a:a + k]))
             a += k
-        return acc[torch.as_tensor(plan.position, device=dev)]
+        return acc.index_select(0, torch.as_tensor(plan.position, device=dev))
 
     def _plan(self, active: np.ndarray) -> _Plan:
         if active.shape != (self.graph.num_edges,):
@@ -131,7 +131,7 @@ class Exchanger:
         """Send my rows / receive into ``recv`` the peers' rows that this iteration's active cross edges need."""
         if not plan.peers:
             return
-        packed = x_local[torch.as_tensor(plan.send_rows, device=x_local.device)]
+        packed = x_local.index_select(0, torch.as_tensor(plan.send_rows, device=x_local.device))
         ops = []
         for p, s0, s1, r0, r1 in plan.peers:
             ops += [dist.P2POp(dist.isend, packed[s0:s1], p), dist.P2POp(dist.irecv, recv[r0:r1], p)]
