@@ -11,6 +11,7 @@ so a killed run leaves a file that opens, with ``status = running``.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import h5py
@@ -117,10 +118,14 @@ def open_result(path: str) -> h5py.File:
     """Open a result file for reading, also while a run is writing it (no file lock)."""
     if not os.path.exists(path):
         raise InputError(f"{path}: no such result file")
-    try:
-        f = h5py.File(path, "r", locking=False)
-    except OSError:
-        raise InputError(f"{path}: not a readable HDF5 result file") from None
+    for attempt in range(3):  # a running writer may be mid-flush: look again shortly
+        try:
+            f = h5py.File(path, "r", locking=False)
+            break
+        except OSError:
+            if attempt == 2:
+                raise InputError(f"{path}: not a readable HDF5 result file") from None
+            time.sleep(0.2)
     if "metrics" not in f or "status" not in f.attrs:
         f.close()
         raise InputError(f"{path}: not a fedmpi result file (no /metrics or status)")
