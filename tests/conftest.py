@@ -40,6 +40,24 @@ def fedmpi(args: list[str], ranks: int = 0, timeout: float = 300, env: dict | No
     return proc
 
 
+def wait_for_rows(path, rows: int, timeout: float = 120) -> None:
+    """Poll a result file that a running job writes until it holds ``rows`` evaluations."""
+    import time
+
+    import h5py
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        time.sleep(0.3)
+        try:
+            with h5py.File(path, "r", locking=False) as f:
+                if f["metrics/round"].shape[0] >= rows:
+                    return
+        except (OSError, KeyError):
+            pass
+    raise AssertionError(f"{path}: fewer than {rows} evaluations after {timeout} s")
+
+
 def write_config(path, data: dict) -> str:
     with open(path, "w") as fh:
         yaml.safe_dump(data, fh)

@@ -7,14 +7,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import h5py
 import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, fedmpi, synthetic_config, write_config
+from conftest import wait_for_rows, ROOT, fedmpi, synthetic_config, write_config
 from fedmpi import checkpoint
 from fedmpi.errors import InputError
 from fedmpi.runtime import World
@@ -58,15 +57,7 @@ def test_sigterm_exit3_then_resume_on_two_ranks(tmp_path):
     full, cut = str(tmp_path / "full.h5"), str(tmp_path / "cut.h5")
     proc = subprocess.Popen([sys.executable, "-m", "fedmpi", "run", cfg, "--out", cut, "--quiet"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        time.sleep(0.3)
-        try:
-            with h5py.File(cut, "r", locking=False) as f:
-                if f["metrics/round"].shape[0] >= 3:
-                    break
-        except (OSError, KeyError):
-            pass
+    wait_for_rows(cut, 3)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 3, err

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import ROOT, fedmpi, synthetic_config, write_config
+from conftest import wait_for_rows, ROOT, fedmpi, synthetic_config, write_config
 
 
 def test_quadratic_fedavg_layout(tmp_path):
@@ -121,18 +121,9 @@ def test_sigkill_leaves_readable_file(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "fedmpi", "run", cfg, "--quiet"], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            time.sleep(0.5)
-            if out.exists():
-                try:
-                    with h5py.File(out, "r", locking=False) as f:
-                        if f["metrics/round"].shape[0] >= 5:
-                            break
-                except (OSError, KeyError):
-                    pass
-        os.kill(proc.pid, signal.SIGKILL)
+        wait_for_rows(out, 5)
     finally:
+        os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     with h5py.File(out, "r") as f:
         assert f.attrs["status"] == "running"

@@ -7,12 +7,11 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 
 import h5py
 import pytest
 
-from conftest import ROOT, synthetic_config, write_config
+from conftest import wait_for_rows, ROOT, synthetic_config, write_config
 
 
 def _shim(folder, name: str, body: str) -> None:
@@ -37,15 +36,7 @@ def test_usr1_checkpoints_and_requeues(tmp_path, template):
                f"{os.environ['PATH']}", SLURM_JOB_ID="4242", PYTHONPATH=ROOT)
     proc = subprocess.Popen(["bash", os.path.join(ROOT, "slurm", template), cfg, "--quiet"], cwd=tmp_path,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        time.sleep(0.3)
-        try:
-            with h5py.File(out, "r", locking=False) as f:
-                if f["metrics/round"].shape[0] >= 2:
-                    break
-        except (OSError, KeyError):
-            pass
+    wait_for_rows(out, 2)
     proc.send_signal(signal.SIGUSR1)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 3, stderr
