@@ -234,6 +234,8 @@ class Runner:
         return state
 
     def _checkpoint(self, rounds_done: int, t0: float) -> None:
+        if self.writer is not None:
+            self.writer.flush()  # the file must hold every row up to the checkpoint (e.g. mask rows)
         checkpoint.save(self.world, checkpoint.folder_for(self.out_path), rounds_done, self.cfg.resume_digest(),
                         self.task.m, self._state(t0))
 

@@ -69,7 +69,10 @@ class ResultWriter:
             g[n].resize((keep,))
         self.mask = self.f.get("availability/mask")
         if self.mask is not None:
-            self.mask.resize((min(self.mask.shape[0], rounds_done), self.mask.shape[1]))
+            if self.mask.shape[0] < rounds_done:
+                raise InputError(f"{self.path}: holds {self.mask.shape[0]} rows of /availability/mask, "
+                                 f"fewer than the checkpoint's {rounds_done} rounds")
+            self.mask.resize((rounds_done, self.mask.shape[1]))
         if "final" in self.f:
             del self.f["final"]
         self.f.attrs["status"] = "running"
@@ -86,6 +89,9 @@ class ResultWriter:
             ds.resize((n + 1,))
             ds[n] = row.get(name, np.nan)
         self.f.attrs["rounds_done"] = rounds_done
+        self.f.flush()
+
+    def flush(self) -> None:
         self.f.flush()
 
     def append_mask(self, ids: np.ndarray) -> None:
