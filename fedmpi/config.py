@@ -133,7 +133,7 @@ class AvailabilityConfig:
     size: int = opt(10, "cohort: clients drawn uniformly per round", ge=1)
     groups: int = opt(2, "cyclic: number of groups K", ge=1)
     R: int = opt(0, "markov: minimum separation (rounds a client must wait)", ge=0)
-    B: int = opt(1, "markov: clients (or groups) per round", ge=1)
+    B: int = opt(1, "markov: clients per round (groups variant: the group size N/M, or 1)", ge=1)
     markov_groups: Optional[int] = opt(None, "markov: M groups of B clients run the chain; null = per client", ge=1)
     trace: Optional[str] = opt(None, "trace: file of available ids per round, 0/1 matrix, or on/off intervals")
     trace_format: Literal["auto", "ids", "matrix", "intervals"] = opt("auto", "trace: file format")
@@ -165,7 +165,7 @@ class SporadicityConfig:
         "per_edge", "per_endpoint: link fires w.p. 1-(1-b)^2 (authors' code)")
     redraw_every: int = opt(0, "redraw d_i, b_ij every N iterations; 0 = never", ge=0)
     delay: Literal["raw", "normalized"] = opt("raw", "emulated delay formula")
-    max_delay: Optional[float] = opt(None, "stop when cumulative emulated delay exceeds this", gt=0)
+    max_delay: Optional[float] = opt(None, "stop once the cumulative emulated delay reaches this", gt=0)
 
 
 @dataclass
