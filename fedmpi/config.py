@@ -218,9 +218,6 @@ class Config:
         keep = {k: d[k] for k in ("seed", "task", "train", "algorithm", "availability", "topology", "sporadicity")}
         return hashlib.sha256(yaml.safe_dump(keep, sort_keys=True).encode()).hexdigest()[:16]
 
-    def digest(self) -> str:
-        """Hash of the resolved config (checkpoint compatibility)."""
-        return hashlib.sha256(self.to_yaml().encode()).hexdigest()[:16]
 
 
 DECENTRALIZED = ("dspodfl", "dgd", "rg", "sporadic_sgd", "dfedavg")

@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..engine.reduce import preround, reproducible_sum
+from ..engine.reduce import reproducible_sum, reproducible_sum_blocks
 from ..engine.store import VersionStore
 from .base import Context, ServerAlgorithm, register
 
@@ -90,9 +90,9 @@ class FedSWE(ServerAlgorithm):
 
         Versions are named by tau (x_i = x^{tau_i + 1}); every rank learns how many clients
         hold each tau, and the lowest rank holding a version contributes count * version.
-        The sum is ``reproducible_sum`` over those rows, streamed one version at a time (its
-        two passes: the global max per coordinate, then exact sums of pre-rounded rows), so it
-        costs O(d) memory and gives the same bits whatever the number of ranks.
+        The sum is ``reproducible_sum_blocks`` over those rows (two passes: the global max per
+        coordinate, then exact sums of pre-rounded rows, a bounded block of versions at a
+        time), so it gives the same bits whatever the number of ranks.
         """
         taus, first, cnt = np.unique(self.tau, return_index=True, return_counts=True)
         per_rank = self.world.allgather_obj((taus, cnt))
@@ -110,14 +110,13 @@ class FedSWE(ServerAlgorithm):
         def version(client: int) -> torch.Tensor:  # x^{tau+1} held by ``client``
             return self.store.gather(np.array([client]))[0].double()
 
-        biggest = torch.zeros(self.ctx.spec.dim, dtype=torch.float64, device=self.x.device)
-        for c, client in held:  # count * version is exact in float64
-            torch.maximum(biggest, (c * version(client)).abs(), out=biggest)
-        self.world.allreduce_max_(biggest)
-        total = torch.zeros_like(biggest)
-        for c, client in held:
-            total += preround(c * version(client), biggest, len(every))
-        x_bar = self.world.allreduce_sum_(total) / self.m
+        def rows(s: slice) -> torch.Tensor:  # count * version: exact in float64
+            part = held[s]
+            if not part:
+                return torch.zeros(0, self.ctx.spec.dim, dtype=torch.float64, device=self.x.device)
+            return torch.stack([c * version(client) for c, client in part])
+
+        x_bar = reproducible_sum_blocks(self.world, rows, len(held), len(every), to_all=True) / self.m
         spread = torch.tensor([c * float((version(client) - x_bar).pow(2).sum()) for c, client in held],
                               dtype=torch.float64, device=x_bar.device)  # count * ||x^{tau+1} - x_bar||^2
         consensus = reproducible_sum(self.world, spread.reshape(-1, 1), len(every), to_all=True) / self.m

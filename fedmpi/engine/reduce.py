@@ -25,12 +25,7 @@ def reproducible_sum(world: World, rows: torch.Tensor, n_total: int, to_all: boo
 
     ``n_total`` is the number of rows over all ranks (the same value on every rank).
     """
-    rows = rows.double()
-    width = rows.shape[-1]
-    biggest = rows.abs().amax(0) if rows.shape[0] else torch.zeros(width, dtype=torch.float64, device=rows.device)
-    world.allreduce_max_(biggest)
-    total = preround(rows, biggest, n_total).sum(0)  # exact: the order of terms does not matter
-    return world.allreduce_sum_(total) if to_all else world.sum_to_server_(total)
+    return reproducible_sum_blocks(world, lambda s: rows[s], rows.shape[0], n_total, to_all)
 
 
 def reproducible_sum_blocks(world: World, make_rows: Callable[[slice], torch.Tensor], n_local: int, n_total: int,

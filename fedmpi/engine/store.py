@@ -47,11 +47,6 @@ class VersionStore:
         for v in [v for v in self.versions if v not in live]:
             del self.versions[v]
 
-    def counts(self) -> tuple[list[torch.Tensor], np.ndarray]:
-        """Live versions and how many local clients hold each (for means over clients)."""
-        ids, cnt = np.unique(self.ref, return_counts=True)
-        return [self.versions[int(v)] for v in ids], cnt
-
     def nbytes(self) -> int:
         return sum(v.numel() * v.element_size() for v in self.versions.values())
 

@@ -170,9 +170,6 @@ class World:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t.item())
 
-    def bcast_obj(self, obj: Any, root: int = 0) -> Any:
-        return obj if self.comm is None else self.comm.bcast(obj, root=root)
-
     def allgather_obj(self, obj: Any) -> list:
         return [obj] if self.comm is None else self.comm.allgather(obj)
 
