@@ -86,13 +86,13 @@ def test_neighbor_sum_gets_the_drawn_links():
 def test_sgd_step_bits_do_not_depend_on_the_batch():
     """A client's step is the same alone (one client on its rank) as among others.
 
-    (The engine alone differs in the last bits for a batch of one client with this model.)"""
+    (A batch of one takes other kernels; the engine computes it as a pair.)"""
     algo = build(synthetic("dspodfl", task={"clients": 11, "model": "logreg", "partition": {"kind": "iid"},
                                             "synthetic": {"samples": 1100, "features": 64, "classes": 10}}))
     x = algo.table.rows + 0.1 * torch.randn(algo.table.rows.shape, generator=torch.Generator().manual_seed(0))
     ids = np.arange(11)
-    together = algo._sgd_step(x, ids, 5)
-    alone = torch.cat([algo._sgd_step(x[i:i + 1], ids[i:i + 1], 5) for i in ids])
+    together = algo.ctx.trainer.train(x, ids, 5, steps=1)
+    alone = torch.cat([algo.ctx.trainer.train(x[i:i + 1], ids[i:i + 1], 5, steps=1) for i in ids])
     assert torch.equal(together, alone)
 
 

@@ -84,7 +84,7 @@ class Decentralized(Algorithm):
         mine = np.flatnonzero(v[self.lo:self.hi])
         if mine.size:
             rows = torch.as_tensor(mine, device=x.device)
-            x[rows] = self._sgd_step(x[rows], mine + self.lo, k)  # x_i - alpha g_i(x_i)
+            x[rows] = self.ctx.trainer.train(x[rows], mine + self.lo, k, steps=1)  # x_i - alpha g_i(x_i)
         if mix is not None:
             x.add_(mix)
         d, b = self.sporadic.probabilities(k)
@@ -92,10 +92,6 @@ class Decentralized(Algorithm):
         self.delay += (proc, trans, proc + trans)
         self.active = np.flatnonzero(v)
         return int(self.active.size)
-
-    def _sgd_step(self, x: torch.Tensor, clients: np.ndarray, k: int) -> torch.Tensor:
-        """One SGD step of each listed client from its row of ``x`` (batched)."""
-        return self.ctx.trainer.train(x, clients, k, steps=1)
 
     def done(self) -> bool:
         """True once the cumulative emulated delay reaches ``sporadicity.max_delay``."""
