@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import io
 import os
 import pickle
 import struct
@@ -24,6 +23,7 @@ from typing import Callable
 
 import numpy as np
 
+from .. import safepickle
 from ..errors import InputError
 
 CACHE_VERSION = 1
@@ -246,19 +246,9 @@ _SAFE_GLOBALS = {
 }
 
 
-class _RestrictedUnpickler(pickle.Unpickler):
-    """Admits plain containers and numpy array reconstruction; refuses every other global."""
-
-    def find_class(self, module: str, name: str):
-        try:
-            return _SAFE_GLOBALS[(module, name)]
-        except KeyError:
-            raise pickle.UnpicklingError(f"refused pickle global {module}.{name}") from None
-
-
 def restricted_load(data: bytes) -> object:
     """Unpickle ``data`` (protocol <= 5, Python 2 strings as bytes) without running code."""
-    return _RestrictedUnpickler(io.BytesIO(data), encoding="bytes").load()
+    return safepickle.load(data, _SAFE_GLOBALS, encoding="bytes")
 
 
 def _cifar_batch(path: str) -> tuple[np.ndarray, np.ndarray]:

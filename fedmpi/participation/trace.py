@@ -29,12 +29,12 @@ from __future__ import annotations
 import io
 import json
 import os
-import pickle
 from typing import Any, Callable
 
 import numpy as np
 
 from ..config import AvailabilityConfig
+from .. import safepickle
 from ..errors import InputError
 from .base import ClientInfo, Participation, register
 
@@ -111,16 +111,9 @@ def parse_matrix_text(text: str, m: int) -> list[np.ndarray]:
     return _check_matrix(np.array([[x == "1" for x in tok] for _, tok in rows], dtype=bool).reshape(-1, m), m)
 
 
-class _PlainUnpickler(pickle.Unpickler):
-    """Admits only dicts, lists, tuples, sets, numbers, strings, bytes: no class is ever loaded."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"refusing to load {module}.{name} (only plain containers allowed)")
-
-
 def _unpickle(data: bytes) -> Any:
     try:
-        return _PlainUnpickler(io.BytesIO(data)).load()
+        return safepickle.load(data)  # plain containers, numbers and strings only
     except Exception as e:  # untrusted bytes: any failure is a malformed file
         raise _Fail(f"unreadable pickle ({e.__class__.__name__}: {str(e)[:80]})") from None
 
