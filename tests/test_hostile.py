@@ -36,6 +36,16 @@ def _set(cfg: dict, dotted: str, value) -> None:
     cur[keys[-1]] = value
 
 
+def _run(tmp_path, capsys, cfg: dict, out=None) -> tuple[int, str]:
+    """``fedmpi run`` of ``cfg`` in this process; the exit code and stderr, checked for one line."""
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    code = main(["run", str(path), "--quiet", "--out", str(out or tmp_path / "r.h5")])
+    err = capsys.readouterr().err
+    _one_line_or_ok(code, err)
+    return code, err
+
+
 def _one_line_or_ok(code: int, err: str) -> None:
     assert code in (0, 2), err
     assert "Traceback" not in err
@@ -93,11 +103,7 @@ def test_corrupt_dataset_files(tmp_path, capsys, damage):
     root = _fmnist_root(tmp_path, damage)
     cfg = synthetic_config(rounds=1)
     cfg["task"].update(dataset="fmnist", root=root, clients=4, cache_dir=str(tmp_path / "cache"))
-    path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    code = main(["run", str(path), "--quiet", "--out", str(tmp_path / "r.h5")])
-    err = capsys.readouterr().err
-    _one_line_or_ok(code, err)
+    code, err = _run(tmp_path, capsys, cfg)
     assert code == 2 and "train-images-idx3-ubyte" in err
 
 
@@ -116,23 +122,15 @@ def test_corrupt_trace_file(tmp_path, capsys):
     trace = tmp_path / "trace.txt"
     trace.write_text("0 1\n2 banana\n")
     cfg = synthetic_config(rounds=2, availability={"kind": "trace", "trace": str(trace), "trace_format": "ids"})
-    path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    code = main(["run", str(path), "--quiet", "--out", str(tmp_path / "r.h5")])
-    err = capsys.readouterr().err
-    _one_line_or_ok(code, err)
+    code, err = _run(tmp_path, capsys, cfg)
     assert code == 2 and "trace" in err
 
 
 def test_unwritable_output(tmp_path, capsys):
     cfg = synthetic_config(rounds=1)
-    path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(cfg))
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    code = main(["run", str(path), "--quiet", "--out", str(blocker / "sub" / "r.h5")])
-    err = capsys.readouterr().err
-    _one_line_or_ok(code, err)
+    code, err = _run(tmp_path, capsys, cfg, out=blocker / "sub" / "r.h5")
     assert code == 2 and "r.h5" in err
 
 
@@ -141,9 +139,13 @@ def test_memory_estimate_refuses_huge_tables(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(base._REGISTRY["fedavg_active"], "client_rows", 10**9)
     cfg = synthetic_config(rounds=1)
-    path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    code = main(["run", str(path), "--quiet", "--out", str(tmp_path / "r.h5")])
-    err = capsys.readouterr().err
-    _one_line_or_ok(code, err)
+    code, err = _run(tmp_path, capsys, cfg)
     assert code == 2 and "GiB" in err and "algorithm.name" in err
+
+
+def test_huge_synthetic_dataset_is_refused_up_front(tmp_path, capsys):
+    """Found by test_random_configs: 10^12 classes once ended in a MemoryError traceback."""
+    cfg = synthetic_config(rounds=1)
+    cfg["task"]["synthetic"] = {"classes": 10**12}
+    code, err = _run(tmp_path, capsys, cfg)
+    assert code == 2 and "task.synthetic" in err and "GiB" in err

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
+import psutil
 import torch
 
 from .. import rng
@@ -98,6 +99,12 @@ def _quadratic(cfg: Config, device: torch.device) -> Task:
 def synthetic_data(cfg: Config) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
     """A seeded Gaussian mixture: class means on a sphere of radius ``separation``."""
     s = cfg.task.synthetic
+    need = 8 * (s.samples + s.test_samples + s.classes) * s.features  # float64 while drawing
+    free = psutil.virtual_memory().available
+    if need > 0.5 * free:
+        raise InputError(f"task.synthetic: {s.samples + s.test_samples} samples and {s.classes} class means of "
+                         f"{s.features} features need {need / 2**30:.1f} GiB, more than half of the "
+                         f"{free / 2**30:.1f} GiB available")
     gen = rng.generator(cfg.seed, "synthetic")
     means = gen.normal(size=(s.classes, s.features))
     means *= s.separation * np.sqrt(s.features) / np.linalg.norm(means, axis=1, keepdims=True) / 2
