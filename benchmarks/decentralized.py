@@ -14,7 +14,8 @@ One iteration = indicators, mixing term, SGD step, delay (``Decentralized.round`
 The reference does what the authors' code does: one ``torch.nn.Module`` per client, an autograd
 SGD step per active client, neighbour averaging by ``state_dict`` arithmetic in Python loops over
 clients and edges. It runs on rank 0 alone, with the same graph, indicators and minibatches, and
-its models are checked against ours after the same iterations (``max |diff|``).
+its models are checked against ours after the same iterations (``max |diff|``). Each side's
+speed is 1 / (median seconds per iteration), which a busy shared machine disturbs least.
 """
 
 from __future__ import annotations
@@ -83,25 +84,31 @@ class Reference:
 
 
 def measure(name: str, m: int, iters: int, ref_iters: int, world: World) -> None:
+    """One table row: median seconds per iteration of each side (robust to a busy machine)."""
+    ref_iters = ref_iters or max(4, min(16, 1600 // m))  # the reference costs ~1.5 ms per client
     algo = build(name, m, world)
     for k in range(ref_iters):  # warm-up, and the state the reference is checked against
         algo.round(k)
     ours_after = algo.exchanger.gather_all(algo.table.rows.clone())
     world.barrier()
-    t = time.perf_counter()
+    times = []
     for k in range(ref_iters, ref_iters + iters):
-        algo.round(k)
+        t = time.perf_counter()
+        algo.round(k)  # every rank takes part in the exchange, so rank 0's clock sees the slowest
+        times.append(time.perf_counter() - t)
     world.barrier()
-    ours = iters / (time.perf_counter() - t)
+    ours = 1 / float(np.median(times))
     if world.rank != 0:
         idle_barrier(world)  # wait for rank 0's reference without taking a core from it
         return
     ref = Reference(algo)
     ref.round(0)  # warm-up
-    t = time.perf_counter()
+    times = []
     for k in range(1, ref_iters):
+        t = time.perf_counter()
         ref.round(k)
-    slow = (ref_iters - 1) / (time.perf_counter() - t)
+        times.append(time.perf_counter() - t)
+    slow = 1 / float(np.median(times))
     diff = float((ref.flat() - ours_after).abs().max())
     print(f"{name:<9} {m:>6} {world.size:>5} {ours:>10.1f} {slow:>10.2f} {ours / slow:>7.1f}x {diff:>9.1e}", flush=True)
     idle_barrier(world)
@@ -120,8 +127,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, nargs="+", default=[100, 1000])
     ap.add_argument("--algorithms", nargs="+", default=["dspodfl", "dgd"])
-    ap.add_argument("--iters", type=int, default=20, help="timed iterations of fedmpi")
-    ap.add_argument("--ref-iters", type=int, default=4, help="iterations of the reference (the first is warm-up)")
+    ap.add_argument("--iters", type=int, default=30, help="timed iterations of fedmpi")
+    ap.add_argument("--ref-iters", type=int, default=0,
+                    help="iterations of the reference, the first one warm-up (default: 16 at m=100, 4 at m=1000)")
     ap.add_argument("--threads", type=int, help="torch threads per rank (default: cores / local ranks)")
     args = ap.parse_args()
     world = World.create(device="cpu", threads=args.threads)

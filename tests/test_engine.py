@@ -51,6 +51,16 @@ def test_client_results_do_not_depend_on_their_companions(model):
         assert torch.equal(alone[0], together[k])
 
 
+def test_train_in_place_is_train():
+    _, task, tr = trainer()
+    x0 = tr.spec.flatten(task.model).expand(4, -1).contiguous()
+    ids = np.array([1, 2, 5, 6])
+    expected = tr.train(x0, ids, t=3, steps=2)
+    x = x0.clone()
+    assert tr.train_(x, ids, t=3, steps=2) is x
+    assert torch.equal(x, expected) and not torch.equal(x, x0)
+
+
 def test_minibatches_come_from_the_client_only():
     _, task, tr = trainer()
     xb, yb, _ = tr.batch(np.array([2, 5]), t=0, step=0)

@@ -44,6 +44,23 @@ def test_neighbor_sum_matches_dense_reference(kind):
     assert ex.sent_rows == 0 and ex.sent_ops == 0
 
 
+def test_neighbor_sum_bits_do_not_depend_on_threads():
+    """Each client's mixing term is one bag of a fixed order: threads split the bags, never a
+    bag (that a bag's bits do not depend on its rank's block is test_mpi_exchange_...)."""
+    g = build_graph(TopologyConfig(kind="rgg", radius=0.4), 30, 1)
+    active = np.random.default_rng(1).random(g.num_edges) < 0.6
+    x = torch.randn(30, 131, generator=torch.Generator().manual_seed(1))  # 131: vector body + tail
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = Exchanger(World(), g).neighbor_sum(x, active)
+        torch.set_num_threads(2)
+        two = Exchanger(World(), g).neighbor_sum(x, active)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two)
+
+
 def test_single_process_mean_consensus_and_gather():
     g = build_graph(TopologyConfig(kind="ring"), 6, 0)
     ex = Exchanger(World(), g)

@@ -82,9 +82,11 @@ class Decentralized(Algorithm):
         x = self.table.rows
         mix = self.exchanger.neighbor_sum(x, v_edges) if v_edges.any() else None  # sum_j r_ij v_ij (x_j - x_i)
         mine = np.flatnonzero(v[self.lo:self.hi])
-        if mine.size:
+        if mine.size == x.shape[0]:
+            self.ctx.trainer.train_(x, mine + self.lo, k, steps=1)  # x_i - alpha g_i(x_i), in place
+        elif mine.size:
             rows = torch.as_tensor(mine, device=x.device)
-            x[rows] = self.ctx.trainer.train(x[rows], mine + self.lo, k, steps=1)  # x_i - alpha g_i(x_i)
+            x.index_copy_(0, rows, self.ctx.trainer.train_(x.index_select(0, rows), mine + self.lo, k, steps=1))
         if mix is not None:
             x.add_(mix)
         d, b = self.sporadic.probabilities(k)

@@ -114,7 +114,11 @@ class LocalTrainer:
 
         ``lr_scale`` (n,) multiplies each client's step size (e.g. debiased FedAvg's nu_i).
         """
-        x = start.detach().clone()
+        return self.train_(start.detach().clone(), clients, t, lr_scale, steps)
+
+    def train_(self, x: torch.Tensor, clients: np.ndarray, t: int, lr_scale: torch.Tensor | None = None,
+               steps: int | None = None) -> torch.Tensor:
+        """``train`` on the rows of ``x`` in place (same bits); returns ``x``."""
         n = x.shape[0]
         if n == 0:
             return x

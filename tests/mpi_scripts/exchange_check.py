@@ -18,7 +18,7 @@ from fedmpi.decentral.sporadicity import Indicators
 from fedmpi.decentral.topology import build_graph, locality_order, relabel
 from fedmpi.runtime.world import World
 
-M, D, ITERS, SEED = 23, 5, 6, 7
+M, D, ITERS, SEED = 23, 37, 6, 7  # D = 37: vector body and tail of the mixing kernel
 
 
 def make_graph():
