@@ -137,6 +137,8 @@ class AvailabilityConfig:
     markov_groups: Optional[int] = opt(None, "markov: M groups of B clients run the chain; null = per client", ge=1)
     trace: Optional[str] = opt(None, "trace: file of available ids per round, 0/1 matrix, or on/off intervals")
     trace_format: Literal["auto", "ids", "matrix", "intervals"] = opt("auto", "trace: file format")
+    schedule: Optional[Union[str, list]] = opt(
+        None, "trace: the rounds inline, one list per round (available ids, or a 0/1 row of m); a string is a trace path")
 
 
 @dataclass
@@ -404,6 +406,10 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     elif b.kind == "fixed" and cfg.availability.kind not in ("always", "cohort", "trace"):
         raise InputError("availability.base.values: base kind 'fixed' needs values")
     av = cfg.availability
+    if av.schedule is not None and av.kind != "trace":
+        raise InputError(f"availability.schedule: only used with availability.kind: trace (kind is {av.kind!r})")
+    if av.schedule is not None and av.trace is not None:
+        raise InputError("availability.schedule: give either schedule or trace, not both")
     if av.kind == "cohort" and av.size > m:
         raise InputError(f"availability.size: cohort of {av.size} exceeds task.clients ({m})")
     if cfg.algorithm.name in DECENTRALIZED and av.kind != "always":

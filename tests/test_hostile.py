@@ -5,6 +5,8 @@ from __future__ import annotations
 import gzip
 import os
 
+import h5py
+import numpy as np
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
@@ -124,6 +126,21 @@ def test_corrupt_trace_file(tmp_path, capsys):
     cfg = synthetic_config(rounds=2, availability={"kind": "trace", "trace": str(trace), "trace_format": "ids"})
     code, err = _run(tmp_path, capsys, cfg)
     assert code == 2 and "trace" in err
+
+
+def test_bad_inline_schedule(tmp_path, capsys):
+    cfg = synthetic_config(rounds=2, availability={"kind": "trace", "schedule": [[0, 1], [2, 99]]})
+    code, err = _run(tmp_path, capsys, cfg)
+    assert code == 2 and "availability.schedule: round 1: client id 99" in err
+
+
+def test_inline_schedule_runs(tmp_path, capsys):
+    cfg = synthetic_config(rounds=3, availability={"kind": "trace", "schedule": [[0, 1], [], [5]]},
+                           runtime={"log_availability": True})
+    code, err = _run(tmp_path, capsys, cfg)
+    assert code == 0, err
+    with h5py.File(tmp_path / "r.h5", "r") as f:
+        assert [np.flatnonzero(row).tolist() for row in f["availability/mask"][:]] == [[0, 1], [], [5]]
 
 
 def test_unwritable_output(tmp_path, capsys):

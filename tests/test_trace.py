@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -141,3 +142,45 @@ def test_auto_refuses_ambiguous_small_m(tmp_path):
         trace(f, 2)
     assert rounds(trace(f, 2, "ids"), 2) == [[0, 1], [1]]
     assert rounds(trace(f, 2, "matrix"), 2) == [[1], [0, 1]]
+
+
+def _schedule(m, schedule=None, **extra):
+    cfg = from_dict({"task": {"clients": m}, "availability": {"kind": "trace", "schedule": schedule, **extra}})
+    return build(cfg.availability, ClientInfo(m=m, seed=0))
+
+
+def test_inline_schedule_ids_matrix_and_path(tmp_path):
+    ids = _schedule(4, [[0, 2], [], [3, 1, 1]])
+    assert [ids.available(t).tolist() for t in range(4)] == [[0, 2], [], [1, 3], [0, 2]]  # wraps around
+    rows = _schedule(4, [[1, 0, 0, 1], [0, 1, 1, 0]])  # m entries of 0/1: a matrix
+    assert [rows.available(t).tolist() for t in range(2)] == [[0, 3], [1, 2]]
+    forced = _schedule(4, [[1, 0, 0, 1]], trace_format="ids")
+    assert forced.available(0).tolist() == [0, 1]
+    f = tmp_path / "ids.txt"
+    f.write_text("3\n")
+    assert _schedule(4, str(f)).available(0).tolist() == [3]
+
+
+BAD_SCHEDULES = [
+    ({"schedule": []}, "availability.schedule: empty schedule"),
+    ({"schedule": [[0, 9]]}, "availability.schedule: round 0: client id 9 outside [0, 4)"),
+    ({"schedule": [[0], 3]}, "availability.schedule: round 1: expected a list of integers"),
+    ({"schedule": [[0.5]]}, "availability.schedule: round 0: expected a list of integers"),
+    ({"schedule": [[1, 0]], "trace_format": "matrix"}, "matrix rows need task.clients = 4"),
+    ({"schedule": [[1]], "trace_format": "intervals"}, "intervals needs a file"),
+]
+
+
+@pytest.mark.parametrize("extra,msg", BAD_SCHEDULES, ids=[b[1][23:50] for b in BAD_SCHEDULES])
+def test_inline_schedule_errors(extra, msg):
+    with pytest.raises(InputError, match=re.escape(msg)):
+        _schedule(4, **extra)
+
+
+def test_schedule_needs_kind_trace_and_excludes_trace():
+    with pytest.raises(InputError, match="availability.schedule: only used with availability.kind: trace"):
+        from_dict({"task": {"clients": 4}, "availability": {"kind": "always", "schedule": [[0]]}})
+    with pytest.raises(InputError, match="either schedule or trace"):
+        from_dict({"task": {"clients": 4}, "availability": {"kind": "trace", "schedule": [[0]], "trace": "x"}})
+    with pytest.raises(InputError, match="cannot tell 0/1 rows"):
+        _schedule(2, [[0, 1]])

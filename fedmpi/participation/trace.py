@@ -20,8 +20,13 @@
   pickle, or text starting with ``{`` -> intervals; text whose every non-blank line has exactly
   m tokens of 0/1 -> matrix (refused as ambiguous when m <= 2); other text -> ids.
 
+``availability.schedule`` gives the same rounds inline in the config: a list with one list per
+round, each either the available client ids or (``trace_format: matrix``, or ``auto`` when every
+row has m entries of 0/1 and m > 2) a 0/1 row; a string there is read as a trace path.
+
 Rounds beyond the trace's length wrap around: round t replays round t mod length.
-Every problem raises a one-line ``InputError`` starting with ``availability.trace: <path>:``.
+Every problem raises a one-line ``InputError`` starting with ``availability.trace: <path>:``
+(``availability.schedule:`` for inline rounds).
 """
 
 from __future__ import annotations
@@ -216,8 +221,37 @@ def load_trace(path: str, fmt: str, m: int, seed: int = 0) -> Trace:
         raise InputError(f"{_KEY}: {path}: malformed {fmt} trace ({detail})") from None
 
 
+def inline_trace(rows: list, fmt: str, m: int, seed: int = 0) -> Trace:
+    """``availability.schedule`` given as one list per round; InputError naming the key on any problem."""
+    key = "availability.schedule"
+    try:
+        if not rows:
+            raise _Fail("empty schedule, expected at least one round")
+        for i, row in enumerate(rows):
+            if not isinstance(row, list) or any(isinstance(v, bool) or not isinstance(v, int) for v in row):
+                raise _Fail(f"round {i}: expected a list of integers, got {row!r:.60}")
+        if fmt == "intervals":
+            raise _Fail("trace_format intervals needs a file (availability.trace)")
+        zero_one = all(len(row) == m and set(row) <= {0, 1} for row in rows)
+        if fmt == "auto" and zero_one and m <= 2:
+            raise _Fail(f"cannot tell 0/1 rows from id lists with task.clients = {m}; "
+                        f"set availability.trace_format to ids or matrix")
+        if fmt == "matrix" or (fmt == "auto" and zero_one):
+            if not all(isinstance(row, list) and len(row) == m for row in rows):
+                raise _Fail(f"matrix rows need task.clients = {m} entries each")
+            return Trace.from_rounds(m, seed, _check_matrix(np.array(rows, dtype=np.int64), m))
+        return Trace.from_rounds(m, seed, [_ids_from_tokens([str(v) for v in row], m, f"round {i}")
+                                           for i, row in enumerate(rows)])
+    except _Fail as e:
+        raise InputError(f"{key}: {e}") from None
+
+
 @register("trace")
 def _trace(cfg: AvailabilityConfig, info: ClientInfo) -> Participation:
-    if not cfg.trace:
-        raise InputError(f"{_KEY}: kind 'trace' needs a file path (ids per round, 0/1 matrix or intervals)")
-    return load_trace(cfg.trace, cfg.trace_format, info.m, info.seed)
+    if isinstance(cfg.schedule, list):
+        return inline_trace(cfg.schedule, cfg.trace_format, info.m, info.seed)
+    path = cfg.schedule or cfg.trace
+    if not path:
+        raise InputError(f"{_KEY}: kind 'trace' needs a file path (ids per round, 0/1 matrix or intervals) "
+                         f"or availability.schedule")
+    return load_trace(path, cfg.trace_format, info.m, info.seed)
