@@ -11,6 +11,8 @@ vectorised with numpy). This is what makes results independent of the number of 
 - ``normal(k, idx)``: standard normals (Box-Muller on two uniforms).
 - ``generator(seed, purpose, *counters)``: a numpy Generator for one-off set-up draws
   (partitions, base probabilities); same key => same generator on every rank.
+- ``torch_bits(k, idx)``: ``bits`` in int64 torch ops, on any device and under ``vmap``
+  (``k`` a tensor: one key per client), e.g. for dropout masks.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import functools
 import hashlib
 
 import numpy as np
+import torch
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -120,3 +123,31 @@ def normal(k: np.uint64, idx: np.ndarray | int) -> np.ndarray:
 def generator(seed: int, purpose: str, *counters: int) -> np.random.Generator:
     """A numpy Generator (Philox) keyed by (seed, purpose, counters)."""
     return np.random.Generator(np.random.Philox(key=int(key(seed, purpose, *counters))))
+
+
+def _signed(c: int) -> int:
+    return c - (1 << 64) if c >= 1 << 63 else c
+
+
+_T_GOLDEN, _T_M1, _T_M2 = (_signed(int(c)) for c in (_GOLDEN, _M1, _M2))
+
+
+def srl(z: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's >> is arithmetic)."""
+    return (z >> s) & ((1 << (64 - s)) - 1)
+
+
+def torch_bits(k: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``bits(k, idx)`` as int64 (the same 64 bits) from tensor ops: int64 multiplication wraps
+    like uint64, so the SplitMix64 steps carry over. ``k``: int64 key(s) broadcast against ``idx``."""
+    z = idx * _T_GOLDEN + k
+    z = z ^ srl(z, 30)
+    z = z * _T_M1
+    z = z ^ srl(z, 27)
+    z = z * _T_M2
+    return z ^ srl(z, 31)
+
+
+def as_int64(k: np.ndarray | np.uint64) -> np.ndarray:
+    """uint64 key(s) -> int64 with the same bits (for ``torch_bits``)."""
+    return np.asarray(k, dtype=np.uint64).view(np.int64)

@@ -9,6 +9,7 @@ from torch.func import functional_call, grad, vmap
 
 from fedmpi.errors import InputError
 from fedmpi.models import MODELS, build_model, count_params, loss_fn
+from fedmpi.models.dropout import KeyedDropout
 
 IMG = (3, 32, 32)
 
@@ -78,9 +79,28 @@ def test_vmapped_grad_equals_loop(name):
             torch.testing.assert_close(batched[k][i], p.grad, rtol=1e-5, atol=1e-5)
 
 
-def test_dropout_under_vmap_train_mode():
+def test_dropout_masks_are_a_function_of_the_key():
+    """KeyedDropout: same key, same mask (batched or alone); other key, other mask; eval: identity."""
+    drop = KeyedDropout(0.25, salt=1).train()
+    x = torch.ones(3, 40, 500)
+    keys = torch.tensor([5, 6, 5])
+    batched = vmap(lambda k, xb: functional_call(drop, {"key": k}, (xb,)))(keys, x)
+    alone = torch.stack([functional_call(drop, {"key": k}, (xb,)) for k, xb in zip(keys, x)])
+    assert torch.equal(batched, alone)
+    assert torch.equal(batched[0], batched[2]) and not torch.equal(batched[0], batched[1])
+    assert torch.equal(batched.unique(), torch.tensor([0.0, 1 / 0.75]))
+    assert abs(float((batched == 0).float().mean()) - 0.25) < 0.01
+    other_layer = functional_call(KeyedDropout(0.25, salt=2).train(), {"key": keys[0]}, (x[0],))
+    assert not torch.equal(other_layer, batched[0])
+    assert torch.equal(drop.eval()(x), x)
+
+
+def test_cinic_cnn_dropout_under_vmap_follows_the_keys():
     model = build_model("cinic_cnn", IMG, 10).train()
-    params = {k: torch.stack([p.detach()] * 2) for k, p in model.named_parameters()}
-    x = torch.randn(1, 4, *IMG).expand(2, 4, *IMG)
-    out = vmap(lambda p, xb: functional_call(model, p, (xb,)), randomness="different")(params, x)
-    assert out.shape == (2, 4, 10) and not torch.equal(out[0], out[1])  # independent dropout masks
+    params = {k: torch.stack([p.detach()] * 3) for k, p in model.named_parameters()}
+    keys = {n + ".key": torch.tensor([1, 2, 1]) for n, mod in model.named_modules() if isinstance(mod, KeyedDropout)}
+    assert len(keys) == 3 and not any(k.endswith(".key") for k in model.state_dict())
+    x = torch.randn(1, 4, *IMG).expand(3, 4, *IMG)
+    out = vmap(lambda p, k, xb: functional_call(model, {**p, **k}, (xb,)))(params, keys, x)
+    assert out.shape == (3, 4, 10) and not torch.equal(out[0], out[1])  # independent masks
+    torch.testing.assert_close(out[0], out[2], rtol=0, atol=1e-6)  # same key, same mask

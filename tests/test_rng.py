@@ -1,6 +1,7 @@
 """Counter-based random streams: pure functions of (seed, purpose, counters)."""
 
 import numpy as np
+import torch
 
 from fedmpi import rng
 
@@ -47,3 +48,16 @@ def test_generator_is_keyed():
     a = rng.generator(1, "partition").random(5)
     assert np.array_equal(a, rng.generator(1, "partition").random(5))
     assert not np.array_equal(a, rng.generator(1, "topology").random(5))
+
+
+def test_torch_bits_are_numpy_bits():
+    """The int64 torch path (dropout masks on any device, under vmap) is the same stream."""
+    k = rng.key(3, "dropout", 5, 1)
+    idx = np.arange(0, 10**6, 997)
+    want = rng.bits(k, idx).view(np.int64)
+    got = rng.torch_bits(torch.as_tensor(rng.as_int64(k)), torch.as_tensor(idx)).numpy()
+    assert np.array_equal(got, want)
+    keys = rng.bits(k, np.arange(3))  # a key per client, broadcast against the counters
+    per_client = rng.torch_bits(torch.as_tensor(rng.as_int64(keys))[:, None], torch.arange(50)[None, :]).numpy()
+    for c in range(3):
+        assert np.array_equal(per_client[c], rng.bits(keys[c], np.arange(50)).view(np.int64))

@@ -153,6 +153,20 @@ def test_one_and_two_ranks_identical(tmp_path):
 
 
 @pytest.mark.mpi
+@pytest.mark.usefixtures("fmnist_available")
+def test_dropout_model_one_and_two_ranks_identical(tmp_path):
+    """cinic_cnn has dropout: its masks come from per-client streams, not torch's generator.
+    (One thread on every rank: CPU convolutions round differently with other thread counts.)"""
+    sets = ["task.model=cinic_cnn", "task.clients=5", "rounds=2", "eval_every=2", "availability.size=4",
+            "evaluation.train=false", "train.batch_size=8", "train.local_steps=2", "runtime.threads=1"]
+    args = ["run", os.path.join(ROOT, "configs/quickstart.yaml"), "--quiet"] + [a for s in sets for a in ("--set", s)]
+    one, two = str(tmp_path / "one.h5"), str(tmp_path / "two.h5")
+    fedmpi(args + ["--out", one])
+    fedmpi(args + ["--out", two], ranks=2)
+    _same_results(one, two)
+
+
+@pytest.mark.mpi
 def test_bad_config_under_mpiexec(tmp_path):
     cfg = write_config(tmp_path / "c.yaml", synthetic_config(train={"lr": -1}))
     p = fedmpi(["run", cfg], ranks=2, check=False, timeout=120)

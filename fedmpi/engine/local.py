@@ -11,7 +11,9 @@ end models (n, d). Two paths compute the same thing:
 Minibatches are drawn by index on the device from counter-based streams keyed by
 (seed, "batch", round, step) and the client's global id, so a client's batches do not
 depend on which rank trains it or which other clients train with it. They are drawn
-uniformly with replacement (``full_gradient`` uses every local sample instead).
+uniformly with replacement (``full_gradient`` uses every local sample instead). Dropout
+masks come from the same kind of stream, (seed, "dropout", round, step) and the client id
+(``models.dropout``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from torch.func import functional_call, grad, vmap
 from .. import rng
 from ..config import TrainConfig
 from ..data.task import Task
+from ..models.dropout import KeyedDropout
 from .params import ParamSpec
 
 _CONV_MODELS = ("svhn_cnn", "cifar_cnn", "cinic_cnn", "vgg11")
@@ -60,9 +63,11 @@ class LocalTrainer:
         self._sizes = torch.as_tensor(task.sizes, device=self.device)
         self._offsets = torch.as_tensor(task.offsets[:-1], device=self.device)
         model = task.model
+        self._key_names = [f"{name}.key" for name, mod in model.named_modules() if isinstance(mod, KeyedDropout)]
 
-        def loss_of(params: dict, xb: torch.Tensor, yb: torch.Tensor, wb: torch.Tensor | None) -> torch.Tensor:
-            out = functional_call(model, params, (task.inputs(xb),))
+        def loss_of(params: dict, keys: dict, xb: torch.Tensor, yb: torch.Tensor,
+                    wb: torch.Tensor | None) -> torch.Tensor:
+            out = functional_call(model, {**params, **keys}, (task.inputs(xb),))
             if wb is None:
                 return task.loss(out, yb)
             per_sample = vmap(lambda o, y: task.loss(o.unsqueeze(0), y.unsqueeze(0)))(out, yb)
@@ -70,8 +75,8 @@ class LocalTrainer:
 
         self._loss_of = loss_of
         self._grad = grad(loss_of)
-        self._batched_grad = vmap(self._grad, in_dims=(0, 0, 0, 0), randomness="different")
-        self._batched_grad_nw = vmap(lambda p, x, y: self._grad(p, x, y, None), randomness="different")
+        self._batched_grad = vmap(self._grad, in_dims=(0, 0, 0, 0, 0), randomness="different")
+        self._batched_grad_nw = vmap(lambda p, k, x, y: self._grad(p, k, x, y, None), randomness="different")
 
     # ------------------------------------------------------------------ data
     def batch(self, clients: np.ndarray, t: int, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -144,25 +149,38 @@ class LocalTrainer:
         """SGD steps on the rows of ``x`` in place."""
         for step in range(self.cfg.local_steps if steps is None else steps):
             xb, yb, wb = self.batch(clients, t, step)
-            g = self.gradients(x, xb, yb, wb)
+            g = self.gradients(x, xb, yb, wb, self.dropout_keys(clients, t, step))
             if self.cfg.grad_clip is not None:
                 norms = g.norm(dim=1, keepdim=True)
                 g = g * torch.clamp(self.cfg.grad_clip / (norms + 1e-12), max=1.0)
             x.sub_(lr[:, None] * g)
 
-    def gradients(self, x: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor, wb: torch.Tensor | None) -> torch.Tensor:
-        """Per-client gradients (n, d) at the rows of ``x``."""
+    def dropout_keys(self, clients: np.ndarray, t: int, step: int) -> dict[str, torch.Tensor]:
+        """{'<layer>.key': (n,) int64} for the model's ``KeyedDropout`` layers: one key per client,
+        round and step (each layer derives its own stream from it); {} without dropout."""
+        if not self._key_names:
+            return {}
+        k = rng.bits(rng.key(self.seed, "dropout", t, step), np.asarray(clients, dtype=np.int64))
+        keys = torch.as_tensor(rng.as_int64(k), device=self.device)
+        return {name: keys for name in self._key_names}
+
+    def gradients(self, x: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor, wb: torch.Tensor | None,
+                  keys: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """Per-client gradients (n, d) at the rows of ``x`` (``keys``: see ``dropout_keys``)."""
+        keys = keys or {}
         if self.path == "batched":
             if x.shape[0] == 1:  # a batch of one takes other kernels (other rounding): compute it as a pair
                 pair = self.gradients(x.expand(2, -1), xb.expand(2, *xb.shape[1:]), yb.expand(2, *yb.shape[1:]),
-                                      None if wb is None else wb.expand(2, -1))
+                                      None if wb is None else wb.expand(2, -1), {n: k.expand(2) for n, k in keys.items()})
                 return pair[:1]
             params = self.spec.views(x)
-            g = self._batched_grad(params, xb, yb, wb) if wb is not None else self._batched_grad_nw(params, xb, yb)
+            g = (self._batched_grad(params, keys, xb, yb, wb) if wb is not None
+                 else self._batched_grad_nw(params, keys, xb, yb))
             return self.spec.cat(g, x.shape[0])
         rows = []
         for i in range(x.shape[0]):
             p = x[i].clone().requires_grad_(True)
-            loss = self._loss_of(self.spec.views(p), xb[i], yb[i], None if wb is None else wb[i])
+            loss = self._loss_of(self.spec.views(p), {n: k[i] for n, k in keys.items()}, xb[i], yb[i],
+                                 None if wb is None else wb[i])
             rows.append(torch.autograd.grad(loss, p)[0])
         return torch.stack(rows)

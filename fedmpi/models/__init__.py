@@ -4,9 +4,10 @@ Models: logreg, linear_svm (multi-class hinge loss), mlp, svhn_cnn, cifar_cnn, c
 (dropout 0.2), vgg11 -- see ``nets``. Initialisation is a pure function of ``seed`` (a
 local ``torch.Generator``; torch's global RNG is never touched): Kaiming-normal weights and
 zero biases on conv/hidden layers, PyTorch's default uniform(+-1/sqrt(fan_in)) on the
-output layer. Models hold no buffers, so ``dict(model.named_parameters())`` describes them
-fully and they run under ``torch.func.functional_call`` + ``vmap`` + ``grad`` over stacked
-parameters (dropout needs ``vmap(..., randomness="different")`` in train mode).
+output layer. Models hold no persistent buffers, so ``dict(model.named_parameters())``
+describes them fully and they run under ``torch.func.functional_call`` + ``vmap`` + ``grad``
+over stacked parameters. Dropout is ``models.dropout.KeyedDropout``: its mask comes from a
+per-client key the engine passes (a non-persistent buffer), not from torch's generator.
 """
 
 from __future__ import annotations

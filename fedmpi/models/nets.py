@@ -13,6 +13,7 @@ from collections import OrderedDict
 from torch import nn
 
 from ..errors import InputError
+from .dropout import KeyedDropout
 
 
 def _flat(in_shape: tuple[int, ...]) -> int:
@@ -60,7 +61,7 @@ def cnn(name: str, in_shape: tuple[int, ...], classes: int, plan: list, widths: 
     layers.append(("flatten", nn.Flatten()))
     for j, width in enumerate(widths + [classes], 1):
         if dropout:
-            layers.append((f"drop{j}", nn.Dropout(dropout)))
+            layers.append((f"drop{j}", KeyedDropout(dropout, salt=j)))
         last = j == len(widths) + 1
         layers.append(("out" if last else f"fc{j}", nn.Linear(size, width)))
         if not last:
