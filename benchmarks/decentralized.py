@@ -132,6 +132,8 @@ def main() -> None:
                     help="iterations of the reference, the first one warm-up (default: 16 at m=100, 4 at m=1000)")
     ap.add_argument("--threads", type=int, help="torch threads per rank (default: cores / local ranks)")
     args = ap.parse_args()
+    if args.ref_iters == 1 or args.iters < 1:
+        ap.error("--ref-iters needs 2 or more (the first is warm-up), --iters 1 or more")
     world = World.create(device="cpu", threads=args.threads)
     if world.rank == 0:
         print(f"# decentralized benchmark on {machine()}, ranks={world.size}, threads/rank={torch.get_num_threads()}")

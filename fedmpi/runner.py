@@ -12,6 +12,7 @@ import resource
 import shutil
 import signal
 import sys
+import threading
 import time
 import traceback
 from typing import Callable
@@ -298,6 +299,9 @@ class Runner:
             self.writer.finish(status, final if self.world.rank == 0 else None, rounds_done)
 
 
+_ABORT_GRACE_S = 5.0  # a failing rank's wait between closing its links and MPI_Abort
+
+
 def _is_peer_failure(e: Exception) -> bool:
     text = f"{type(e).__name__} {e}"
     return any(w in text for w in ("DistBackendError", "Connection reset", "Connection closed", "timed out",
@@ -322,5 +326,14 @@ def run(cfg: Config, world: World, out_path: str, quiet: bool = False, resume: b
         else:
             print(f"fedmpi: rank {world.rank} failed:\n{traceback.format_exc()}", file=sys.stderr)
         if world.comm is not None and world.size > 1:
+            if world.rank != 0:
+                # Closing our torch.distributed links fails rank 0's pending collective now, so it
+                # can mark the result file failed (and abort) before MPI_Abort kills every rank.
+                # In a thread: a wedged NCCL communicator must not keep us from aborting.
+                end = time.monotonic() + _ABORT_GRACE_S
+                closer = threading.Thread(target=world.close, daemon=True)
+                closer.start()
+                closer.join(_ABORT_GRACE_S)
+                time.sleep(max(0.0, end - time.monotonic()))
             world.comm.Abort(1)
         return 1

@@ -61,6 +61,14 @@ def test_neighbor_sum_bits_do_not_depend_on_threads():
     assert torch.equal(one, two)
 
 
+def test_neighbor_sum_of_a_strided_tensor_has_the_contiguous_bits():
+    g = build_graph(TopologyConfig(kind="rgg", radius=0.4), 30, 2)
+    active = np.random.default_rng(2).random(g.num_edges) < 0.6
+    x = torch.randn(131, 30, generator=torch.Generator().manual_seed(2)).t()  # (30, 131), strided
+    ex = Exchanger(World(), g)
+    assert torch.equal(ex.neighbor_sum(x, active), ex.neighbor_sum(x.contiguous(), active))
+
+
 def test_single_process_mean_consensus_and_gather():
     g = build_graph(TopologyConfig(kind="ring"), 6, 0)
     ex = Exchanger(World(), g)

@@ -166,7 +166,8 @@ BAD_SCHEDULES = [
     ({"schedule": [[0, 9]]}, "availability.schedule: round 0: client id 9 outside [0, 4)"),
     ({"schedule": [[0], 3]}, "availability.schedule: round 1: expected a list of integers"),
     ({"schedule": [[0.5]]}, "availability.schedule: round 0: expected a list of integers"),
-    ({"schedule": [[1, 0]], "trace_format": "matrix"}, "matrix rows need task.clients = 4"),
+    ({"schedule": [[1, 0, 0, 1], [1, 0]], "trace_format": "matrix"}, "round 1: matrix row has 2 entries"),
+    ({"schedule": [[1, 0, 2, 1]], "trace_format": "matrix"}, "round 0: matrix entries must be 0 or 1"),
     ({"schedule": [[1]], "trace_format": "intervals"}, "intervals needs a file"),
 ]
 

@@ -22,12 +22,18 @@ Determinism: the result is bitwise the same on any number of ranks. Row i is one
 
 with the active neighbours in increasing id, then i itself (clients without an active edge get
 an empty bag, 0). The sum is the mixing term sum_j r_ij v_ij (x_j - x_i). A bag's terms are
-accumulated in bag order, every bag by the same kernel (fbgemm on CPU, one thread per
-coordinate on CUDA), independently of the other bags: its bits do not depend on where x_j came
-from, on the bag's position in the buffer, or on how many clients a rank holds. The kernels may
-fuse multiply and add, but they do it for every bag alike. One kernel reads each neighbour row
-once, without temporaries (benchmarks/decentralized.py: 8x faster than gather/subtract/scale/
-add passes). Neighbours' rows are all received before the kernel runs.
+accumulated in bag order, every bag by the same kernel (fbgemm's for float32 on CPU, one
+thread per coordinate on CUDA), independently of the other bags: its bits do not depend on
+where x_j came from, on the bag's position in the buffer, or on how many clients a rank holds.
+The kernels may fuse multiply and add, but they do it for every bag alike; the buffer is made
+contiguous so that every rank takes the same kernel. One kernel reads each neighbour row once,
+without temporaries (6-8x faster at m = 1000 than gather/subtract/scale/add passes).
+
+Rounding: the expanded form costs accuracy near consensus. Its error is about eps |x|, not
+eps |x_j - x_i|: equal models get a mixing term of about eps |x| instead of exactly 0.
+Measured with pure gossip (50 clients, rgg, |x| ~ 5, 1500 iterations): the consensus error
+levels off at 1.0e-9 (difference form: 4.0e-10) and the mean model drifts by 2e-5 at most
+(difference form: 2e-6), both far below the noise of the SGD steps.
 """
 
 from __future__ import annotations
@@ -90,7 +96,7 @@ class Exchanger:
         """(n_local, d): row i = sum_{j in N_i, v_ij = 1} r_ij (x_j - x_i)."""
         plan = self._plan(np.asarray(active_edges, dtype=bool))
         dev, n = x_local.device, self.n_local
-        buf = x_local
+        buf = x_local = x_local.contiguous()  # a strided buffer would take another kernel
         if plan.n_recv:  # x_local, then the peers' rows; kept between calls (no page faults)
             if self._buf is None or (self._buf.shape[1:], self._buf.dtype, self._buf.device) != \
                     (x_local.shape[1:], x_local.dtype, dev):

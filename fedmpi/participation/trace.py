@@ -22,7 +22,8 @@
 
 ``availability.schedule`` gives the same rounds inline in the config: a list with one list per
 round, each either the available client ids or (``trace_format: matrix``, or ``auto`` when every
-row has m entries of 0/1 and m > 2) a 0/1 row; a string there is read as a trace path.
+row has m entries of 0/1 and m > 2) a 0/1 row; a string there is read as a trace path. Under
+``auto`` one id list among the rows makes every row an id list.
 
 Rounds beyond the trace's length wrap around: round t replays round t mod length.
 Every problem raises a one-line ``InputError`` starting with ``availability.trace: <path>:``
@@ -237,8 +238,11 @@ def inline_trace(rows: list, fmt: str, m: int, seed: int = 0) -> Trace:
             raise _Fail(f"cannot tell 0/1 rows from id lists with task.clients = {m}; "
                         f"set availability.trace_format to ids or matrix")
         if fmt == "matrix" or (fmt == "auto" and zero_one):
-            if not all(isinstance(row, list) and len(row) == m for row in rows):
-                raise _Fail(f"matrix rows need task.clients = {m} entries each")
+            for i, row in enumerate(rows):
+                if len(row) != m:
+                    raise _Fail(f"round {i}: matrix row has {len(row)} entries, expected task.clients = {m}")
+                if not set(row) <= {0, 1}:
+                    raise _Fail(f"round {i}: matrix entries must be 0 or 1")
             return Trace.from_rounds(m, seed, _check_matrix(np.array(rows, dtype=np.int64), m))
         return Trace.from_rounds(m, seed, [_ids_from_tokens([str(v) for v in row], m, f"round {i}")
                                            for i, row in enumerate(rows)])

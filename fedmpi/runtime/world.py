@@ -48,16 +48,19 @@ def keep_freed_memory() -> bool:
     An iteration allocates and frees tensors of tens of MB (minibatches, gradients, the mixing
     term). With glibc's defaults such frees go back to the OS and the next iteration faults the
     pages in again: with 1000 SVM clients that cost up to 40% of an iteration
-    (benchmarks/decentralized.py). Blocks up to 32 MB (glibc's maximum) now come from the heap,
-    and up to 1 GB of freed heap is kept; the resident size stays near its peak, which
-    ``peak_rss_mb`` reports anyway. No-op without glibc, or with ``FEDMPI_MALLOC=default``.
+    (benchmarks/decentralized.py). Blocks up to 32 MB are now served from the heap, and each
+    malloc arena keeps up to 1 GB of freed memory (torch's worker threads may have arenas of
+    their own); the resident size stays near its peak, which ``peak_rss_mb`` reports anyway.
+    No-op without glibc, or with ``FEDMPI_MALLOC=default``.
     """
     if os.environ.get("FEDMPI_MALLOC") == "default":
         return False
     try:
         libc = ctypes.CDLL("libc.so.6")
         m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
-        return bool(libc.mallopt(m_mmap_threshold, 32 << 20) and libc.mallopt(m_trim_threshold, 1 << 30))
+        mmap_ok = libc.mallopt(m_mmap_threshold, 32 << 20)
+        trim_ok = libc.mallopt(m_trim_threshold, 1 << 30)
+        return bool(mmap_ok and trim_ok)
     except (OSError, AttributeError):  # not glibc
         return False
 
