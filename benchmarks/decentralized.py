@@ -95,6 +95,7 @@ def measure(name: str, m: int, iters: int, ref_iters: int, world: World) -> None
     for k in range(ref_iters, ref_iters + iters):
         t = time.perf_counter()
         algo.round(k)  # every rank takes part in the exchange, so rank 0's clock sees the slowest
+        sync()
         times.append(time.perf_counter() - t)
     world.barrier()
     ours = 1 / float(np.median(times))
@@ -107,11 +108,18 @@ def measure(name: str, m: int, iters: int, ref_iters: int, world: World) -> None
     for k in range(1, ref_iters):
         t = time.perf_counter()
         ref.round(k)
+        sync()
         times.append(time.perf_counter() - t)
     slow = 1 / float(np.median(times))
     diff = float((ref.flat() - ours_after).abs().max())
     print(f"{name:<9} {m:>6} {world.size:>5} {ours:>10.1f} {slow:>10.2f} {ours / slow:>7.1f}x {diff:>9.1e}", flush=True)
     idle_barrier(world)
+
+
+def sync() -> None:
+    """Wait for queued GPU work (CUDA kernels run asynchronously)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def idle_barrier(world: World) -> None:
@@ -131,10 +139,11 @@ def main() -> None:
     ap.add_argument("--ref-iters", type=int, default=0,
                     help="iterations of the reference, the first one warm-up (default: 16 at m=100, 4 at m=1000)")
     ap.add_argument("--threads", type=int, help="torch threads per rank (default: cores / local ranks)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"], help="where the models live")
     args = ap.parse_args()
     if args.ref_iters == 1 or args.iters < 1:
         ap.error("--ref-iters needs 2 or more (the first is warm-up), --iters 1 or more")
-    world = World.create(device="cpu", threads=args.threads)
+    world = World.create(device=args.device, threads=args.threads)
     if world.rank == 0:
         print(f"# decentralized benchmark on {machine()}, ranks={world.size}, threads/rank={torch.get_num_threads()}")
         print(f"{'algorithm':<9} {'m':>6} {'ranks':>5} {'fedmpi/s':>10} {'loop/s':>10} {'ratio':>8} {'max|diff|':>9}")

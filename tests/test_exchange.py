@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from fedmpi.config import TopologyConfig
 from fedmpi.decentral.exchange import Exchanger
@@ -67,6 +68,28 @@ def test_neighbor_sum_of_a_strided_tensor_has_the_contiguous_bits():
     x = torch.randn(131, 30, generator=torch.Generator().manual_seed(2)).t()  # (30, 131), strided
     ex = Exchanger(World(), g)
     assert torch.equal(ex.neighbor_sum(x, active), ex.neighbor_sum(x.contiguous(), active))
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_mixing_kernel_bits_do_not_depend_on_row_placement(device):
+    """What rank-count invariance rests on: a bag's result depends only on its sequence of (row,
+    weight), not on where the rows sit in the buffer or which other bags share the call."""
+    gen = torch.Generator().manual_seed(3)
+    rows = torch.randn(40, 131, generator=gen)
+    bags = [torch.randperm(40, generator=gen)[:k] for k in (1, 5, 9, 17)]
+    weights = [torch.randn(len(b), generator=gen) for b in bags]
+
+    def mix(place: torch.Tensor, which: list[int], pad: int = 0) -> torch.Tensor:
+        buf = torch.zeros(pad + 40, 131)
+        buf[pad + place] = rows  # row r sits at buffer row pad + place[r]
+        index = torch.cat([pad + place[bags[i]] for i in which])
+        offsets = torch.tensor([0] + [len(bags[i]) for i in which[:-1]]).cumsum(0)
+        return F.embedding_bag(index.to(device), buf.to(device), offsets.to(device), mode="sum",
+                               per_sample_weights=torch.cat([weights[i] for i in which]).to(device)).cpu()
+
+    ref = mix(torch.arange(40), [0, 1, 2, 3])
+    moved = mix(torch.randperm(40, generator=gen), [3, 1], pad=7)
+    assert torch.equal(moved[0], ref[3]) and torch.equal(moved[1], ref[1])
 
 
 def test_single_process_mean_consensus_and_gather():

@@ -1,0 +1,49 @@
+"""CUDA paths (skipped without a GPU; run by benchmarks/device_check.sh on a GPU machine)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import synthetic_config
+from fedmpi import config
+from fedmpi.config import TopologyConfig
+from fedmpi.data.task import build_task
+from fedmpi.decentral.exchange import Exchanger
+from fedmpi.decentral.topology import build_graph
+from fedmpi.engine.local import LocalTrainer
+from fedmpi.models.dropout import KeyedDropout
+from fedmpi.runtime.world import World
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+CUDA = torch.device("cuda")
+
+
+def test_dropout_masks_are_the_same_on_cuda_and_cpu():
+    drop = KeyedDropout(0.3, salt=2).train()
+    x = torch.ones(64, 300)
+    key = {"key": torch.tensor(123456789)}
+    cpu = torch.func.functional_call(drop, key, (x,))
+    gpu = torch.func.functional_call(drop.to(CUDA), {"key": key["key"].to(CUDA)}, (x.to(CUDA),))
+    assert torch.equal(gpu.cpu(), cpu)  # integer hashing: exact on both devices
+
+
+def test_neighbor_sum_on_cuda_matches_cpu():
+    g = build_graph(TopologyConfig(kind="rgg", radius=0.3), 60, 0)
+    active = np.random.default_rng(0).random(g.num_edges) < 0.5
+    x = torch.randn(60, 1000, generator=torch.Generator().manual_seed(0))
+    cpu = Exchanger(World(), g).neighbor_sum(x, active)
+    gpu = Exchanger(World(device=CUDA), g).neighbor_sum(x.to(CUDA), active)
+    torch.testing.assert_close(gpu.cpu(), cpu, rtol=0, atol=1e-5)
+
+
+def test_batched_training_on_cuda_does_not_depend_on_companions():
+    cfg = config.from_dict(synthetic_config(task__model="mlp", task__hidden=32))
+    task = build_task(cfg, CUDA)
+    tr = LocalTrainer(task, cfg.train, cfg.seed, cfg.task.model, path="batched")
+    ids = np.array([0, 3, 4, 7, 11])
+    x0 = tr.spec.flatten(task.model).to(CUDA).expand(len(ids), -1)
+    together = tr.train(x0, ids, t=1)
+    for k in range(len(ids)):
+        assert torch.equal(tr.train(x0[k:k + 1], ids[k:k + 1], t=1)[0], together[k])
