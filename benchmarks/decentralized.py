@@ -141,7 +141,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, help="torch threads per rank (default: cores / local ranks)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"], help="where the models live")
     args = ap.parse_args()
-    if args.ref_iters == 1 or args.iters < 1:
+    if args.ref_iters < 0 or args.ref_iters == 1 or args.iters < 1:
         ap.error("--ref-iters needs 2 or more (the first is warm-up), --iters 1 or more")
     world = World.create(device=args.device, threads=args.threads)
     if world.rank == 0:

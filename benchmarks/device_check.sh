@@ -15,12 +15,18 @@ DEVICE=${DEVICE:-cuda}  # DEVICE=cpu: a dry run of this script on a machine with
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 status=0
-step() { local name=$1; shift; echo "== $name"; "$@" 2>&1 | tee "$OUT/$name.log" || status=1; }
+step() {  # step NAME CMD...: at most 4 minutes each, so one hang cannot eat the device budget
+  local name=$1; shift; echo "== $name"; timeout 240 "$@" 2>&1 | tee "$OUT/$name.log" || status=1
+}
 
 echo "== environment" | tee "$OUT/env.log"
 { nvidia-smi -L; $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"; } \
   2>&1 | tee -a "$OUT/env.log"
-step tests $PY -m pytest -q -p no:cacheprovider tests/test_gpu.py tests/test_exchange.py tests/test_models.py \
+if [ "$DEVICE" = cuda ] && ! $PY -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
+  echo "no CUDA device visible to $PY (DEVICE=cpu for a dry run)"; exit 1
+fi
+rm -f "$OUT/run.h5"; rm -rf "$OUT/run.h5.ckpt"
+step tests $PY -m pytest -q -rs -p no:cacheprovider tests/test_gpu.py tests/test_exchange.py tests/test_models.py \
   tests/test_engine.py tests/test_rng.py -k "not mpi"
 step decentralized $PY benchmarks/decentralized.py --device $DEVICE --clients 100 1000
 step engine $PY benchmarks/engine.py --device $DEVICE --quick

@@ -137,10 +137,14 @@ def srl(z: torch.Tensor, s: int) -> torch.Tensor:
     return (z >> s) & ((1 << (64 - s)) - 1)
 
 
-def torch_bits(k: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+def torch_bits(k: torch.Tensor, idx: torch.Tensor | int) -> torch.Tensor:
     """``bits(k, idx)`` as int64 (the same 64 bits) from tensor ops: int64 multiplication wraps
-    like uint64, so the SplitMix64 steps carry over. ``k``: int64 key(s) broadcast against ``idx``."""
-    z = idx * _T_GOLDEN + k
+    like uint64, so the SplitMix64 steps carry over. ``k``: int64 key(s) broadcast against ``idx``
+    (a tensor, or one Python int counter)."""
+    if isinstance(idx, int):
+        z = k + _signed((idx * int(_GOLDEN)) & _MASK64)
+    else:
+        z = idx * _T_GOLDEN + k
     z = z ^ srl(z, 30)
     z = z * _T_M1
     z = z ^ srl(z, 27)

@@ -7,6 +7,7 @@ wrong file on one node neither hangs the job nor prints one error per rank.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import resource
 import shutil
@@ -327,9 +328,11 @@ def run(cfg: Config, world: World, out_path: str, quiet: bool = False, resume: b
             print(f"fedmpi: rank {world.rank} failed:\n{traceback.format_exc()}", file=sys.stderr)
         if world.comm is not None and world.size > 1:
             if world.rank != 0:
-                # Closing our torch.distributed links fails rank 0's pending collective now, so it
-                # can mark the result file failed (and abort) before MPI_Abort kills every rank.
-                # In a thread: a wedged NCCL communicator must not keep us from aborting.
+                # Closing our torch.distributed links fails rank 0's pending gloo collective now, so
+                # it can mark the result file failed (and abort) before MPI_Abort kills every rank.
+                # In a thread, under a watchdog that needs no GIL: a wedged communicator must not
+                # keep us from ending the job.
+                faulthandler.dump_traceback_later(_ABORT_GRACE_S + 10, exit=True)
                 end = time.monotonic() + _ABORT_GRACE_S
                 closer = threading.Thread(target=world.close, daemon=True)
                 closer.start()

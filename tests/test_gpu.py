@@ -38,6 +38,17 @@ def test_neighbor_sum_on_cuda_matches_cpu():
     torch.testing.assert_close(gpu.cpu(), cpu, rtol=0, atol=1e-5)
 
 
+def test_dropout_keys_reach_the_model_on_cuda():
+    """cinic_cnn on CUDA (batched, keys on the device): the same as on CPU up to conv rounding."""
+    from test_engine import _image_trainer
+
+    cpu = _image_trainer("sequential")
+    gpu = _image_trainer("batched", device=CUDA)
+    ids = np.array([0, 2, 3])
+    x0 = cpu.spec.flatten(cpu.task.model).expand(len(ids), -1)
+    torch.testing.assert_close(gpu.train(x0.to(CUDA), ids, t=1).cpu(), cpu.train(x0, ids, t=1), rtol=0, atol=1e-4)
+
+
 def test_batched_training_on_cuda_does_not_depend_on_companions():
     cfg = config.from_dict(synthetic_config(task__model="mlp", task__hidden=32))
     task = build_task(cfg, CUDA)

@@ -167,7 +167,10 @@ class LocalTrainer:
     def gradients(self, x: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor, wb: torch.Tensor | None,
                   keys: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         """Per-client gradients (n, d) at the rows of ``x`` (``keys``: see ``dropout_keys``)."""
-        keys = keys or {}
+        if keys is None:
+            if self._key_names:
+                raise ValueError("gradients: this model has dropout; pass keys=dropout_keys(clients, t, step)")
+            keys = {}
         if self.path == "batched":
             if x.shape[0] == 1:  # a batch of one takes other kernels (other rounding): compute it as a pair
                 pair = self.gradients(x.expand(2, -1), xb.expand(2, *xb.shape[1:]), yb.expand(2, *yb.shape[1:]),

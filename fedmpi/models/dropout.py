@@ -32,7 +32,7 @@ class KeyedDropout(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0.0:
             return x
-        layer_key = rng.torch_bits(self.key, torch.tensor(self.salt, device=x.device))  # a stream per layer
+        layer_key = rng.torch_bits(self.key, self.salt)  # a stream per layer
         bits = rng.torch_bits(layer_key, torch.arange(math.prod(x.shape), device=x.device))
         u = rng.srl(bits, 40).to(torch.float32) * (1.0 / (1 << 24))  # top 24 bits -> [0, 1), exact
         keep = (u >= self.p).to(x.dtype).view(x.shape)

@@ -51,7 +51,8 @@ def keep_freed_memory() -> bool:
     (benchmarks/decentralized.py). Blocks up to 32 MB are now served from the heap, and each
     malloc arena keeps up to 1 GB of freed memory (torch's worker threads may have arenas of
     their own); the resident size stays near its peak, which ``peak_rss_mb`` reports anyway.
-    No-op without glibc, or with ``FEDMPI_MALLOC=default``.
+    No-op without glibc, or with ``FEDMPI_MALLOC=default``. False also when glibc refused
+    one of the two settings (the other may still apply).
     """
     if os.environ.get("FEDMPI_MALLOC") == "default":
         return False
