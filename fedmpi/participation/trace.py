@@ -106,15 +106,21 @@ def _check_matrix(a: np.ndarray, m: int) -> list[np.ndarray]:
     return [np.flatnonzero(row) for row in a]
 
 
+def _zero_one_rows(rows: list[tuple[str, list[int]]], m: int) -> list[np.ndarray]:
+    """(where, row) pairs of a 0/1 matrix -> available ids per row; errors name the row."""
+    for where, row in rows:
+        if len(row) != m:
+            raise _Fail(f"{where}: matrix row has {len(row)} entries, expected task.clients = {m}")
+        if not set(row) <= {0, 1}:
+            raise _Fail(f"{where}: matrix entries must be 0 or 1")
+    return _check_matrix(np.array([row for _, row in rows], dtype=np.int64).reshape(-1, m), m)
+
+
 def parse_matrix_text(text: str, m: int) -> list[np.ndarray]:
     """A 0/1 text matrix, one row per non-blank line."""
-    rows = [(i + 1, _tokens(line)) for i, line in enumerate(text.splitlines()) if line.strip()]
-    for lineno, tok in rows:
-        if len(tok) != m:
-            raise _Fail(f"line {lineno}: matrix row has {len(tok)} entries, expected task.clients = {m}")
-        if any(x not in ("0", "1") for x in tok):
-            raise _Fail(f"line {lineno}: matrix entries must be 0 or 1")
-    return _check_matrix(np.array([[x == "1" for x in tok] for _, tok in rows], dtype=bool).reshape(-1, m), m)
+    bit = {"0": 0, "1": 1}  # any other token (e.g. "01", "+1") is refused, as -1
+    return _zero_one_rows([(f"line {i + 1}", [bit.get(x, -1) for x in _tokens(line)])
+                           for i, line in enumerate(text.splitlines()) if line.strip()], m)
 
 
 def _unpickle(data: bytes) -> Any:
@@ -238,12 +244,7 @@ def inline_trace(rows: list, fmt: str, m: int, seed: int = 0) -> Trace:
             raise _Fail(f"cannot tell 0/1 rows from id lists with task.clients = {m}; "
                         f"set availability.trace_format to ids or matrix")
         if fmt == "matrix" or (fmt == "auto" and zero_one):
-            for i, row in enumerate(rows):
-                if len(row) != m:
-                    raise _Fail(f"round {i}: matrix row has {len(row)} entries, expected task.clients = {m}")
-                if not set(row) <= {0, 1}:
-                    raise _Fail(f"round {i}: matrix entries must be 0 or 1")
-            return Trace.from_rounds(m, seed, _check_matrix(np.array(rows, dtype=np.int64), m))
+            return Trace.from_rounds(m, seed, _zero_one_rows([(f"round {i}", row) for i, row in enumerate(rows)], m))
         return Trace.from_rounds(m, seed, [_ids_from_tokens([str(v) for v in row], m, f"round {i}")
                                            for i, row in enumerate(rows)])
     except _Fail as e:
