@@ -33,16 +33,20 @@ def image_task(model: str, shape: tuple[int, ...], clients: int, per_client: int
                 std=torch.full((c,), 0.25, device=device), image=True)
 
 
+def sync() -> None:
+    """Wait for queued GPU work (CUDA kernels run asynchronously), so a clock reading is honest."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def timed(fn, repeat: int = 3) -> float:
     """Best wall time of ``repeat`` calls (after one warm-up call)."""
     fn()
     best = float("inf")
     for _ in range(repeat):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
+        sync()
         t = time.perf_counter()
         fn()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
+        sync()
         best = min(best, time.perf_counter() - t)
     return best

@@ -32,7 +32,7 @@ import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import image_task, machine  # noqa: E402
+from common import image_task, machine, sync  # noqa: E402
 
 from fedmpi import algorithms, config  # noqa: E402
 from fedmpi.engine.local import LocalTrainer  # noqa: E402
@@ -114,12 +114,6 @@ def measure(name: str, m: int, iters: int, ref_iters: int, world: World) -> None
     diff = float((ref.flat() - ours_after).abs().max())
     print(f"{name:<9} {m:>6} {world.size:>5} {ours:>10.1f} {slow:>10.2f} {ours / slow:>7.1f}x {diff:>9.1e}", flush=True)
     idle_barrier(world)
-
-
-def sync() -> None:
-    """Wait for queued GPU work (CUDA kernels run asynchronously)."""
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def idle_barrier(world: World) -> None:
