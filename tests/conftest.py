@@ -10,6 +10,8 @@ import sys
 import pytest
 import yaml
 
+from fedmpi.config import _set_dotted
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FMNIST = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"
 
@@ -76,11 +78,7 @@ def synthetic_config(**over) -> dict:
         "runtime": {"progress": False},
     }
     for k, v in over.items():
-        cur = cfg
-        keys = k.split("__")
-        for kk in keys[:-1]:
-            cur = cur.setdefault(kk, {})
-        cur[keys[-1]] = v
+        _set_dotted(cfg, k.replace("__", "."), v)
     return cfg
 
 

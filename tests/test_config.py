@@ -102,11 +102,7 @@ _keys = st.sampled_from(["rounds", "seed", "eval_every", "train.lr", "train.batc
 def test_random_configs_are_valid_or_one_line_errors(items):
     data: dict = {}
     for dotted, v in items.items():
-        cur = data
-        ks = dotted.split(".")
-        for k in ks[:-1]:
-            cur = cur.setdefault(k, {})
-        cur[ks[-1]] = v
+        config._set_dotted(data, dotted, v)
     try:
         config.from_dict(data)
     except InputError as e:
