@@ -191,7 +191,7 @@ class RuntimeConfig:
 @dataclass
 class Config:
     name: str = opt("run", "experiment name, used in the default output path")
-    seed: int = opt(0, "seed of every random stream", ge=0)
+    seed: int = opt(0, "seed of every random stream", ge=0, le=2**64 - 1)
     rounds: int = opt(100, "global rounds (centralized) or iterations (decentralized)", ge=0)
     eval_every: int = opt(5, "evaluate every N rounds (and after the last)", ge=1)
     output: Optional[str] = opt(None, "result file; null = runs/{name}-s{seed}.h5")

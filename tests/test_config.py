@@ -43,6 +43,7 @@ def test_defaults_are_valid_and_typed():
     ({"train": {"augment": ["rotate"]}}, "train.augment"),
     ({"train": {"lr": float("nan")}}, "train.lr: must be a finite number"),
     ({"task": "fmnist"}, "task: must be a mapping"),
+    ({"seed": 2**70}, "seed: must be <= 18446744073709551615"),  # torch's generator takes 64 bits
 ])
 def test_bad_values_name_the_key(data, key):
     assert key in err(data)
