@@ -158,10 +158,6 @@ def test_full_gradient_local_steps_scaled_by_nu():
 
 
 def test_fedvarp_runs_under_markov():
-    from fedmpi.algorithms.base import _REGISTRY
-
-    if "fedvarp" not in _REGISTRY:
-        pytest.skip("fedvarp is not in this build yet")
     algo = make(quadratic("fedvarp", U8, lr=0.3, K=1, availability=MARKOV8))
     for t in range(5):
         assert algo.round(t) == 2

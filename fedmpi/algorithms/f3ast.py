@@ -11,18 +11,29 @@ The O(m) estimates are replicated on every rank (updated identically from S_t).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
+from ..config import AlgorithmParams, opt
 from .base import Context, ServerAlgorithm, register
+
+
+@dataclass
+class F3ASTParams(AlgorithmParams):
+    select: int = opt(10, "clients selected per round among the available", ge=1)
+    rate_beta: float = opt(0.001, "rate-estimate smoothing beta", gt=0, le=1)
 
 
 @register("f3ast")
 class F3AST(ServerAlgorithm):
+    Params = F3ASTParams
+
     def __init__(self, ctx: Context):
         super().__init__(ctx)
-        self.n_select = self.cfg.algorithm.select
-        self.beta = self.cfg.algorithm.rate_beta
+        self.n_select = self.params.select
+        self.beta = self.params.rate_beta
         self.r = np.ones(self.m)  # r_i
 
     def select(self, t: int, available: np.ndarray) -> np.ndarray:

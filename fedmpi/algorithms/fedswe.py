@@ -27,23 +27,34 @@ Both are computed from the live versions and how many clients hold each (``_clie
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import numpy as np
 import torch
 
+from ..config import AlgorithmParams, opt
 from ..engine.reduce import reproducible_sum, reproducible_sum_blocks
 from ..engine.store import VersionStore
 from .base import Context, ServerAlgorithm, register
 
 
+@dataclass
+class FedSWEParams(AlgorithmParams):
+    k: Optional[float] = opt(None, "moving-average coefficient k (0 = FedAWE); null = m", ge=0)
+    server_clip: Optional[float] = opt(None, "rescale the mean echoed change to this norm", gt=0)
+
+
 @register("fedswe")
 class FedSWE(ServerAlgorithm):
+    Params = FedSWEParams
     metrics = ("consensus_error",)
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
-        a = self.cfg.algorithm
-        self.k = float(self.m if a.k is None else a.k)  # k: weight of x^t in the moving average
-        self.clip = a.server_clip  # c, or None
+        p = self.params
+        self.k = float(self.m if p.k is None else p.k)  # k: weight of x^t in the moving average
+        self.clip = p.server_clip  # c, or None
         self.lo, hi = ctx.shard
         self.store = VersionStore(self.lo, hi, self.x)  # x_i of the local clients
         self.tau = np.full(hi - self.lo, -1, dtype=np.int64)  # tau_i of the local clients
