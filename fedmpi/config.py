@@ -97,7 +97,8 @@ class AlgorithmConfig:
         "fedswe", "fedavg_markov", "debiased_fedavg",
         "dspodfl", "dgd", "rg", "sporadic_sgd", "dfedavg"] = opt("fedavg_active", "the algorithm")
     k: Optional[float] = opt(None, "fedswe: moving-average coefficient k (0 = FedAWE); null = m", ge=0)
-    server_clip: Optional[float] = opt(None, "fedswe (authors' code): clip the mean echoed innovation to this norm, then eta_g", gt=0)
+    server_clip: Optional[float] = opt(
+        None, "fedswe (authors' code): clip the mean echoed innovation to this norm, then eta_g", gt=0)
     amplification: float = opt(10.0, "gfedavg: amplification a", gt=0)
     anchor_period: int = opt(100, "gfedavg: rounds P between amplifications", ge=1)
     fedau_cap: int = opt(50, "fedau: interval cap K", ge=1)
