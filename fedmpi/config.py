@@ -106,6 +106,8 @@ class AlgorithmConfig:
     rate_beta: float = opt(0.001, "f3ast: rate-estimate smoothing beta", gt=0, le=1)
     f3ast_variant: Literal["paper", "authors"] = opt(
         "paper", "f3ast: paper = r_i init K p_i; authors = their code (r_i init p_i, sum / K)")
+    dfedavg_steps: Literal["ceil", "authors"] = opt(
+        "ceil", "dfedavg: D = ceil(mean 1/d_i), or int(mean 1/d_i) + 1 as the authors' code")
     warmup: int = opt(0, "debiased_fedavg: rounds with nu_i = 1", ge=0)
     nu_max: Optional[float] = opt(None, "debiased_fedavg: cap on nu_i; null = none", gt=0)
 
