@@ -20,8 +20,9 @@ sum_{A_t} x_i^dag = sum_{A_t} x_i + |A_t| eta_g clip(E, c) enters the moving ave
 Memory: an inactive client's x_i is the past global model x^{tau_i + 1} (x_0 when tau_i = -1),
 so clients hold references into a ``VersionStore`` with one copy per distinct version.
 
-Outputs: ``""`` = x_bar = (1/m) sum_i x_i over ALL clients (what Corollary 12 bounds and the
-authors evaluate), ``"server"`` = x^t; metric ``consensus_error`` = (1/m) sum_i ||x_i - x_bar||^2.
+Outputs: ``""`` = x_bar = (1/m) sum_i x_i over ALL m real clients (what the authors evaluate; the
+analysis of Sec. 6.2 averages over m + k clients, the k virtual ones holding x^t), ``"server"`` =
+x^t; metric ``consensus_error`` = (1/m) sum_i ||x_i - x_bar||^2 over the real clients.
 Both are computed from the live versions and how many clients hold each (``_client_mean``).
 """
 
