@@ -170,9 +170,10 @@ class SporadicityConfig:
     sgd_prob: ProbDistConfig = opt(ProbDistConfig(), "d_i: probability that client i takes an SGD step")
     link_prob: ProbDistConfig = opt(ProbDistConfig(), "b_ij: probability that edge ij is active")
     link_draw: Literal["per_edge", "per_endpoint"] = opt(
-        "per_edge", "per_endpoint: link fires w.p. 1-(1-b)^2 (authors' code)")
+        "per_edge", "per_endpoint: link fires w.p. 1-(1-b)^2, the authors' draw (redrawn every iteration)")
     redraw_every: int = opt(0, "redraw d_i, b_ij every N iterations; 0 = never", ge=0)
-    delay: Literal["raw", "normalized"] = opt("raw", "emulated delay formula")
+    delay: Literal["raw", "normalized"] = opt(
+        "raw", "emulated delay: raw (what the authors' stop budget sums) or normalized (their logged utilisation)")
     max_delay: Optional[float] = opt(None, "stop once the cumulative emulated delay reaches this", gt=0)
 
 

@@ -160,7 +160,10 @@ class ServerAlgorithm(Algorithm):
 
     # ---------------------------------------------------------------- hooks
     def select(self, t: int, available: np.ndarray) -> np.ndarray:
-        """Which available clients train this round (default: all of them)."""
+        """Which available clients train this round (default: all of them).
+
+        Called exactly once per round, on every rank, with the same ``available``: it may
+        update replicated per-round state (F3AST's rates, debiased FedAvg's counts)."""
         return available
 
     def start_models(self, local: np.ndarray) -> torch.Tensor:
