@@ -34,8 +34,8 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import image_task, machine, sync  # noqa: E402
 
-from fedmpi import algorithms, config  # noqa: E402
-from fedmpi.engine.local import LocalTrainer  # noqa: E402
+from fedmpi import config  # noqa: E402
+from fedmpi.build import build_run  # noqa: E402
 from fedmpi.runtime import World  # noqa: E402
 
 
@@ -44,9 +44,7 @@ def build(name: str, m: int, world: World):
     cfg = config.from_dict({"task": {"dataset": "synthetic", "clients": m, "model": "linear_svm"},
                             "train": {"batch_size": 16, "lr": 0.01}, "algorithm": {"name": name},
                             "topology": {"kind": "rgg", "radius": radius}}, world.size)
-    task = image_task("linear_svm", (1, 28, 28), m, 60, world.device)
-    trainer = LocalTrainer(task, cfg.train, cfg.seed, cfg.task.model)
-    return algorithms.build(algorithms.Context(cfg, world, task, trainer, None))
+    return build_run(cfg, world, task=image_task("linear_svm", (1, 28, 28), m, 60, world.device)).algorithm
 
 
 class Reference:

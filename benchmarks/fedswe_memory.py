@@ -22,11 +22,11 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import machine  # noqa: E402
 
-from fedmpi import algorithms, config, participation  # noqa: E402
+from fedmpi import config  # noqa: E402
+from fedmpi.build import build_run  # noqa: E402
 from fedmpi.data.task import Task  # noqa: E402
+from fedmpi.evaluator import peak_rss_mb  # noqa: E402
 from fedmpi.models import build_model, loss_fn  # noqa: E402
-from fedmpi.engine.local import LocalTrainer  # noqa: E402
-from fedmpi.runner import peak_rss_mb  # noqa: E402
 from fedmpi.runtime import World  # noqa: E402
 
 
@@ -52,10 +52,8 @@ def main() -> None:
     task = Task(model=build_model("logreg", (features,), classes), loss=loss_fn("logreg"), train_x=x, train_y=y,
                 test_x=x, test_y=y, order=order, offsets=np.arange(args.clients + 1), classes=classes,
                 label_hist=None, groups=None)
-    trainer = LocalTrainer(task, cfg.train, cfg.seed, cfg.task.model)
-    d = trainer.spec.dim
-    part = participation.build(cfg.availability, task.client_info(cfg.seed))
-    algo = algorithms.build(algorithms.Context(cfg, world, task, trainer, part))
+    run = build_run(cfg, world, task=task)
+    d, algo = run.spec.dim, run.algorithm
     print(f"# FedSWE memory on {machine()}: m={args.clients}, d={d}, {args.rounds} rounds, p_i ~ U(0.01, 0.2)")
     print(f"# baseline RSS before the first round: {peak_rss_mb():.0f} MB")
     print(f"{'round':>6} {'versions':>9} {'store MB':>9} {'peak RSS MB':>12} {'naive m*d MB':>13} {'s/round':>8}")

@@ -20,9 +20,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import machine  # noqa: E402
 
-from fedmpi import algorithms, config, participation  # noqa: E402
-from fedmpi.data.task import build_task  # noqa: E402
-from fedmpi.engine.local import LocalTrainer  # noqa: E402
+from fedmpi import config  # noqa: E402
+from fedmpi.build import build_run  # noqa: E402
 from fedmpi.runtime import World  # noqa: E402
 
 
@@ -32,11 +31,7 @@ def rounds_per_s(algo_name: str, m: int, p: float, rounds: int) -> float:
                             "train": {"local_steps": 1, "lr": 0.5, "batch_size": 1},
                             "algorithm": {"name": algo_name},
                             "availability": {"kind": "stationary", "base": {"kind": "fixed", "values": [p]}}})
-    world = World()
-    task = build_task(cfg, world.device)
-    trainer = LocalTrainer(task, cfg.train, cfg.seed, cfg.task.model)
-    part = participation.build(cfg.availability, task.client_info(cfg.seed))
-    algo = algorithms.build(algorithms.Context(cfg, world, task, trainer, part))
+    algo = build_run(cfg, World()).algorithm
     algo.round(0)  # warm-up
     t = time.perf_counter()
     for r in range(1, rounds + 1):

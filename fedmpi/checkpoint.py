@@ -5,14 +5,16 @@ Layout (next to the result file): ``RUN.h5.ckpt/round-00000120/shard-00003.pt`` 
 to a temporary name in the same folder, fsynced, renamed, and the folder fsynced, so a crash
 at any moment leaves either the previous complete checkpoint or the new one.
 
-State protocol (``Algorithm.state_dict``): tensors only (loaded with
-``torch.load(weights_only=True)``: no arbitrary unpickling), keys prefixed by kind:
+What is saved: one ``fedmpi.state.State`` per component (``{"algorithm": ..., "participation":
+..., "runner": ...}``), tensors only (loaded with ``torch.load(weights_only=True)``: no
+arbitrary unpickling), stored under the keys ``COMPONENT/KIND/NAME``; this module is the only
+place that reads or writes those keys:
 
-- ``client/NAME``: one row per client of this rank's shard [lo, hi), in id order; on
-  resume the rows of all old shards are concatenated and cut to the new shard;
-- ``union/NAME``: entries each rank holds a subset of, identical where they overlap
-  (e.g. ``union/version/17``: a shared model version); resume hands every rank the union;
-- anything else: identical on every rank (saved once, by rank 0).
+- ``client``: one row per client of this rank's shard [lo, hi), in id order; on resume the
+  rows of all old shards are concatenated and cut to the new shard;
+- ``union``: entries each rank holds a subset of, identical where they overlap (e.g. a shared
+  model version); resume hands every rank the union;
+- ``shared``: identical on every rank (saved once, by rank 0).
 
 Nothing else is needed: all randomness comes from counter-based streams keyed by the round.
 """
@@ -29,6 +31,9 @@ import torch
 from . import __version__
 from .errors import InputError
 from .runtime import World
+from .state import State
+
+_KINDS = {"shared": "shared", "client": "clients", "union": "union"}  # key word -> State field
 
 MANIFEST = "manifest.json"
 
@@ -63,16 +68,17 @@ def _sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def save(world: World, folder: str, rounds_done: int, digest: str, m: int,
-         state: dict[str, torch.Tensor]) -> None:
-    """Write this rank's part of ``state`` (all ranks call it), then rank 0 commits the manifest."""
+def save(world: World, folder: str, rounds_done: int, digest: str, m: int, parts: dict[str, State]) -> None:
+    """Write this rank's part of each component's state (all ranks call it), then rank 0 commits
+    the manifest."""
     sub = os.path.join(folder, f"round-{rounds_done:08d}")
     if world.rank == 0:
         os.makedirs(sub, exist_ok=True)
     world.barrier()
     os.makedirs(sub, exist_ok=True)
-    mine = {k: v.detach().cpu() for k, v in state.items()
-            if world.rank == 0 or k.startswith(("client/", "union/"))}
+    mine = {f"{component}/{word}/{name}": v.detach().cpu()
+            for component, state in parts.items() for word, kind in _KINDS.items()
+            if word != "shared" or world.rank == 0 for name, v in getattr(state, kind).items()}
     name = f"shard-{world.rank:05d}.pt"
     _atomic_write(os.path.join(sub, name), lambda fh: torch.save(mine, fh))
     lo, hi = world.shard(m)
@@ -102,8 +108,9 @@ def read_manifest(folder: str) -> dict | None:
         raise InputError(f"{path}: corrupt checkpoint manifest (delete the folder to start afresh)") from None
 
 
-def load(world: World, folder: str, digest: str, m: int) -> tuple[int, dict[str, torch.Tensor]] | None:
-    """The last committed checkpoint, re-sharded for this rank: (rounds_done, state) or None."""
+def load(world: World, folder: str, digest: str, m: int) -> tuple[int, dict[str, State]] | None:
+    """The last committed checkpoint, re-sharded for this rank: (rounds_done, {component: state})
+    or None."""
     man = read_manifest(folder)
     if man is None:
         return None
@@ -114,7 +121,7 @@ def load(world: World, folder: str, digest: str, m: int) -> tuple[int, dict[str,
         raise InputError(f"{folder}: checkpoint has {man.get('m')} clients, the config {m}")
     lo, hi = world.shard(m)
     client_rows: dict[str, list[torch.Tensor]] = {}
-    state: dict[str, torch.Tensor] = {}
+    flat: dict[str, torch.Tensor] = {}
     for e in sorted(man["shards"], key=lambda e: e["lo"]):  # every shard: union/ entries may be anywhere
         path = os.path.join(folder, e["file"])
         if not os.path.exists(path) or _sha256(path) != e["sha256"]:
@@ -124,14 +131,19 @@ def load(world: World, folder: str, digest: str, m: int) -> tuple[int, dict[str,
         except Exception:
             raise InputError(f"{path}: checkpoint shard unreadable") from None
         for k, v in part.items():
-            if k.startswith("client/"):
+            if k.split("/")[1:2] == ["client"]:
                 a, b = max(lo, e["lo"]), min(hi, e["hi"])
                 if a < b:
                     client_rows.setdefault(k, []).append(v[a - e["lo"]:b - e["lo"]].clone())
                 elif k not in client_rows:
                     client_rows[k] = [v[:0]]
             else:
-                state[k] = v
-    for k, rows in client_rows.items():
-        state[k] = torch.cat(rows)
-    return man["round"], state
+                flat[k] = v
+    flat.update({k: torch.cat(rows) for k, rows in client_rows.items()})
+    parts: dict[str, State] = {}
+    for k, v in flat.items():
+        component, word, name = (k.split("/", 2) + ["", ""])[:3]
+        if word not in _KINDS or not name:
+            raise InputError(f"{folder}: checkpoint in an older layout (key {k!r}); delete the folder to start afresh")
+        getattr(parts.setdefault(component, State()), _KINDS[word])[name] = v
+    return man["round"], parts

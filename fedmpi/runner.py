@@ -1,38 +1,32 @@
-"""Drives one run: builds the pieces, loops over rounds, evaluates, writes results.
+"""Drives one run: set-up on every rank, the round loop, the result file.
 
-Set-up (data, model, participation, algorithm, result file) is checked collectively: if
-any rank fails with bad input, every rank exits 2 and rank 0 prints the first error, so a
-wrong file on one node neither hangs the job nor prints one error per rank.
+Set-up (``build_run``: data, model, participation, algorithm; the evaluator; the
+checkpointer, which resumes; the result file) is checked collectively: if any rank fails with
+bad input, every rank exits 2 and rank 0 prints the first error, so a wrong file on one node
+neither hangs the job nor prints one error per rank. The loop then only sequences the
+components: callbacks, ``algorithm.round``, evaluation, checkpoints.
 """
 
 from __future__ import annotations
 
 import faulthandler
-import os
-import resource
-import shutil
-import signal
 import sys
 import threading
 import time
 import traceback
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
-import psutil
-import torch
 
+from .build import Run, build_run
+from .checkpointer import Checkpointer
 from .config import Config
-from . import checkpoint
 from .errors import InputError, Interrupted
-from .registry import ALGORITHMS
+from .evaluator import Evaluator
+from .registry import CALLBACKS
 from .runtime import World
 
-
-def peak_rss_mb() -> float:
-    """Largest resident memory of this process so far (MB)."""
-    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return max(peak_kb / 1024.0, psutil.Process().memory_info().rss / 2**20)
+Callback = Callable[[Run, int], None]  # (run, t) before round t, on every rank
 
 
 def agree(world: World, fn: Callable[[], object]) -> object:
@@ -48,211 +42,90 @@ def agree(world: World, fn: Callable[[], object]) -> object:
     return out
 
 
-def _check_memory(cfg: Config, world: World, m: int, d: int) -> None:
-    """Refuse up front, with the estimate, an O(m d) algorithm state that cannot fit."""
-    from .algorithms.base import memory_estimate
-
-    lo, hi = world.shard(m)
-    need = memory_estimate(cfg.algorithm.name, hi - lo, d)
-    if world.device.type == "cuda":
-        free = torch.cuda.mem_get_info(world.device)[0]
-        where = f"GPU {world.device}"
-    else:
-        free = psutil.virtual_memory().available // max(world.local_size, 1)
-        where = "host memory per rank"
-    if need > 0.9 * free:
-        raise InputError(f"algorithm.name: {cfg.algorithm.name} keeps {need / 2**30:.1f} GiB of per-client state "
-                         f"per rank ({hi - lo} clients x {d} parameters), more than the {free / 2**30:.1f} GiB "
-                         f"{where} available; use more ranks or fewer clients")
-
-
-def _inject_fault(rank: int, t: int) -> None:
-    """Test hook: FEDMPI_TEST_FAULT="RANK:ROUND:raise|kill|usr1" makes that rank fail (or get
-    a preemption signal) there."""
-    spec = os.environ.get("FEDMPI_TEST_FAULT")
-    if not spec:
-        return
-    r, when, how = spec.split(":")
-    if int(r) == rank and int(when) == t:
-        if how == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        if how == "usr1":
-            os.kill(os.getpid(), signal.SIGUSR1)
-            return
-        raise RuntimeError(f"injected fault at round {t}")
-
-
-class _StopFlag:
-    """SIGTERM, SIGINT and SIGUSR1 set a flag; the ranks agree on it at round boundaries."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
-
-    def __init__(self):
-        self.signame = ""
-        self._old = {}
-        for sig in self.SIGNALS:
-            try:
-                self._old[sig] = signal.signal(sig, self._set)
-            except ValueError:  # not the main thread
-                pass
-
-    def _set(self, signum, frame) -> None:
-        self.signame = signal.Signals(signum).name
-
-    def agreed(self, world: World) -> bool:
-        """True on every rank when any rank got a signal (one tiny collective per round)."""
-        return world.max_float(1.0 if self.signame else 0.0) > 0 if world.size > 1 else bool(self.signame)
-
-    def restore(self) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-
-
 class Runner:
-    """One run of ``cfg`` on ``world`` writing ``out_path`` (rank 0)."""
+    """One run of ``cfg`` on ``world`` writing ``out_path`` (rank 0). ``callbacks`` run before
+    every round on every rank, after those registered by plug-ins (``registry.CALLBACKS``)."""
 
-    def __init__(self, cfg: Config, world: World, out_path: str, quiet: bool = False, resume: bool = False):
+    def __init__(self, cfg: Config, world: World, out_path: str, quiet: bool = False, resume: bool = False,
+                 callbacks: Iterable[Callback] = ()):
         self.cfg, self.world, self.out_path, self.quiet = cfg, world, out_path, quiet
+        self.callbacks = [e.obj for e in CALLBACKS] + list(callbacks)
         self.writer = None
-        self._resumed = None
-        self._want_resume = resume
-        agree(world, self._setup)
+        agree(world, lambda: self._setup(resume))
 
-    # ------------------------------------------------------------------ set-up
-    def _setup(self) -> None:
-        from . import algorithms, participation
-        from .data.task import build_task
-        from .engine.local import LocalTrainer
+    def _setup(self, resume: bool) -> None:
+        self.components = build_run(self.cfg, self.world)
+        self.evaluator = Evaluator(self.components)
+        self.checkpointer = Checkpointer(self.components, self.out_path, required=resume, flush=self._flush)
+        if self.world.rank == 0:
+            self.writer = self._open_results()
 
-        cfg, world = self.cfg, self.world
-        task = build_task(cfg, world.device)
-        trainer = LocalTrainer(task, cfg.train, cfg.seed, cfg.task.model)
-        part = None
-        if ALGORITHMS.get(cfg.algorithm.name).obj.needs_participation:
-            part = participation.build(cfg.availability, task.client_info(cfg.seed))
-        self.task = task
-        self.part = part
-        _check_memory(cfg, world, task.m, trainer.spec.dim)
-        self.algo = algorithms.build(algorithms.Context(cfg, world, task, trainer, part))
-        folder = checkpoint.folder_for(self.out_path)
-        self._resumed = checkpoint.load(world, folder, cfg.resume_digest(), task.m)
-        if self._resumed is None and self._want_resume:
-            raise InputError(f"--resume: no checkpoint at {folder}")
-        self.spec = trainer.spec
-        self.metric_names = self._metric_names()
-        self._train_subset = self._train_eval_subset()
-        if world.rank == 0:
-            from .results.hdf5 import ResultWriter
+    def _open_results(self):
+        from .results.hdf5 import ResultWriter
 
-            resume_at = self._resumed[0] if self._resumed is not None else None
-            self.writer = ResultWriter(self.out_path, cfg.to_yaml(), cfg.seed, world.size, self.metric_names,
-                                       task.m, cfg.runtime.log_availability, resume_at=resume_at)
-            if resume_at is not None:
-                return
-            self.writer.write_group("partition", {"samples": task.sizes.astype(np.int64),
-                                                  **({"label_hist": task.label_hist} if task.label_hist is not None
-                                                     else {})})
-            for name, arrays in getattr(self.algo, "static_groups", lambda: {})().items():
-                self.writer.write_group(name, arrays)
+        cfg, run = self.cfg, self.components
+        resume_at = self.checkpointer.rounds_done or None
+        writer = ResultWriter(self.out_path, cfg.to_yaml(), cfg.seed, self.world.size, self.evaluator.names,
+                              run.m, cfg.runtime.log_availability, resume_at=resume_at)
+        if resume_at is None:
+            hist = run.task.label_hist
+            writer.write_group("partition", {"samples": run.task.sizes.astype(np.int64),
+                                             **({"label_hist": hist} if hist is not None else {})})
+            for name, arrays in run.algorithm.static_groups().items():
+                writer.write_group(name, arrays)
+        return writer
 
-    def _metric_names(self) -> list[str]:
-        names = []
-        scalar = self.task.classes == 0 and self.spec.dim == 1
-        for label in self.algo.eval_models():
-            sfx = f"_{label}" if label else ""
-            names += [f"test_loss{sfx}"] + ([f"test_acc{sfx}"] if self.task.classes else [])
-            if label == "" and self.task.classes and self.cfg.evaluation.train:
-                names += ["train_loss", "train_acc"]
-            if scalar:
-                names.append(f"x{sfx}")
-        names += list(self.algo.metrics) + ["n_active", "wall_time", "peak_rss_mb"]
-        return list(dict.fromkeys(names))
-
-    def _train_eval_subset(self) -> torch.Tensor | None:
-        k = self.cfg.evaluation.train_samples
-        n = self.task.train_x.shape[0]
-        if k is None or k >= n:
-            return None
-        from . import rng
-
-        idx = np.sort(rng.generator(self.cfg.seed, "train_eval").choice(n, size=k, replace=False))
-        return torch.as_tensor(idx, device=self.task.train_x.device)
-
-    # ------------------------------------------------------------------ loop
+    # ------------------------------------------------------------------ the loop
     def run(self) -> int:
         """The round loop. Returns 0, or raises Interrupted after checkpointing on a signal."""
-        cfg, world = self.cfg, self.world
-        start = self._resume_point()
-        t0 = time.perf_counter() - self._wall_offset
+        algo, rounds = self.components.algorithm, self.cfg.rounds
+        start = self.checkpointer.rounds_done
+        self._t0 = time.perf_counter() - self.checkpointer.wall_time
         bar = self._progress(start)
-        n_active, t = 0, start - 1
-        status = "failed"
-        stop = _StopFlag()
+        done, status = start, "failed"
         try:
-            if start == 0:
-                self._evaluate(0, 0, t0)
-            for t in range(start, cfg.rounds):
-                _inject_fault(world.rank, t)
-                n_active = self.algo.round(t)
-                if self.writer is not None and cfg.runtime.log_availability:
-                    self.writer.append_mask(self.algo.last_mask())
-                last = t == cfg.rounds - 1 or self.algo.done()
-                if (t + 1) % cfg.eval_every == 0 or last:
-                    row = self._evaluate(t + 1, n_active, t0)
+            with self.checkpointer:  # preemption signals: checkpoint at the next round boundary, exit 3
+                if start == 0:
+                    self._evaluate(0, 0)
+                for t in range(start, rounds):
+                    for callback in self.callbacks:
+                        callback(self.components, t)
+                    n_active = algo.round(t)
+                    done = t + 1
+                    if self.writer is not None and self.cfg.runtime.log_availability:
+                        self.writer.append_mask(algo.last_mask())
+                    last = done == rounds or algo.done()
+                    if done % self.cfg.eval_every == 0 or last:
+                        row = self._evaluate(done, n_active)
+                        if bar is not None:
+                            bar.set_postfix({k: f"{row[k]:.4f}" for k in ("test_acc", "test_loss") if k in row})
                     if bar is not None:
-                        bar.set_postfix({k: f"{row[k]:.4f}" for k in ("test_acc", "test_loss") if k in row})
-                if bar is not None:
-                    bar.update(1)
-                if last:
-                    break
-                every = cfg.runtime.checkpoint_every
-                if stop.agreed(world):
-                    self._checkpoint(t + 1, t0)
-                    status = "interrupted"
-                    raise Interrupted(f"signal {stop.signame} at round {t + 1}; checkpoint written, "
-                                      f"run the same command again (or with --resume) to continue")
-                if every and (t + 1) % every == 0:
-                    self._checkpoint(t + 1, t0)
+                        bar.update(1)
+                    if last:
+                        break
+                    self.checkpointer.after_round(done, self._wall_time())
             status = "completed"
-        except KeyboardInterrupt:
+        except (Interrupted, KeyboardInterrupt):
             status = "interrupted"
             raise
         finally:
-            stop.restore()
             if bar is not None:
                 bar.close()
-            self._finish(status, t + 1 if status in ("completed", "interrupted") else None)
-        if self.world.rank == 0 and status == "completed":
-            shutil.rmtree(checkpoint.folder_for(self.out_path), ignore_errors=True)
+            self._finish(status, done if status != "failed" else None)
         return 0
 
-    def _state(self, t0: float) -> dict[str, torch.Tensor]:
-        state = dict(self.algo.state_dict())
-        if self.part is not None:
-            state.update({f"participation/{k}": torch.as_tensor(v) for k, v in self.part.state_dict().items()})
-        state["runner/wall_time"] = torch.tensor(time.perf_counter() - t0, dtype=torch.float64)
-        return state
+    def _wall_time(self) -> float:
+        return time.perf_counter() - self._t0
 
-    def _checkpoint(self, rounds_done: int, t0: float) -> None:
+    def _evaluate(self, rounds_done: int, n_active: int) -> dict[str, float]:
+        row = self.evaluator.evaluate(rounds_done, n_active, self._wall_time())  # collective
         if self.writer is not None:
-            self.writer.flush()  # the file must hold every row up to the checkpoint (e.g. mask rows)
-        checkpoint.save(self.world, checkpoint.folder_for(self.out_path), rounds_done, self.cfg.resume_digest(),
-                        self.task.m, self._state(t0))
+            self.writer.append(row, rounds_done)
+        return row
 
-    def _resume_point(self) -> int:
-        """Rounds already done by a committed checkpoint (0 when starting afresh)."""
-        self._wall_offset = 0.0
-        if self._resumed is None:
-            return 0
-        rounds_done, state = self._resumed
-        dev = self.world.device
-        part_state = {k.split("/", 1)[1]: v.numpy() for k, v in state.items() if k.startswith("participation/")}
-        if self.part is not None:
-            self.part.load_state_dict(part_state)
-        self._wall_offset = float(state.pop("runner/wall_time", torch.tensor(0.0)))
-        self.algo.load_state_dict({k: v.to(dev) for k, v in state.items()
-                                   if not k.startswith(("participation/", "runner/"))})
-        return rounds_done
+    def _flush(self) -> None:
+        if self.writer is not None:
+            self.writer.flush()
 
     def _progress(self, start: int):
         if self.world.rank != 0 or self.quiet or not self.cfg.runtime.progress or not sys.stderr.isatty():
@@ -261,41 +134,15 @@ class Runner:
 
         return tqdm(total=self.cfg.rounds, initial=start, unit="round", dynamic_ncols=True, file=sys.stderr)
 
-    def _evaluate(self, rounds_done: int, n_active: int, t0: float) -> dict[str, float]:
-        """Evaluate on rank 0; extra metrics and peak memory are collective (every rank)."""
-        from .engine.evaluate import evaluate
-
-        extra = self.algo.extra_metrics()
-        rss = self.world.max_float(peak_rss_mb())
-        row: dict[str, float] = {}
-        if self.world.rank == 0:
-            task, bs = self.task, self.cfg.evaluation.batch_size
-            for label, model in self.algo.eval_models().items():
-                sfx = f"_{label}" if label else ""
-                loss, acc = evaluate(task, self.spec, model, task.test_x, task.test_y, bs)
-                row[f"test_loss{sfx}"] = float(loss[0])
-                if acc is not None:
-                    row[f"test_acc{sfx}"] = float(acc[0])
-                if f"x{sfx}" in self.metric_names:
-                    row[f"x{sfx}"] = float(model.reshape(-1)[0])
-                if label == "" and "train_loss" in self.metric_names:
-                    x, y = task.train_x, task.train_y
-                    if self._train_subset is not None:
-                        x, y = x[self._train_subset], y[self._train_subset]
-                    loss, acc = evaluate(task, self.spec, model, x, y, bs)
-                    row["train_loss"], row["train_acc"] = float(loss[0]), float(acc[0])
-            row.update(extra)
-            row.update(round=rounds_done, n_active=n_active, wall_time=time.perf_counter() - t0, peak_rss_mb=rss)
-            self.writer.append(row, rounds_done)
-        return row
-
     def _finish(self, status: str, rounds_done: int | None) -> None:
         final = None
         if status == "completed":
-            final = self.algo.final_params()
+            final = self.components.algorithm.final_params()  # collective
             final = final.detach().float().cpu().numpy()
         if self.writer is not None:
-            self.writer.finish(status, final if self.world.rank == 0 else None, rounds_done)
+            self.writer.finish(status, final, rounds_done)
+        if status == "completed":
+            self.checkpointer.discard()
 
 
 _ABORT_GRACE_S = 5.0  # a failing rank's wait between closing its links and MPI_Abort
@@ -308,16 +155,13 @@ def _is_peer_failure(e: Exception) -> bool:
 
 
 def run(cfg: Config, world: World, out_path: str, quiet: bool = False, resume: bool = False) -> int:
-    """Run ``cfg``; return the exit code. Errors after set-up are reported with the rank."""
+    """Run ``cfg``; return 0 or 1. Errors after set-up are reported with the rank and end the
+    whole job; ``Interrupted`` (and KeyboardInterrupt) propagate to the command line."""
     runner = Runner(cfg, world, out_path, quiet, resume)
     try:
         return runner.run()
-    except KeyboardInterrupt:
-        return 3
-    except Interrupted as e:
-        if world.rank == 0:
-            print(f"fedmpi: interrupted: {e}", file=sys.stderr)
-        return e.exit_code
+    except Interrupted:  # exit 3, agreed by every rank: the command line reports it
+        raise
     except Exception as e:  # a failure on one rank must end the whole job, reported once
         if _is_peer_failure(e):  # a consequence of another rank's death: that rank reports its own error
             print(f"fedmpi: rank {world.rank}: lost contact with another rank ({type(e).__name__}); "

@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 import torch
 
+import fault_plugin
 from conftest import wait_for_rows, ROOT, fedmpi, synthetic_config, write_config
 from fedmpi import checkpoint
 from fedmpi.errors import InputError
 from fedmpi.runtime import World
+from fedmpi.state import State
 
 
 def ck_config(tmp_path, rounds=30, **over):
@@ -42,7 +44,7 @@ def test_kill9_then_resume_is_bit_identical(tmp_path):
     # a random round right after a checkpoint that follows the last evaluation (checkpoints every
     # 4 rounds, evaluations every 3): rows written since the last flush must not be lost
     kill_at = int(os.environ.get("FEDMPI_TEST_KILL_AT", np.random.default_rng().choice([8, 16, 20, 28])))
-    p = fedmpi(["run", cfg, "--out", cut, "--quiet"], check=False, env={"FEDMPI_TEST_FAULT": f"0:{kill_at}:kill"})
+    p = fedmpi(["run", cfg, "--out", cut, "--quiet"], check=False, env=fault_plugin.env(f"0:{kill_at}:kill"))
     assert p.returncode == -signal.SIGKILL
     with h5py.File(cut, "r") as f:
         assert f.attrs["status"] == "running"
@@ -82,7 +84,7 @@ def test_resume_errors(tmp_path):
     p = fedmpi(["run", cfg, "--out", out, "--resume"], check=False)
     assert p.returncode == 2 and "--resume: no checkpoint at" in p.stderr
     fedmpi(["run", cfg, "--out", out, "--quiet", "--set", "rounds=9"],
-           check=False, env={"FEDMPI_TEST_FAULT": "0:6:kill"})
+           check=False, env=fault_plugin.env("0:6:kill"))
     p = fedmpi(["run", cfg, "--out", out, "--set", "train.lr=0.3"], check=False)
     assert p.returncode == 2 and "different config" in p.stderr and len(p.stderr.strip().splitlines()) == 1
     with open(out + ".ckpt/manifest.json", "w") as fh:
@@ -96,15 +98,16 @@ def test_resharding_client_rows(tmp_path):
     folder = str(tmp_path / "ck")
     m = 10
     rows = torch.arange(m * 2, dtype=torch.float32).view(m, 2)
-    state = {"client/table": rows, "union/version/3": torch.ones(2), "x": torch.zeros(2)}
-    checkpoint.save(World(), folder, 12, "abc", m, state)
+    state = State(shared={"x": torch.zeros(2)}, clients={"table": rows}, union={"version/3": torch.ones(2)})
+    checkpoint.save(World(), folder, 12, "abc", m, {"algorithm": state})
     got = []
     for r in range(3):
-        rounds, st = checkpoint.load(World(rank=r, size=3), folder, "abc", m)
+        rounds, parts = checkpoint.load(World(rank=r, size=3), folder, "abc", m)
+        st = parts["algorithm"]
         lo, hi = World(rank=r, size=3).shard(m)
-        assert rounds == 12 and torch.equal(st["client/table"], rows[lo:hi])
-        assert torch.equal(st["union/version/3"], torch.ones(2)) and torch.equal(st["x"], torch.zeros(2))
-        got.append(st["client/table"])
+        assert rounds == 12 and torch.equal(st.clients["table"], rows[lo:hi])
+        assert torch.equal(st.union["version/3"], torch.ones(2)) and torch.equal(st.shared["x"], torch.zeros(2))
+        got.append(st.clients["table"])
     assert torch.equal(torch.cat(got), rows)
     with pytest.raises(InputError, match="different config"):
         checkpoint.load(World(), folder, "other", m)

@@ -15,11 +15,9 @@ import torch
 from torch.func import functional_call
 
 from conftest import fedmpi, synthetic_config, write_config
-from fedmpi import algorithms, config, participation
-from fedmpi.algorithms import Context
+from fedmpi import algorithms, config
+from fedmpi.build import build_run
 from fedmpi.cli import _Parser
-from fedmpi.data.task import build_task
-from fedmpi.engine.local import LocalTrainer
 from fedmpi.errors import InputError
 from fedmpi.participation import Participation
 from fedmpi.participation.pi import stationary_exact
@@ -43,11 +41,7 @@ class Scripted(Participation):
 
 def make(data: dict, part: Participation | None = None) -> algorithms.Algorithm:
     """The algorithm of config ``data`` in this process (one rank), on ``part`` or the config's sampler."""
-    cfg = config.from_dict(data)
-    task = build_task(cfg, CPU)
-    trainer = LocalTrainer(task, cfg.train, cfg.seed, cfg.task.model)
-    part = part or participation.build(cfg.availability, task.client_info(cfg.seed))
-    return algorithms.build(Context(cfg, World(), task, trainer, part))
+    return build_run(config.from_dict(data), World(), participation=part).algorithm
 
 
 def quadratic(name: str, u: list[float], lr: float, K: int, availability: dict | None = None,
@@ -88,7 +82,7 @@ def test_state_dict_round_trip():
     a, b = make(data, Scripted(4, SCRIPT)), make(data, Scripted(4, SCRIPT))
     for t in range(2):
         a.round(t)
-    b.load_state_dict({k: v.clone() for k, v in a.state_dict().items()})
+    b.load_state_dict(a.state_dict())
     assert b.counts.tolist() == [2, 1, 1, 0]
     for t in range(2, 4):
         a.round(t), b.round(t)
@@ -223,7 +217,8 @@ def test_two_ranks_identical_and_plots(tmp_path):
 
     # the plot commands on this run (pi_R of N = 12, B = 3, R = 1 is exact) and a small Figure 1
     for argv in (["freq", one, "--out", str(tmp_path / "freq.png")],
-                 ["fig1", "--N", "8", "--B", "2", "--R", "0:3:1", "--rounds", "300", "--out", str(tmp_path / "f1.png")]):
+                 ["fig1", "--N", "8", "--B", "2", "--R", "0:3:1", "--rounds", "300",
+                  "--out", str(tmp_path / "f1.png")]):
         assert plot_cli(argv) == 0
         assert open(argv[-1], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     shares, rounds, _ = markov_plots.participation_shares(one)

@@ -13,12 +13,10 @@ import pytest
 import torch
 
 from conftest import ROOT, mpiexec, write_config
-from fedmpi import algorithms, config
-from fedmpi.algorithms.base import Context
+from fedmpi import config
+from fedmpi.build import build_run
 from fedmpi.cli import main
-from fedmpi.data.task import build_task
 from fedmpi.decentral.topology import mixing_matrix
-from fedmpi.engine.local import LocalTrainer
 from fedmpi.runtime.world import World
 
 U8 = [[float(i), float(-2 * i)] for i in range(8)]  # quadratic optima u_i; mean (3.5, -7)
@@ -26,10 +24,7 @@ U8 = [[float(i), float(-2 * i)] for i in range(8)]  # quadratic optima u_i; mean
 
 def build(data: dict):
     """The algorithm of ``data`` (a config dict) on a single process, as the runner builds it."""
-    cfg = config.from_dict(data)
-    task = build_task(cfg, torch.device("cpu"))
-    trainer = LocalTrainer(task, cfg.train, cfg.seed, cfg.task.model)
-    return algorithms.build(Context(cfg, World(), task, trainer, None))
+    return build_run(config.from_dict(data), World()).algorithm
 
 
 def quadratic(name: str, **over) -> dict:
@@ -123,8 +118,8 @@ def test_quadratic_dgd_average_converges_and_consensus_falls():
     for k in range(400):
         algo.round(k)
         if k + 1 in (20, 100, 400):
-            errors.append(algo.extra_metrics()["consensus_error"])
-    assert torch.allclose(algo.x_bar, torch.tensor([3.5, -7.0]), atol=2e-3)  # mean of the u_i
+            errors.append(algo.evaluation_snapshot().metrics["consensus_error"])
+    assert torch.allclose(algo.final_params(), torch.tensor([3.5, -7.0]), atol=2e-3)  # x_bar: mean of the u_i
     assert errors[0] > errors[1] > errors[2] and errors[2] < 0.2  # without links it would be 26.25
 
 
@@ -163,7 +158,7 @@ def test_delay_on_a_hand_made_graph(tmp_path):
     dgd = make("dgd")
     dgd.round(0)
     assert dgd.delay[2] == pytest.approx(35 / 6)
-    assert algo.extra_metrics()["sim_delay"] == pytest.approx(47 / 6)
+    assert algo.evaluation_snapshot().metrics["sim_delay"] == pytest.approx(47 / 6)
     norm = make("dgd", "normalized")  # an iteration where everything fires costs exactly 1
     norm.round(0)
     assert norm.delay[2] == pytest.approx(1.0)

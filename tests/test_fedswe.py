@@ -14,10 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedmpi import algorithms, config, participation
-from fedmpi.algorithms import Context
-from fedmpi.data.task import build_task
-from fedmpi.engine.local import LocalTrainer
+from fedmpi import algorithms, config
+from fedmpi.build import build_run
 from fedmpi.participation import Participation
 from fedmpi.runtime import World
 
@@ -51,11 +49,7 @@ def quadratic_cfg(name: str, u: list, x0: float = 0.0, eta_g: float = 1.0, lr: f
 
 def build(cfg: config.Config, part: Participation | None = None) -> algorithms.Algorithm:
     """The algorithm of ``cfg`` in this process (World() = one rank), on ``part`` or the config's kind."""
-    task = build_task(cfg, CPU)
-    trainer = LocalTrainer(task, cfg.train, cfg.seed, cfg.task.model)
-    if part is None:
-        part = participation.build(cfg.availability, task.client_info(cfg.seed))
-    return algorithms.build(Context(cfg, World(), task, trainer, part))
+    return build_run(cfg, World(), participation=part).algorithm
 
 
 def scalar(x: torch.Tensor) -> float:
@@ -100,10 +94,10 @@ def test_trajectory_matches_algorithm_1(k, eta_g):
     algo = build(quadratic_cfg("fedswe", U, x0, eta_g=eta_g, k=k), Scripted(3, SCRIPT))
     for t, (x, bar, cons) in enumerate(ref):
         assert algo.round(t) == len(SCRIPT[t])
-        got = algo.eval_models()
-        assert scalar(got["server"]) == pytest.approx(x, rel=1e-5, abs=1e-5)
-        assert scalar(got[""]) == pytest.approx(bar, rel=1e-5, abs=1e-5)
-        assert algo.extra_metrics()["consensus_error"] == pytest.approx(cons, rel=1e-5, abs=1e-5)
+        snap = algo.evaluation_snapshot()
+        assert scalar(snap.models["server"]) == pytest.approx(x, rel=1e-5, abs=1e-5)
+        assert scalar(snap.models[""]) == pytest.approx(bar, rel=1e-5, abs=1e-5)
+        assert snap.metrics["consensus_error"] == pytest.approx(cons, rel=1e-5, abs=1e-5)
 
 
 def test_first_rounds_by_hand():
@@ -146,9 +140,10 @@ def test_vector_model_and_x_bar_against_explicit_client_models():
         algo.round(t)
         xs = algo.store.gather(np.arange(5)).double()
         bar = xs.mean(0)
-        assert torch.allclose(algo.eval_models()[""].double(), bar, atol=1e-6)
+        snap = algo.evaluation_snapshot()
+        assert torch.allclose(snap.models[""].double(), bar, atol=1e-6)
         cons = float((xs - bar).pow(2).sum(1).mean())
-        assert algo.extra_metrics()["consensus_error"] == pytest.approx(cons, rel=1e-6, abs=1e-9)
+        assert snap.metrics["consensus_error"] == pytest.approx(cons, rel=1e-6, abs=1e-9)
 
 
 def test_empty_round_keeps_everything():
@@ -166,11 +161,11 @@ def test_state_dict_round_trip():
         a.round(t)
     b = build(quadratic_cfg("fedswe", U, 2.0, k=1), Scripted(3, SCRIPT))
     state = a.state_dict()
-    assert all(isinstance(v, torch.Tensor) for v in state.values())
+    assert set(state.shared) == {"x"} and set(state.clients) == {"tau"} and state.union  # x^t, tau_i, versions
     b.load_state_dict(state)
     for t in range(2, 4):
         a.round(t), b.round(t)
-    assert torch.equal(a.x, b.x) and torch.equal(a.eval_models()[""], b.eval_models()[""])
+    assert torch.equal(a.x, b.x) and torch.equal(a.final_params(), b.final_params())
 
 
 # ----------------------------------------------------------------------------- paper examples
@@ -186,10 +181,10 @@ def prop14(k: int, rounds: int) -> tuple[list[float], list[float], list[float]]:
     server, bar, cons = [], [], []
     for t in range(rounds):
         algo.round(t)
-        cons.append(algo.extra_metrics()["consensus_error"])
-        out = algo.eval_models()
-        server.append(scalar(out["server"]))
-        bar.append(scalar(out[""]))
+        snap = algo.evaluation_snapshot()
+        cons.append(snap.metrics["consensus_error"])
+        server.append(scalar(snap.models["server"]))
+        bar.append(scalar(snap.models[""]))
     return server, bar, cons
 
 
@@ -216,8 +211,7 @@ def example1_time_average(which: str, rounds: int = 1000, burn_in: int = 100) ->
     for t in range(rounds):
         algo.round(t)
         if t >= burn_in:
-            algo.extra_metrics()  # what the runner does (every rank) before eval_models
-            seen.append(scalar(algo.eval_models()[""]))
+            seen.append(scalar(algo.evaluation_snapshot().models[""]))
     return float(np.mean(seen))
 
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from fedmpi.config import AvailabilityConfig, BaseProbConfig
 from fedmpi.errors import InputError
 from fedmpi.participation import ClientInfo, build
 from fedmpi.participation.markov import NEVER, Markov
+from fedmpi.state import State
 
 
 def run(chain: Markov, rounds: int, start: int = 0) -> list[np.ndarray]:
@@ -43,8 +45,10 @@ def test_state_dict_resumes_the_chain_exactly():
     for groups, B in ((None, 4), (6, 1)):
         a = Markov(weights(30), B, 3, seed=7, groups=groups)
         run(a, 100)
-        state = {k: v.copy() for k, v in a.state_dict().items()}
-        assert state["last"].dtype == np.int64 and state["last"].shape == (30,)
+        state = a.state_dict()
+        units = 30 if groups is None else groups
+        assert state.shared["last"].dtype == torch.int64 and state.shared["last"].shape == (units,)
+        state.shared["last"] = state.shared["last"].clone()  # (a view of the live chain state)
         tail = run(a, 100, start=100)
         b = Markov(weights(30), B, 3, seed=7, groups=groups)
         b.load_state_dict(state)
@@ -53,9 +57,9 @@ def test_state_dict_resumes_the_chain_exactly():
 
 
 def test_fresh_state_is_never_participated():
-    assert np.all(Markov(weights(10), 2, 1, seed=0).state_dict()["last"] == NEVER)
-    with pytest.raises(InputError, match="^checkpoint:"):
-        Markov(weights(10), 2, 1, seed=0).load_state_dict({"last": np.zeros(9, dtype=np.int64)})
+    assert np.all(Markov(weights(10), 2, 1, seed=0).state_dict().shared["last"].numpy() == NEVER)
+    with pytest.raises(InputError, match=r"^checkpoint: last has shape \(9,\), expected \(10,\)"):
+        Markov(weights(10), 2, 1, seed=0).load_state_dict(State(shared={"last": torch.zeros(9, dtype=torch.int64)}))
 
 
 def test_same_seed_same_sequence_regardless_of_anything_else():

@@ -42,6 +42,30 @@ class ScaledFedAvg(ServerAlgorithm):
         return np.full(len(local), self.params.scale / max(len(active), 1))
 '''
 
+COUNTED = '''
+import numpy as np
+
+from fedmpi.algorithms import ServerAlgorithm, register
+
+
+@register("counted_fedavg")
+class CountedFedAvg(ServerAlgorithm):
+    """FedAvg with weights 1 / (1 + n_i), n_i = past participations of client i, kept per client."""
+
+    client_state = ("seen",)  # checkpointed and re-sharded by fedmpi
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        lo, hi = ctx.shard
+        self.lo, self.seen = lo, np.zeros(hi - lo, dtype=np.int64)
+
+    def weights(self, t, active, local):
+        return 1.0 / ((1 + self.seen[local - self.lo]) * max(len(active), 1))
+
+    def after_round(self, t, active, local, start, end):
+        self.seen[local - self.lo] += 1
+'''
+
 PARTS = '''
 from dataclasses import dataclass
 
@@ -257,6 +281,28 @@ def test_plugin_on_two_ranks_and_through_the_launcher(tmp_path, plugin):
         assert np.array_equal(final(one), final(other))
         with h5py.File(other) as f:
             assert f.attrs["world_size"] == 2
+
+
+@pytest.mark.mpi
+def test_plugin_client_state_is_checkpointed_and_resharded(tmp_path, plugin):
+    """A plug-in declares per-client state only; a 1-rank run stopped by SIGUSR1 resumes on 2 ranks
+    to the uninterrupted numbers."""
+    import fault_plugin
+
+    path = plugin("counted", COUNTED)
+    data = synthetic_config(rounds=8, eval_every=2, task__clients=9)
+    data["algorithm"] = {"name": "counted_fedavg"}
+    cfg = write_config(tmp_path / "c.yaml", data)
+    full, cut = str(tmp_path / "full.h5"), str(tmp_path / "cut.h5")
+    fedmpi(["run", cfg, "--out", full, "--quiet", "--plugin", path])
+    p = fedmpi(["run", cfg, "--out", cut, "--quiet", "--plugin", path], check=False, env=fault_plugin.env("0:3:usr1"))
+    assert p.returncode == 3, p.stderr
+    with h5py.File(cut) as f:
+        assert f.attrs["status"] == "interrupted" and f.attrs["rounds_done"] == 4  # stopped after round 3
+    fedmpi(["run", cfg, "--out", cut, "--quiet", "--plugin", path, "--resume"], ranks=2)
+    assert np.array_equal(final(full), final(cut))
+    with h5py.File(full) as a, h5py.File(cut) as b:
+        assert np.array_equal(a["metrics/test_acc"][:], b["metrics/test_acc"][:])
 
 
 def test_registry_refuses_what_it_cannot_use():

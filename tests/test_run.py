@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
+import fault_plugin
 from conftest import wait_for_rows, ROOT, fedmpi, synthetic_config, write_config
 
 
@@ -185,7 +186,7 @@ def test_a_failing_rank_ends_the_job(tmp_path, how):
                                                               runtime={"timeout_s": 20, "progress": False}))
     start = time.time()
     p = fedmpi(["run", cfg, "--quiet"], ranks=2, check=False, timeout=180,
-               env={"FEDMPI_TEST_FAULT": f"1:3:{how}"})
+               env=fault_plugin.env(f"1:3:{how}"))
     assert p.returncode != 0 and time.time() - start < 150
     with h5py.File(out, "r") as f:
         assert f.attrs["status"] == "failed" and f.attrs["rounds_done"] == 3

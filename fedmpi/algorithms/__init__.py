@@ -3,4 +3,4 @@
 from . import fedavg, fedavg_all, fedknown, gfedavg, fedau, f3ast, mifa, fedvarp, fedswe  # noqa: F401
 from . import debiased  # noqa: F401
 from . import dspodfl  # noqa: F401
-from .base import Algorithm, Context, ServerAlgorithm, build, register  # noqa: F401
+from .base import Algorithm, Context, ServerAlgorithm, Snapshot, register  # noqa: F401

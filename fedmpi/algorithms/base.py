@@ -1,31 +1,53 @@
-"""The algorithm interface and the shared server-round mechanism.
+"""The algorithm contract and the shared server-round mechanism.
 
-Every algorithm is an ``Algorithm``: the runner calls ``round(t)`` on every rank for
-t = 0..T-1, then asks for the models to evaluate (``eval_models``), extra scalar metrics
-(``extra_metrics``) and the final model. A user's own algorithm subclasses ``Algorithm``
-(or ``ServerAlgorithm``), declares its parameters as a dataclass ``Params`` (a subclass of
-``AlgorithmParams``; they are the keys of the ``algorithm:`` block) and registers itself with
-``@register("name")`` -- the Flower "strategy" idea, with rank-aware state.
+An algorithm is a subclass of ``Algorithm`` (or ``ServerAlgorithm``) registered with
+``@register("name")`` -- the Flower "strategy" idea, with rank-aware state. It declares:
 
-``ServerAlgorithm`` is the centralized round of ARCHITECTURE.md:
+- ``Params``: the dataclass of its keys in the ``algorithm:`` block (a subclass of
+  ``AlgorithmParams``), read as ``self.params``;
+- ``needs_participation``: whether it runs on an availability model (``ctx.participation``);
+- ``shared_state`` / ``client_state``: the attributes a checkpoint saves (``fedmpi.state``):
+  shared = the same on every rank or the server's own (e.g. a momentum buffer), client = one
+  row per client of the rank's shard; checkpoints and re-sharding follow from the declaration;
+- ``evaluated_models`` (labels of the models ``evaluation_snapshot`` returns: ``""`` logs
+  ``test_acc``/``test_loss``, ``"server"`` logs ``test_acc_server``...), ``metrics`` (its extra
+  metric names) and ``client_rows`` (model-sized float32 rows kept per client, for the
+  up-front memory check).
 
-1. every rank computes the same available set A_t (``participation``) and the
-   algorithm may ``select`` among it;
-2. each rank trains its local active clients at once, starting from ``start_models``
-   (default: the server model x^t);
-3. ``contribution`` turns each local client's result into a float64 row; the rows of all
-   ranks are summed into rank 0, the server, in one reproducible reduction
-   (``engine.reduce``: the same bits whatever the number of ranks);
-4. the server applies ``server_update`` and broadcasts x^{t+1};
-5. ``after_round`` runs on every rank (e.g. postponed multicast, table updates).
+The runner calls (every "collective" method must be called on every rank, in the same order):
 
-Subclasses override only the steps their paper changes, so each algorithm file reads
-like its definition.
+| method | ranks | collective | may change |
+|---|---|---|---|
+| ``check_config(cfg)`` (classmethod) | every rank, before set-up | no | nothing |
+| ``__init__(ctx)`` | every rank | may be | everything |
+| ``round(t)``, t = start, ..., T-1 in order | every rank | yes | its state |
+| ``done()`` after each round | every rank; must agree | no | nothing |
+| ``last_mask()`` after each round | rank 0 | no | nothing |
+| ``evaluation_snapshot()`` at each evaluation | every rank | yes | caches only |
+| ``final_params()`` once, at the end | every rank | yes | caches only |
+| ``static_groups()`` once, fresh runs only | rank 0 | no | nothing |
+| ``state_dict()`` / ``load_state_dict(state)`` | every rank | no | load: its state |
+
+``ServerAlgorithm`` is the centralized round (docs/DESIGN.md); inside ``round(t)``:
+
+| step | ranks | what it may do |
+|---|---|---|
+| 1. ``select(t, available)`` | every rank, once per round, same input | update replicated per-round state |
+| 2. ``start_models(local)``, ``lr_scale(t, local)`` | every rank, its local active clients | read state |
+| 3. local training of those clients (``ctx.trainer``) | every rank | -- |
+| 4. ``contribution(...)`` (default ``weights``) | every rank, on blocks, twice each | nothing: pure |
+| 5. one reproducible sum of the rows into rank 0 | collective | -- |
+| 6. ``server_update(t, active, total)`` -> x^{t+1} | rank 0 only | server state |
+| 7. broadcast of x^{t+1} | collective | -- |
+| 8. ``after_round(t, active, local, start, end)`` | every rank | client and replicated state |
+
+Step 5 gives the same bits whatever the number of ranks (``engine.reduce``). Subclasses
+override only the steps their paper changes, so each algorithm file reads like its definition.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -40,6 +62,7 @@ from ..errors import InputError
 from ..participation import Participation
 from ..registry import ALGORITHMS
 from ..runtime import World
+from ..state import Stateful
 
 
 @dataclass
@@ -74,16 +97,21 @@ class Context:
         return ids[(ids >= lo) & (ids < hi)]
 
 
-class Algorithm:
-    """Base of every algorithm.
+@dataclass
+class Snapshot:
+    """What an algorithm offers at an evaluation: models to test (label -> flat model, read on
+    rank 0) and scalar metrics (final on rank 0)."""
 
-    ``Params``: the dataclass of its keys in the ``algorithm:`` block (``self.params`` holds the
-    values); ``needs_participation``: it runs on an availability model (``ctx.participation``);
-    ``metrics`` names the extra metrics it logs; ``client_rows`` is how many model-sized float32
-    rows it keeps per client (for the up-front memory check)."""
+    models: dict[str, torch.Tensor]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class Algorithm(Stateful):
+    """Base of every algorithm; the contract is in the module docstring."""
 
     Params: type[AlgorithmParams] = AlgorithmParams
     needs_participation: bool = False
+    evaluated_models: tuple[str, ...] = ("",)
     metrics: tuple[str, ...] = ()
     client_rows: int = 0
 
@@ -102,39 +130,35 @@ class Algorithm:
                              f"(leave availability.kind: always)")
 
     def round(self, t: int) -> int:
-        """Run round (iteration) t on this rank; return the number of clients that trained."""
+        """Run round (iteration) t; return the number of clients that trained (the same on every rank)."""
         raise NotImplementedError
 
-    def eval_models(self) -> dict[str, torch.Tensor]:
-        """Models to evaluate on the test set: '' -> test_acc/test_loss, 'server' -> test_acc_server."""
-        raise NotImplementedError
-
-    def extra_metrics(self) -> dict[str, float]:
-        """Scalar metrics of this algorithm (e.g. consensus_error); same value on every rank."""
-        return {}
-
-    def final_params(self) -> torch.Tensor:
-        return self.eval_models()[""]
+    def done(self) -> bool:
+        """True to stop before ``rounds`` (e.g. a delay budget)."""
+        return False
 
     def last_mask(self) -> np.ndarray | None:
         """The ids that participated in the last round (for /availability/mask)."""
         return None
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
+    def evaluation_snapshot(self) -> Snapshot:
+        """The models to test (labels ``evaluated_models``) and the extra ``metrics``."""
+        raise NotImplementedError
+
+    def final_params(self) -> torch.Tensor:
+        """The final model written to /final/params (rank 0 writes it)."""
+        return self.evaluation_snapshot().models[""]
+
+    def static_groups(self) -> dict[str, dict[str, np.ndarray]]:
+        """Result-file groups written once at the start, e.g. {'topology': {'edges': ...}}."""
         return {}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        pass
-
-    def done(self) -> bool:
-        """True to stop before ``rounds`` (e.g. a delay budget)."""
-        return False
 
 
 class ServerAlgorithm(Algorithm):
     """Centralized FL with rank 0 as the server; see the module docstring."""
 
     needs_participation = True
+    shared_state = ("x",)
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
@@ -195,17 +219,14 @@ class ServerAlgorithm(Algorithm):
         pass
 
     # ---------------------------------------------------------------- outputs
-    def eval_models(self) -> dict[str, torch.Tensor]:
-        return {"": self.x}
+    def evaluation_snapshot(self) -> Snapshot:
+        return Snapshot({"": self.x})
+
+    def final_params(self) -> torch.Tensor:
+        return self.x
 
     def last_mask(self) -> np.ndarray:
         return self.active
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {"x": self.x}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.x = state["x"].to(self.ctx.device)
 
 
 def register(name: str) -> Callable[[type[Algorithm]], type[Algorithm]]:
@@ -219,11 +240,3 @@ def register(name: str) -> Callable[[type[Algorithm]], type[Algorithm]]:
 
     return deco
 
-
-def memory_estimate(name: str, local_clients: int, d: int) -> int:
-    """Bytes of per-client model-sized state an algorithm needs on one rank."""
-    return int(ALGORITHMS.get(name).obj.client_rows) * local_clients * d * 4
-
-
-def build(ctx: Context) -> Algorithm:
-    return ALGORITHMS.get(ctx.cfg.algorithm.name).obj(ctx)

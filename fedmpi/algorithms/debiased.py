@@ -44,6 +44,7 @@ class DebiasedParams(AlgorithmParams):
 @register("debiased_fedavg")
 class DebiasedFedAvg(FedAvgActive):
     Params = DebiasedParams
+    shared_state = ("counts",)  # t_i, replicated on every rank
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
@@ -66,10 +67,3 @@ class DebiasedFedAvg(FedAvgActive):
 
     def lr_scale(self, t: int, local: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(self.nu(t, local), dtype=torch.float32)  # alpha -> alpha nu_i
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {**super().state_dict(), "counts": torch.as_tensor(self.counts)}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        super().load_state_dict(state)
-        self.counts = state["counts"].cpu().numpy().astype(np.int64).copy()

@@ -40,7 +40,8 @@ from ..decentral.sporadicity import Indicators
 from ..decentral.topology import build_graph, locality_order, relabel
 from ..engine.evaluate import evaluate
 from ..engine.store import ClientTable
-from .base import Algorithm, Context
+from ..models import has_conv
+from .base import Algorithm, Context, Snapshot
 
 _EVAL_PARAMS = 1 << 24  # at most this many parameters of (non-conv) models evaluated in one vmapped batch
 
@@ -53,6 +54,9 @@ class Decentralized(Algorithm):
     force_sgd = False    # v_i = 1 for every client (DGD, RG)
     force_links = False  # v_ij = 1 for every edge (DGD, sporadic SGD)
     client_rows = 1      # x_i: each client's own model, sharded over ranks
+    client_state = ("table.rows",)  # x_i of the local clients
+    shared_state = ("delay",)
+    evaluated_models = ("avg_model",)  # x_bar; test_acc/test_loss average the clients' own models
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
@@ -65,7 +69,6 @@ class Decentralized(Algorithm):
         self.lo, self.hi = ctx.shard
         x0 = ctx.spec.flatten(ctx.task.model).to(ctx.device)
         self.table = ClientTable(self.lo, self.hi, ctx.spec.dim, ctx.device, fill=x0)  # x_i, local clients
-        self.x_bar = x0.clone()  # mean model at the last evaluation
         self.delay = np.zeros(3)  # cumulative (processing, transmission, total) emulated delay
         self.active = np.zeros(0, np.int64)  # clients with v_i = 1 in the last iteration
         if ctx.task.classes == 0:
@@ -101,9 +104,9 @@ class Decentralized(Algorithm):
         return limit is not None and self.delay[2] >= limit
 
     # ---------------------------------------------------------------- outputs
-    def extra_metrics(self) -> dict[str, float]:
-        """Collective (every rank): x_bar, consensus error, per-client test metrics, delays."""
-        self.x_bar, consensus = self.exchanger.mean_and_consensus(self.table.rows)
+    def evaluation_snapshot(self) -> Snapshot:
+        """x_bar, consensus error, per-client test metrics (mean over clients, rank 0), delays."""
+        x_bar, consensus = self.exchanger.mean_and_consensus(self.table.rows)
         out = {"consensus_error": consensus, "sim_delay": float(self.delay[2]),
                "sim_delay_processing": float(self.delay[0]), "sim_delay_transmission": float(self.delay[1])}
         scores = self._client_scores()
@@ -111,13 +114,13 @@ class Decentralized(Algorithm):
             out["test_loss"] = float(scores[:, 0].mean())
             if "test_acc" in self.metrics:
                 out["test_acc"] = float(scores[:, 1].mean())
-        return out
+        return Snapshot({"avg_model": x_bar}, out)
 
     def _client_scores(self) -> np.ndarray | None:
         """(m, 2) test (loss, accuracy) of every client's own model, on rank 0 (None elsewhere)."""
         task, spec, x = self.ctx.task, self.ctx.spec, self.table.rows
-        conv = any(isinstance(mod, torch.nn.Conv2d) for mod in task.model.modules())
-        step = 1 if conv else max(1, _EVAL_PARAMS // spec.dim)  # conv activations dominate memory: one at a time
+        # conv activations dominate memory: one model at a time
+        step = 1 if has_conv(task.model) else max(1, _EVAL_PARAMS // spec.dim)
         parts = []
         for a in range(0, x.shape[0], step):
             loss, acc = evaluate(task, spec, x[a:a + step], task.test_x, task.test_y, self.cfg.evaluation.batch_size)
@@ -125,13 +128,8 @@ class Decentralized(Algorithm):
         rows = self.exchanger.gather_all(torch.cat(parts))
         return None if rows is None else rows.cpu().numpy()
 
-    def eval_models(self) -> dict[str, torch.Tensor]:
-        """{'avg_model': x_bar} as of the last ``extra_metrics`` (no collective: rank 0 only calls it)."""
-        return {"avg_model": self.x_bar}
-
     def final_params(self) -> torch.Tensor:
-        self.x_bar, _ = self.exchanger.mean_and_consensus(self.table.rows)  # every rank calls this
-        return self.x_bar
+        return self.exchanger.mean_and_consensus(self.table.rows)[0]  # x_bar
 
     def last_mask(self) -> np.ndarray:
         return self.active
@@ -141,11 +139,3 @@ class Decentralized(Algorithm):
         g = self.graph
         d, b = self.sporadic.probabilities(0)
         return {"topology": {"edges": g.edges, "weights": g.weights, "d": d, "b": b, "degree": g.degree}}
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {"client/x": self.table.rows, "x_bar": self.x_bar, "delay": torch.as_tensor(self.delay)}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.table.load_state_dict({"rows": state["client/x"]})
-        self.x_bar = state["x_bar"].to(self.ctx.device)
-        self.delay = state["delay"].cpu().numpy().astype(np.float64)

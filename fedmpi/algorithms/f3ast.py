@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-import torch
 
 from ..config import AlgorithmParams, opt
 from .base import Context, ServerAlgorithm, register
@@ -45,6 +44,7 @@ class F3ASTParams(AlgorithmParams):
 @register("f3ast")
 class F3AST(ServerAlgorithm):
     Params = F3ASTParams
+    shared_state = ("r",)  # replicated on every rank
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
@@ -67,10 +67,3 @@ class F3AST(ServerAlgorithm):
     def weights(self, t: int, active: np.ndarray, local: np.ndarray) -> np.ndarray:
         w = self.p[local] / self.r[local]  # p_i / r_i^{t+1}
         return w / self.K if self.authors else w
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {**super().state_dict(), "r": torch.as_tensor(self.r)}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        super().load_state_dict(state)
-        self.r = state["r"].cpu().numpy().astype(np.float64)

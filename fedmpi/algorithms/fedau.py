@@ -29,6 +29,7 @@ class FedAUParams(AlgorithmParams):
 @register("fedau")
 class FedAU(ServerAlgorithm):
     Params = FedAUParams
+    shared_state = ("c", "L_sum", "L_len")  # replicated on every rank
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
@@ -57,11 +58,3 @@ class FedAU(ServerAlgorithm):
         self.L_sum[full] += self.K
         self.L_len[full] += 1
         self.c[full] = 0
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {**super().state_dict(), "c": torch.as_tensor(self.c), "L_sum": torch.as_tensor(self.L_sum),
-                "L_len": torch.as_tensor(self.L_len)}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        super().load_state_dict(state)
-        self.c, self.L_sum, self.L_len = (state[k].cpu().numpy().astype(np.int64) for k in ("c", "L_sum", "L_len"))

@@ -37,7 +37,8 @@ import torch
 from ..config import AlgorithmParams, opt
 from ..engine.reduce import reproducible_sum, reproducible_sum_blocks
 from ..engine.store import VersionStore
-from .base import Context, ServerAlgorithm, register
+from ..state import State
+from .base import Context, ServerAlgorithm, Snapshot, register
 
 
 @dataclass
@@ -50,7 +51,9 @@ class FedSWEParams(AlgorithmParams):
 @register("fedswe")
 class FedSWE(ServerAlgorithm):
     Params = FedSWEParams
+    evaluated_models = ("", "server")  # x_bar and x^t
     metrics = ("consensus_error",)
+    client_state = ("tau",)  # (the versions x_i are saved by state_dict, once each)
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
@@ -60,7 +63,6 @@ class FedSWE(ServerAlgorithm):
         self.lo, hi = ctx.shard
         self.store = VersionStore(self.lo, hi, self.x)  # x_i of the local clients
         self.tau = np.full(hi - self.lo, -1, dtype=np.int64)  # tau_i of the local clients
-        self._x_bar, self._consensus, self._fresh = self.x.clone(), 0.0, True
 
     # ---------------------------------------------------------------- clients
     def start_models(self, local: np.ndarray) -> torch.Tensor:
@@ -94,10 +96,9 @@ class FedSWE(ServerAlgorithm):
                     start: torch.Tensor, end: torch.Tensor) -> None:
         self.tau[local - self.lo] = t  # tau_i <- t
         self.store.assign(local, self.x)  # postponed multicast: only A_t receive x^{t+1}
-        self._fresh = False
 
     # ---------------------------------------------------------------- outputs
-    def _client_mean(self) -> None:
+    def _client_mean(self) -> tuple[torch.Tensor, float]:
         """x_bar and the consensus error over all m clients (collective: call on every rank).
 
         Versions are named by tau (x_i = x^{tau_i + 1}); every rank learns how many clients
@@ -132,36 +133,25 @@ class FedSWE(ServerAlgorithm):
         spread = torch.tensor([c * float((version(client) - x_bar).pow(2).sum()) for c, client in held],
                               dtype=torch.float64, device=x_bar.device)  # count * ||x^{tau+1} - x_bar||^2
         consensus = reproducible_sum(self.world, spread.reshape(-1, 1), len(every), to_all=True) / self.m
-        self._x_bar, self._consensus, self._fresh = x_bar.float(), float(consensus[0]), True
+        return x_bar.float(), float(consensus[0])
 
-    def extra_metrics(self) -> dict[str, float]:
-        self._client_mean()  # every rank calls this at each evaluation, before eval_models
-        return {"consensus_error": self._consensus}
-
-    def eval_models(self) -> dict[str, torch.Tensor]:
-        if not self._fresh:
-            if self.world.size > 1:  # the runner calls eval_models on rank 0 only
-                raise RuntimeError("FedSWE.eval_models: call extra_metrics() on every rank first")
-            self._client_mean()
-        return {"": self._x_bar, "server": self.x}
+    def evaluation_snapshot(self) -> Snapshot:
+        x_bar, consensus = self._client_mean()
+        return Snapshot({"": x_bar, "server": self.x}, {"consensus_error": consensus})
 
     def final_params(self) -> torch.Tensor:
-        self._client_mean()  # called on every rank at the end of a run
-        return self._x_bar
+        return self._client_mean()[0]
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """Checkpoint protocol: tau_i per client, each live version once as union/version/<tau>."""
+    def state_dict(self) -> State:
+        """x^t and tau_i (declared), plus each live version once: union ``version/<tau>``."""
+        state = super().state_dict()
         taus, first = np.unique(self.tau, return_index=True)
-        versions = self.store.gather(self.lo + first)
-        return {"x": self.x, "client/tau": torch.as_tensor(self.tau),
-                **{f"union/version/{int(tau)}": v for tau, v in zip(taus, versions)}}
+        state.union.update({f"version/{int(tau)}": v for tau, v in zip(taus, self.store.gather(self.lo + first))})
+        return state
 
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+    def load_state_dict(self, state: State) -> None:
         super().load_state_dict(state)
-        self.tau = state["client/tau"].cpu().numpy().astype(np.int64).copy()
-        hi = self.lo + len(self.tau)
         dev = self.x.device
-        self.store = VersionStore(self.lo, hi, state.get("union/version/-1", self.x).to(dev))  # x_0
+        self.store = VersionStore(self.lo, self.lo + len(self.tau), state.union.get("version/-1", self.x).to(dev))
         for tau in np.unique(self.tau[self.tau >= 0]):  # x_i = x^{tau_i + 1}
-            self.store.assign(self.lo + np.flatnonzero(self.tau == tau), state[f"union/version/{int(tau)}"].to(dev))
-        self._fresh = False
+            self.store.assign(self.lo + np.flatnonzero(self.tau == tau), state.union[f"version/{int(tau)}"].to(dev))

@@ -33,6 +33,7 @@ class GFedAvgParams(AlgorithmParams):
 @register("gfedavg")
 class GFedAvg(FedAvgActive):
     Params = GFedAvgParams
+    shared_state = ("anchor",)
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
@@ -53,10 +54,3 @@ class GFedAvg(FedAvgActive):
                     start: torch.Tensor, end: torch.Tensor) -> None:
         if self._period_ends(t):
             self.anchor = self.x.clone()  # x_anchor <- x^{t+1} (the amplified, broadcast model)
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {**super().state_dict(), "anchor": self.anchor}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        super().load_state_dict(state)
-        self.anchor = state["anchor"].to(self.ctx.device)

@@ -29,6 +29,8 @@ class TableAlgorithm(ServerAlgorithm):
     """
 
     client_rows = 1  # T_j: one model-sized row per client (O(m d) overall, sharded)
+    client_state = ("table.rows",)  # T_j of the local clients
+    shared_state = ("table_sum",)  # S, used by the server
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
@@ -48,11 +50,3 @@ class TableAlgorithm(ServerAlgorithm):
                     start: torch.Tensor, end: torch.Tensor) -> None:
         if len(local):
             self.table.set(local, end - start)  # T_i <- Delta_i (float32, as stored)
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {**super().state_dict(), "client/table": self.table.rows, "table_sum": self.table_sum}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        super().load_state_dict(state)
-        self.table.load_state_dict({"rows": state["client/table"]})
-        self.table_sum = state["table_sum"].to(self.ctx.device, torch.float64)  # S, used by the server only

@@ -21,6 +21,7 @@ import numpy as np
 from .. import rng
 from ..config import AvailabilityConfig, AvailabilityParams, check_availability
 from ..registry import AVAILABILITY
+from ..state import Stateful
 
 
 @dataclass
@@ -33,8 +34,9 @@ class ClientInfo:
     group: np.ndarray | None = None  # (m,) data group of each client (partition 'groups'), else None
 
 
-class Participation:
-    """Base class; subclasses implement ``available`` and, when Bernoulli, ``probabilities``."""
+class Participation(Stateful):
+    """Base class; subclasses implement ``available`` and, when Bernoulli, ``probabilities``;
+    a stateful kind declares its ``shared_state`` (``fedmpi.state``) for checkpoints."""
 
     def __init__(self, m: int, seed: int):
         self.m = m
@@ -45,13 +47,6 @@ class Participation:
 
     def probabilities(self, t: int) -> np.ndarray | None:
         return None
-
-    def state_dict(self) -> dict[str, np.ndarray]:
-        """Chain state for checkpoints (stateless kinds: empty)."""
-        return {}
-
-    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
-        pass
 
 
 class Bernoulli(Participation):

@@ -1,4 +1,4 @@
-"""Correlated participation with a minimum separation R (debiasing paper, ALGORITHMS.md sec. 3).
+"""Correlated participation with a minimum separation R (debiasing paper, docs/ALGORITHMS.md section 3).
 
 Each round t the server draws S_t, |S_t| = B, among the clients that did NOT participate in
 rounds t-R .. t-1, with probability proportional to sum_{i in S_t} p_i over all size-B subsets
@@ -75,6 +75,8 @@ class Markov(Participation):
     t = 0, 1, 2, ... (or resumed with ``load_state_dict``); ``probabilities`` is None.
     """
 
+    shared_state = ("last",)  # the last participation round of each unit (NEVER before the first)
+
     def __init__(self, p: np.ndarray, B: int, R: int, seed: int, groups: int | None = None,
                  keys: dict[str, str] = CONFIG_KEYS):
         p = np.asarray(p, dtype=np.float64).reshape(-1)
@@ -115,16 +117,6 @@ class Markov(Participation):
         if self.group_size == 1:
             return units
         return (units[:, None] * self.group_size + np.arange(self.group_size)).ravel()
-
-    def state_dict(self) -> dict[str, np.ndarray]:
-        """The last participation round of each client (NEVER before the first)."""
-        return {"last": np.repeat(self.last, self.group_size)}
-
-    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
-        last = np.asarray(state["last"], dtype=np.int64)
-        if last.shape != (self.m,):
-            raise InputError(f"checkpoint: markov state has shape {last.shape}, expected ({self.m},)")
-        self.last = last[:: self.group_size].copy()
 
 
 def _floyd(draws: np.ndarray, n: int) -> np.ndarray:

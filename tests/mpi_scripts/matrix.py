@@ -17,6 +17,9 @@ from fedmpi.errors import Interrupted
 from fedmpi.runner import Runner
 from fedmpi.runtime import World, launched_size
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from fault_plugin import inject  # noqa: E402
+
 BASE = {
     "seed": 5, "rounds": 6, "eval_every": 3,
     "task": {"dataset": "synthetic", "clients": 12, "model": "logreg", "partition": {"kind": "dirichlet", "alpha": 0.5},
@@ -52,14 +55,11 @@ def main() -> None:
     for name in CASES:
         cfg = config.from_dict(merged(name), launched_size())
         path = os.path.join(out, f"{mode if mode != 'resume' else 'interrupt'}-{name}.h5")
-        if mode == "interrupt":
-            os.environ["FEDMPI_TEST_FAULT"] = "0:2:usr1"
+        faults = [inject("0:2:usr1")] if mode == "interrupt" else []
         try:
-            Runner(cfg, world, path, quiet=True, resume=(mode == "resume")).run()
+            Runner(cfg, world, path, quiet=True, resume=(mode == "resume"), callbacks=faults).run()
         except Interrupted:
             continue
-        finally:
-            os.environ.pop("FEDMPI_TEST_FAULT", None)
         if world.rank == 0:
             with h5py.File(path, "r") as f:
                 params[name] = f["final/params"][:]

@@ -1,0 +1,62 @@
+"""``build_run(cfg, world)``: the components of one run, built the same way by the runner, the
+tests and the benchmarks -- task (data + model), local trainer, participation model, algorithm.
+
+Every rank builds the same components for its shard of clients; nothing here communicates
+except what the algorithm's constructor does. Bad input raises ``InputError`` (the runner
+makes every rank agree on it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psutil
+import torch
+
+from .algorithms.base import Algorithm, Context
+from .config import Config
+from .data.task import Task, build_task
+from .engine.local import LocalTrainer
+from .errors import InputError
+from .participation import Participation
+from .participation import build as build_participation
+from .registry import ALGORITHMS
+from .runtime import World
+
+
+@dataclass
+class Run(Context):
+    """The algorithm's ``Context`` and the algorithm itself."""
+
+    algorithm: Algorithm | None = None
+
+
+def build_run(cfg: Config, world: World, participation: Participation | None = None,
+              task: Task | None = None) -> Run:
+    """Build every component of ``cfg`` on this rank; ``participation`` and ``task`` replace the
+    configured ones (tests script who is available, benchmarks bring synthetic tasks)."""
+    task = task if task is not None else build_task(cfg, world.device)
+    trainer = LocalTrainer(task, cfg.train, cfg.seed, model_name=cfg.task.model)
+    cls = ALGORITHMS.get(cfg.algorithm.name).obj
+    if participation is None and cls.needs_participation:
+        participation = build_participation(cfg.availability, task.client_info(cfg.seed))
+    check_memory(cfg, world, cls, task.m, trainer.spec.dim)
+    run = Run(cfg, world, task, trainer, participation)
+    run.algorithm = cls(Context(cfg, world, task, trainer, participation))
+    return run
+
+
+def check_memory(cfg: Config, world: World, cls: type[Algorithm], m: int, d: int) -> None:
+    """Refuse up front, with the estimate, an O(m d) algorithm state that cannot fit."""
+    lo, hi = world.shard(m)
+    need = int(cls.client_rows) * (hi - lo) * d * 4
+    if world.device.type == "cuda":
+        free = torch.cuda.mem_get_info(world.device)[0]
+        where = f"GPU {world.device}"
+    else:
+        free = psutil.virtual_memory().available // max(world.local_size, 1)
+        where = "host memory per rank"
+    if need > 0.9 * free:
+        raise InputError(f"algorithm.name: {cfg.algorithm.name} keeps {need / 2**30:.1f} GiB of per-client state "
+                         f"per rank ({hi - lo} clients x {d} parameters), more than the {free / 2**30:.1f} GiB "
+                         f"{where} available; use more ranks or fewer clients")

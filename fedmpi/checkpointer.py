@@ -1,0 +1,98 @@
+"""The checkpointer: the save/resume protocol of a run.
+
+What a checkpoint holds: the algorithm's and the participation model's declared state
+(``fedmpi.state``) and the wall time so far; no random-generator state, because every draw is a
+function of (seed, purpose, round, client). When: every ``runtime.checkpoint_every`` rounds and
+after a preemption signal (SIGTERM, SIGINT, SIGUSR1), which the ranks agree on at the next
+round boundary before raising ``Interrupted`` (exit 3). Resume: the same config (its
+``resume_digest``) continues from the last committed checkpoint, on any number of ranks. The
+storage format (atomic files, manifest, re-sharding) is ``fedmpi.checkpoint``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+from typing import Callable
+
+import torch
+
+from . import checkpoint
+from .build import Run
+from .errors import InputError, Interrupted
+from .state import State
+
+
+class Checkpointer:
+    """Loads the last checkpoint at construction (collective); ``after_round`` saves when due.
+
+    Use it as a context manager around the round loop: inside, preemption signals set a flag
+    instead of killing the process. ``flush`` runs on every rank before each save (rank 0
+    flushes the result file, which must hold every row up to the checkpoint)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+    def __init__(self, run: Run, out_path: str, required: bool = False, flush: Callable[[], None] = lambda: None):
+        self.run, self.flush = run, flush
+        self.folder = checkpoint.folder_for(out_path)
+        self.every = run.cfg.runtime.checkpoint_every
+        self.rounds_done, self.wall_time = 0, 0.0  # of the resumed checkpoint (0 when fresh)
+        self.signame = ""
+        self._old_handlers: dict = {}
+        loaded = checkpoint.load(run.world, self.folder, run.cfg.resume_digest(), run.m)
+        if loaded is None and required:
+            raise InputError(f"--resume: no checkpoint at {self.folder}")
+        if loaded is not None:
+            self._restore(*loaded)
+
+    def _restore(self, rounds_done: int, parts: dict[str, State]) -> None:
+        self.run.algorithm.load_state_dict(parts.get("algorithm", State()))
+        if self.run.participation is not None:
+            self.run.participation.load_state_dict(parts.get("participation", State()))
+        self.rounds_done = rounds_done
+        self.wall_time = float(parts.get("runner", State()).shared.get("wall_time", torch.tensor(0.0)))
+
+    def save(self, rounds_done: int, wall_time: float) -> None:
+        """Write a checkpoint after ``rounds_done`` rounds (every rank calls it)."""
+        self.flush()
+        parts = {"algorithm": self.run.algorithm.state_dict(),
+                 "runner": State(shared={"wall_time": torch.tensor(wall_time, dtype=torch.float64)})}
+        if self.run.participation is not None:
+            parts["participation"] = self.run.participation.state_dict()
+        checkpoint.save(self.run.world, self.folder, rounds_done, self.run.cfg.resume_digest(), self.run.m, parts)
+
+    def after_round(self, rounds_done: int, wall_time: float) -> None:
+        """Save when due; after a preemption signal on any rank, save and raise ``Interrupted``."""
+        if self._signalled():
+            self.save(rounds_done, wall_time)
+            raise Interrupted(f"signal {self.signame or 'on another rank'} at round {rounds_done}; checkpoint "
+                              f"written, run the same command again (or with --resume) to continue")
+        if self.every and rounds_done % self.every == 0:
+            self.save(rounds_done, wall_time)
+
+    def discard(self) -> None:
+        """Delete the checkpoints of a completed run (rank 0)."""
+        if self.run.world.rank == 0:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    # ------------------------------------------------------------------ preemption signals
+    def _signalled(self) -> bool:
+        """True on every rank when any rank got a signal (one tiny collective per round)."""
+        world = self.run.world
+        return world.max_float(1.0 if self.signame else 0.0) > 0 if world.size > 1 else bool(self.signame)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.signame = signal.Signals(signum).name
+
+    def __enter__(self) -> "Checkpointer":
+        for sig in self.SIGNALS:
+            try:
+                self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+            except ValueError:  # not the main thread
+                pass
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self._old_handlers.items():
+            signal.signal(sig, old)
+        self._old_handlers.clear()

@@ -1,0 +1,83 @@
+"""The evaluator: which metrics a run logs, and computing them at an evaluation.
+
+Metric names follow from the task and the algorithm's declarations: for each label of
+``algorithm.evaluated_models`` (``""`` -> no suffix) ``test_loss``, ``test_acc`` (classification),
+``x`` (a scalar model), and ``train_loss``/``train_acc`` for the main model when
+``evaluation.train``; then the algorithm's own ``metrics``; then ``n_active``, ``wall_time`` and
+``peak_rss_mb``. The result-file contract is in docs/INTERFACES.md.
+"""
+
+from __future__ import annotations
+
+import resource
+
+import numpy as np
+import psutil
+import torch
+
+from . import rng
+from .build import Run
+from .engine.evaluate import evaluate
+
+RUN_METRICS = ("n_active", "wall_time", "peak_rss_mb")
+
+
+def peak_rss_mb() -> float:
+    """Largest resident memory of this process so far (MB)."""
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return max(peak_kb / 1024.0, psutil.Process().memory_info().rss / 2**20)
+
+
+class Evaluator:
+    """Metric names (``names``) and ``evaluate``, collective: every rank calls it."""
+
+    def __init__(self, run: Run):
+        self.run = run
+        self.names = self._names()
+        self._train_subset = self._train_eval_subset()
+
+    def _names(self) -> list[str]:
+        task, cfg, algo = self.run.task, self.run.cfg, self.run.algorithm
+        scalar = task.classes == 0 and self.run.spec.dim == 1
+        names = []
+        for label in algo.evaluated_models:
+            sfx = f"_{label}" if label else ""
+            names += [f"test_loss{sfx}"] + ([f"test_acc{sfx}"] if task.classes else [])
+            if label == "" and task.classes and cfg.evaluation.train:
+                names += ["train_loss", "train_acc"]
+            if scalar:
+                names.append(f"x{sfx}")
+        return list(dict.fromkeys(names + list(algo.metrics) + list(RUN_METRICS)))
+
+    def _train_eval_subset(self) -> torch.Tensor | None:
+        k, x = self.run.cfg.evaluation.train_samples, self.run.task.train_x
+        if k is None or k >= x.shape[0]:
+            return None
+        idx = np.sort(rng.generator(self.run.cfg.seed, "train_eval").choice(x.shape[0], size=k, replace=False))
+        return torch.as_tensor(idx, device=x.device)
+
+    def evaluate(self, rounds_done: int, n_active: int, wall_time: float) -> dict[str, float]:
+        """The metrics row after ``rounds_done`` rounds (on rank 0; ``{}`` elsewhere)."""
+        snap = self.run.algorithm.evaluation_snapshot()  # collective
+        rss = self.run.world.max_float(peak_rss_mb())  # collective
+        if self.run.world.rank != 0:
+            return {}
+        task, spec, bs = self.run.task, self.run.spec, self.run.cfg.evaluation.batch_size
+        row: dict[str, float] = {}
+        for label, model in snap.models.items():
+            sfx = f"_{label}" if label else ""
+            loss, acc = evaluate(task, spec, model, task.test_x, task.test_y, bs)
+            row[f"test_loss{sfx}"] = float(loss[0])
+            if acc is not None:
+                row[f"test_acc{sfx}"] = float(acc[0])
+            if f"x{sfx}" in self.names:
+                row[f"x{sfx}"] = float(model.reshape(-1)[0])
+            if label == "" and "train_loss" in self.names:
+                x, y = task.train_x, task.train_y
+                if self._train_subset is not None:
+                    x, y = x[self._train_subset], y[self._train_subset]
+                loss, acc = evaluate(task, spec, model, x, y, bs)
+                row["train_loss"], row["train_acc"] = float(loss[0]), float(acc[0])
+        row.update(snap.metrics)
+        row.update(round=rounds_done, n_active=n_active, wall_time=wall_time, peak_rss_mb=rss)
+        return row

@@ -1,0 +1,99 @@
+"""Checkpointable state, declared once.
+
+A component (an algorithm, a participation model) lists the attributes that make up its state:
+
+- ``shared_state``: identical on every rank, or used by the server (rank 0) only -- saved from
+  rank 0, restored on every rank;
+- ``client_state``: one row per client of this rank's shard [lo, hi), in id order -- saved by
+  every rank and re-sharded on resume, onto any number of ranks.
+
+Each class lists only what it adds: the declarations of its base classes are kept. Values
+may be numpy arrays, tensors or Python numbers; a dotted name reaches into an object
+(``table.rows``). ``Stateful.state_dict`` turns them into tensors (``State``) and
+``load_state_dict`` restores each one as the type, dtype, device and shape the attribute has
+now -- this is the only place where state moves between numpy and torch. A component with
+state of another shape (FedSWE's shared model versions) extends both methods and uses
+``State.union``.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import InputError
+
+
+@dataclass
+class State:
+    """The tensors of one component: ``shared`` (written by rank 0, read by every rank),
+    ``clients`` (this rank's rows; re-sharded on load) and ``union`` (each rank holds a subset,
+    identical where they overlap; every rank reads all of them). The tensors may be views of
+    the live state: save them before the next round changes it."""
+
+    shared: dict[str, torch.Tensor] = field(default_factory=dict)
+    clients: dict[str, torch.Tensor] = field(default_factory=dict)
+    union: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class Stateful:
+    """Mixin: ``state_dict``/``load_state_dict`` from the declared attribute names."""
+
+    shared_state: tuple[str, ...] = ()
+    client_state: tuple[str, ...] = ()
+
+    def state_dict(self) -> State:
+        return State(shared={n: as_tensor(_get(self, n)) for n in declared(type(self), "shared_state")},
+                     clients={n: as_tensor(_get(self, n)) for n in declared(type(self), "client_state")})
+
+    def load_state_dict(self, state: State) -> None:
+        for kind, saved in (("shared_state", state.shared), ("client_state", state.clients)):
+            for name in declared(type(self), kind):
+                if name not in saved:
+                    raise InputError(f"checkpoint: no saved state {name!r} for {type(self).__name__} "
+                                     f"(was it written by another version?)")
+                _set(self, name, restore_like(_get(self, name), saved[name], name))
+
+
+def declared(cls: type, kind: str) -> list[str]:
+    """The names ``cls`` and its base classes declare in ``kind`` (``shared_state``/``client_state``)."""
+    names: list[str] = []
+    for klass in reversed(cls.__mro__):
+        names += [n for n in vars(klass).get(kind, ()) if n not in names]
+    return names
+
+
+def as_tensor(value: Any) -> torch.Tensor:
+    """A state value as a tensor (numpy arrays share their memory)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value))
+    if isinstance(value, (bool, int, float, np.number)):
+        return torch.tensor(value)
+    raise TypeError(f"state values must be arrays, tensors or numbers, got {type(value).__name__}")
+
+
+def restore_like(current: Any, saved: torch.Tensor, name: str) -> Any:
+    """``saved`` as a fresh copy of the type, dtype, device and shape of ``current``."""
+    shape = tuple(np.shape(current)) if not isinstance(current, torch.Tensor) else tuple(current.shape)
+    if tuple(saved.shape) != shape:
+        raise InputError(f"checkpoint: {name} has shape {tuple(saved.shape)}, expected {shape}")
+    if isinstance(current, torch.Tensor):
+        return saved.to(device=current.device, dtype=current.dtype, copy=True)
+    if isinstance(current, np.ndarray):
+        return saved.cpu().numpy().astype(current.dtype, copy=True)
+    return type(current)(saved.item())
+
+
+def _get(obj: Any, name: str) -> Any:
+    return operator.attrgetter(name)(obj)
+
+
+def _set(obj: Any, name: str, value: Any) -> None:
+    owner, _, attr = name.rpartition(".")
+    setattr(_get(obj, owner) if owner else obj, attr, value)
