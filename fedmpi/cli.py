@@ -1,4 +1,4 @@
-"""Command line: ``fedmpi run | info | plot | pi | availability`` (INTERFACES.md).
+"""Command line: ``fedmpi run | info | plot | pi | availability`` (docs/INTERFACES.md).
 
 Exit codes: 0 done; 2 bad input, with ONE line on stderr naming the key or file; 3
 interrupted (checkpointed); 1 anything else.
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 
 from . import __version__, log
+from .runtime.launcher import launched_rank
 from .errors import InputError, Interrupted
 
 
@@ -20,14 +20,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise InputError(f"{self.prog}: {message}")
-
-
-def _env_rank() -> int:
-    for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"):
-        v = os.environ.get(var)
-        if v and v.isdigit():
-            return int(v)
-    return 0
 
 
 # Subcommands implemented next to their subject: (name, module, help); each module has
@@ -123,18 +115,18 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    log.setup(_env_rank())
+    log.setup(launched_rank())
     try:
         args = build_parser().parse_args(argv)
         handler = getattr(args, "_handler", None) or {"run": _cmd_run, "info": _cmd_info,
                                                        "plot": _cmd_plot}[args.command]
         return int(handler(args) or 0)
     except InputError as e:
-        if _env_rank() == 0:
+        if launched_rank() == 0:
             print(f"fedmpi: error: {e}", file=sys.stderr)
         return e.exit_code
     except Interrupted as e:
-        if _env_rank() == 0:
+        if launched_rank() == 0:
             print(f"fedmpi: interrupted: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:

@@ -144,7 +144,8 @@ class AvailabilityConfig(AvailabilityParams):
     trace: Optional[str] = opt(None, "trace: file of available ids per round, 0/1 matrix, or on/off intervals")
     trace_format: Literal["auto", "ids", "matrix", "intervals"] = opt("auto", "trace: file format")
     schedule: Optional[Union[str, list]] = opt(
-        None, "trace: the rounds inline, one list per round (available ids, or a 0/1 row of m); a string is a trace path")
+        None,
+        "trace: the rounds inline, one list per round (available ids, or a 0/1 row of m); a string is a trace path")
 
 
 @dataclass

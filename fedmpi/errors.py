@@ -1,4 +1,4 @@
-"""Exceptions that map to the CLI's exit codes (see INTERFACES.md)."""
+"""Exceptions that map to the CLI's exit codes (see docs/INTERFACES.md)."""
 
 from __future__ import annotations
 

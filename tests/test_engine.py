@@ -171,16 +171,11 @@ def test_version_store_shares_versions():
     got = s.gather(np.array([10, 12, 19]))
     assert torch.equal(got, torch.tensor([[1.0] * 3, [2.0] * 3, [0.0] * 3]))
     s.assign(np.arange(10, 20), torch.full((3,), 5.0))
-    assert len(s.versions) == 1
-    state = s.state_dict()
-    t = VersionStore(10, 20, torch.zeros(3))
-    t.load_state_dict(state)
-    assert torch.equal(t.gather(np.array([15])), torch.full((1, 3), 5.0))
+    assert len(s.versions) == 1 and torch.equal(s.gather(np.array([15])), torch.full((1, 3), 5.0))
 
 
 def test_client_table():
     tab = ClientTable(4, 8, 2, CPU)
     tab.set(np.array([5, 7]), torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
     assert torch.equal(tab.get(np.array([7, 4])), torch.tensor([[3.0, 4.0], [0.0, 0.0]]))
-    assert torch.equal(tab.local_sum(), torch.tensor([4.0, 6.0], dtype=torch.float64))
     assert math.isclose(float(tab.rows.sum()), 10.0)

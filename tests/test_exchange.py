@@ -115,7 +115,7 @@ def test_mpi_exchange_is_bitwise_rank_independent(tmp_path):
         cmd = ["mpiexec", "--oversubscribe", "-n", str(n)] + root_flag + [sys.executable, str(SCRIPT),
                                                                           str(tmp_path / f"r{n}.npz")]
         procs[n] = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for n, p in procs.items():  # both launches run side by side (torch import dominates)
+    for p in procs.values():  # both launches run side by side (torch import dominates)
         out, _ = p.communicate(timeout=120)
         assert p.returncode == 0, out
 

@@ -29,7 +29,8 @@ def f3ast(beta: float, availability: dict, variant: str = "paper", **train):
     data = synthetic_config(seed=0, task__clients=M, task__partition={"kind": "dirichlet", "alpha": 0.3},
                             task__synthetic__samples=1200, task__synthetic__features=6, task__synthetic__classes=3,
                             train={"local_steps": 1, "lr": 0.5, "engine": "sequential", **train},
-                            algorithm={"name": "f3ast", "select": K, "rate_beta": beta, "f3ast_variant": variant}, availability=availability)
+                            algorithm={"name": "f3ast", "select": K, "rate_beta": beta, "f3ast_variant": variant},
+                            availability=availability)
     return build(config.from_dict(data))
 
 

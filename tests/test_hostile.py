@@ -17,7 +17,8 @@ from fedmpi.cli import main
 
 _values = st.one_of(st.none(), st.booleans(), st.integers(-3, 50), st.sampled_from([10**12, -10**9, 2**70]),
                     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=4),
-                    st.lists(st.integers(-1, 3), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+                    st.lists(st.integers(-1, 3), max_size=3),
+                    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
 _keys = st.sampled_from([
     "seed", "eval_every", "task.clients", "task.partition.kind", "task.partition.alpha", "task.model",
     "task.synthetic.classes", "task.synthetic.features", "train.lr", "train.batch_size", "train.local_steps",

@@ -61,7 +61,8 @@ def test_hinge_matches_multi_margin_loss():
 @pytest.mark.parametrize("name", list(ARCHS))
 def test_vmapped_grad_equals_loop(name):
     n, b = 2, 2
-    models = [build_model(name, IMG, 10, seed=s, params=MLPParams(hidden=32)).eval() for s in range(n)]  # eval: dropout off
+    small = MLPParams(hidden=32)
+    models = [build_model(name, IMG, 10, seed=s, params=small).eval() for s in range(n)]  # eval: dropout off
     stacked = {k: torch.stack([dict(m.named_parameters())[k].detach() for m in models])
                for k, _ in models[0].named_parameters()}
     gen = torch.Generator().manual_seed(0)

@@ -27,7 +27,8 @@ def test_usr1_checkpoints_and_requeues(tmp_path, template):
     # srun stand-in: drop srun's own options, run the command (one task), forward signals to it
     _shim(bin_dir, "srun", 'while [[ "$1" == --* ]]; do shift; done\n"$@" &\nchild=$!\n'
                            'trap \'kill -USR1 $child\' USR1\ntrap \'kill -TERM $child\' TERM\n'
-                           'while true; do code=0; wait $child || code=$?; kill -0 $child 2>/dev/null || exit $code; done\n')
+                           'while true; do code=0; wait $child || code=$?; '
+                           'kill -0 $child 2>/dev/null || exit $code; done\n')
     _shim(bin_dir, "scontrol", f'echo "$@" >> {tmp_path}/scontrol.log\n')
     out = tmp_path / "r.h5"
     cfg = write_config(tmp_path / "c.yaml", synthetic_config(output=str(out), rounds=100000, eval_every=2,

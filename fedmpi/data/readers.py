@@ -25,21 +25,12 @@ import numpy as np
 
 from .. import safepickle
 from ..errors import InputError
+from .arrays import DataArrays
 
 CACHE_VERSION = 1
 
 
-@dataclass
-class ImageData:
-    """A labelled image dataset: uint8 images ``(N, C, H, W)`` and int64 labels."""
-
-    x_train: np.ndarray
-    y_train: np.ndarray
-    x_test: np.ndarray
-    y_test: np.ndarray
-    classes: int
-    mean: tuple[float, ...]  # per-channel normalisation constants on the [0, 1] scale
-    std: tuple[float, ...]
+ImageData = DataArrays  # what the readers return: uint8 images (N, C, H, W) with mean/std
 
 
 class DatasetMissing(InputError):
@@ -359,7 +350,8 @@ def _read_cinic(root: str, sources: list[str]) -> dict:
     shape = images[0].shape
     for p, im in zip(sources, images):
         if im.shape != shape:
-            raise InputError(f"{p}: image is {im.shape[1]}x{im.shape[0]}, others {shape[1]}x{shape[0]} ({_CINIC_LAYOUT})")
+            raise InputError(f"{p}: image is {im.shape[1]}x{im.shape[0]}, others {shape[1]}x{shape[0]} "
+                             f"({_CINIC_LAYOUT})")
     x = np.stack(images).transpose(0, 3, 1, 2)
     classes = _cinic_classes(root)
     index = {c: i for i, c in enumerate(classes)}

@@ -40,6 +40,7 @@ from ..config import Config, DatasetParams, TaskConfig, opt
 from ..errors import InputError
 from ..participation.base import ClientInfo
 from ..registry import DATASETS
+from .arrays import DataArrays
 
 log = logging.getLogger(__name__)
 
@@ -86,27 +87,6 @@ class Task:
         moved = {f.name: getattr(self, f.name).to(device) for f in dataclasses.fields(self)
                  if isinstance(getattr(self, f.name), (torch.Tensor, torch.nn.Module))}
         return dataclasses.replace(self, **moved)
-
-
-@dataclass
-class DataArrays:
-    """What a dataset factory returns: training and test samples with int64 labels in [0, classes).
-
-    ``x``: float32 features of any shape, or uint8 images (N, C, H, W) with the per-channel
-    ``mean``/``std`` on the [0, 1] scale (then inputs are normalised on the device and
-    ``train.augment`` applies)."""
-
-    x_train: np.ndarray
-    y_train: np.ndarray
-    x_test: np.ndarray
-    y_test: np.ndarray
-    classes: int
-    mean: Optional[tuple] = None
-    std: Optional[tuple] = None
-
-    @property
-    def image(self) -> bool:
-        return self.mean is not None
 
 
 Factory = Callable[[Config], "DataArrays | Task"]
@@ -186,13 +166,12 @@ def _image_dataset(name: str) -> Factory:
         from . import readers
 
         try:
-            d = readers.load(name, cfg.task.root, cfg.task.cache_dir)
+            return readers.load(name, cfg.task.root, cfg.task.cache_dir)
         except readers.DatasetMissing as e:  # absent data only; corrupt files stay errors
             if not (name == "fmnist" and cfg.task.root is None and cfg.task.fallback_synthetic):
                 raise
             log.info("Fashion-MNIST not found (%s); using the synthetic dataset instead", e)
             return synthetic_data(cfg)
-        return DataArrays(d.x_train, d.y_train, d.x_test, d.y_test, d.classes, d.mean, d.std)
 
     load.__qualname__ = f"image_dataset_{name}"
     return load

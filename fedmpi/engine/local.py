@@ -174,7 +174,8 @@ class LocalTrainer:
         if self.path == "batched":
             if x.shape[0] == 1:  # a batch of one takes other kernels (other rounding): compute it as a pair
                 pair = self.gradients(x.expand(2, -1), xb.expand(2, *xb.shape[1:]), yb.expand(2, *yb.shape[1:]),
-                                      None if wb is None else wb.expand(2, -1), {n: k.expand(2) for n, k in keys.items()})
+                                      None if wb is None else wb.expand(2, -1),
+                                      {n: k.expand(2) for n, k in keys.items()})
                 return pair[:1]
             params = self.spec.views(x)
             g = (self._batched_grad(params, keys, xb, yb, wb) if wb is not None

@@ -7,7 +7,8 @@
 - ``ClientTable``: a dense (n_local, d) table, one row per local client (MIFA's G_j,
   FedVARP's y_j, decentralized models). O(m d) overall by design, split over ranks.
 
-Both keep float32 rows on the rank's device and expose ``state_dict`` for checkpoints.
+Both keep float32 rows on the rank's device. Checkpoints save what the algorithms declare
+(``fedmpi.state``): a ClientTable's ``rows``, FedSWE's versions by round.
 """
 
 from __future__ import annotations
@@ -50,17 +51,6 @@ class VersionStore:
     def nbytes(self) -> int:
         return sum(v.numel() * v.element_size() for v in self.versions.values())
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        ids = sorted(self.versions)
-        return {"ref": torch.as_tensor(self.ref), "version_ids": torch.as_tensor(ids, dtype=torch.int64),
-                "versions": torch.stack([self.versions[i] for i in ids]), "next": torch.tensor(self._next)}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.ref = state["ref"].cpu().numpy().astype(np.int64)
-        dev = next(iter(self.versions.values())).device
-        self.versions = {int(i): v.to(dev) for i, v in zip(state["version_ids"].tolist(), state["versions"])}
-        self._next = int(state["next"])
-
 
 class ClientTable:
     """A dense (hi - lo, d) float32 table indexed by global client id."""
@@ -75,12 +65,3 @@ class ClientTable:
     def set(self, clients: np.ndarray, values: torch.Tensor) -> None:
         self.rows[torch.as_tensor(clients - self.lo, device=self.rows.device)] = values
 
-    def local_sum(self) -> torch.Tensor:
-        """Sum of this rank's rows in float64 (reduce over ranks for the global sum)."""
-        return self.rows.double().sum(0)
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {"rows": self.rows}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self.rows = state["rows"].to(self.rows.device)

@@ -1,4 +1,4 @@
-"""Time-varying Bernoulli availability: p_i^t = clip(p_i * f_i(t), 0, 1) (ALGORITHMS.md section 1).
+"""Time-varying Bernoulli availability: p_i^t = clip(p_i * f_i(t), 0, 1) (docs/ALGORITHMS.md section 1).
 
 Kinds (period P = ``availability.period``):
 

@@ -208,7 +208,7 @@ def load_trace(path: str, fmt: str, m: int, seed: int = 0) -> Trace:
         raise InputError(f"{_KEY}: {path}: cannot read ({e.__class__.__name__})") from None
     try:
         fmt = _guess(path, data, m) if fmt == "auto" else fmt
-        binary = data.startswith(b"\x93NUMPY") or data.startswith(b"\x80")
+        binary = data.startswith((b"\x93NUMPY", b"\x80"))
         if fmt == "matrix" and data.startswith(b"\x93NUMPY"):
             return Trace.from_rounds(m, seed, _check_matrix(np.load(io.BytesIO(data), allow_pickle=False), m))
         if fmt == "intervals":

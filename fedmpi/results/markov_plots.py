@@ -168,7 +168,8 @@ def parse_r_list(text: str, r_max: int) -> list[int]:
         else:
             Rs = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise InputError(f"--R: expected 'R1,R2,...' or 'LO:HI:STEP' with LO <= HI and STEP >= 1, got {text!r}") from None
+        raise InputError(f"--R: expected 'R1,R2,...' or 'LO:HI:STEP' with LO <= HI and STEP >= 1, "
+                         f"got {text!r}") from None
     bad = [r for r in Rs if not 0 <= r <= r_max]
     if not Rs or bad:
         raise InputError(f"--R: values must be in 0..{r_max} (M - 1), got {text!r}")

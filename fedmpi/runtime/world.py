@@ -30,16 +30,7 @@ import torch.distributed as dist
 
 from ..errors import InputError
 
-_SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS")
-
-
-def launched_size() -> int:
-    """World size announced by the launcher's environment (1 when none)."""
-    for var in _SIZE_VARS:
-        v = os.environ.get(var)
-        if v and v.isdigit():
-            return int(v)
-    return 1
+from .launcher import launched_size
 
 
 def keep_freed_memory() -> bool:

@@ -1,0 +1,13 @@
+"""An example fedmpi plug-in: an algorithm, a model and a dataset, each with its own parameters.
+
+Load it with ``fedmpi run CONFIG --plugin examples/fedmpi_examples`` (or
+``FEDMPI_PLUGINS=examples/fedmpi_examples``, or ``pip install -e examples`` for the entry point
+``fedmpi.plugins``). Importing the package registers:
+
+- algorithm ``fedavgm``: FedAvg with server momentum ``algorithm.beta`` (``fedavgm.py``);
+- model ``resmlp``: an MLP with residual blocks, ``task.width`` and ``task.blocks`` (``model.py``);
+- dataset ``spirals``: interleaved 2-D spirals from numpy arrays, ``task.spiral_samples``,
+  ``task.arms``, ``task.noise`` (``dataset.py``).
+"""
+
+from . import dataset, fedavgm, model  # noqa: F401  (each registers its component)

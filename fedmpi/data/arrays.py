@@ -1,0 +1,29 @@
+"""``DataArrays``: what every dataset provides, before partitioning and device placement."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+
+@dataclass
+class DataArrays:
+    """Training and test samples with int64 labels in [0, classes).
+
+    ``x``: float32 features of any shape, or uint8 images (N, C, H, W) with the per-channel
+    ``mean``/``std`` on the [0, 1] scale (then inputs are normalised on the device and
+    ``train.augment`` applies)."""
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    classes: int
+    mean: Optional[tuple] = None
+    std: Optional[tuple] = None
+
+    @property
+    def image(self) -> bool:
+        return self.mean is not None
