@@ -185,7 +185,12 @@ class RuntimeConfig:
     timeout_s: float = opt(300.0, "collective timeout: a dead rank ends the job after this", gt=0)
     checkpoint_every: int = opt(0, "rounds between checkpoints; 0 = off", ge=0)
     log_availability: bool = opt(False, "store the per-round participation mask")
-    progress: bool = opt(True, "tqdm progress bar on rank 0 (only on a TTY)")
+    progress: bool = opt(True, "progress on rank 0's stderr: a tqdm bar on a TTY, else one line per evaluation")
+    flush_s: float = opt(5.0, "write buffered result rows to the HDF5 file at most every N seconds "
+                              "(and at checkpoints and the end)", ge=0)
+    csv: bool = opt(False, "also write the metric rows to a CSV file next to the result file (RUN.csv)")
+    tensorboard: Optional[str] = opt(None, "also log the metrics as TensorBoard scalars under this folder "
+                                           "(needs the tensorboard package: fedmpi[tensorboard])")
 
 
 @dataclass
@@ -194,7 +199,8 @@ class Config:
     seed: int = opt(0, "seed of every random stream", ge=0, le=2**64 - 1)
     rounds: int = opt(100, "global rounds (centralized) or iterations (decentralized)", ge=0)
     eval_every: int = opt(5, "evaluate every N rounds (and after the last)", ge=1)
-    output: Optional[str] = opt(None, "result file; null = runs/{name}-s{seed}.h5")
+    output: Optional[str] = opt(None, "result file, {dotted.key} placeholders allowed; "
+                                      "null = runs/{name}-{algorithm.name}-s{seed}.h5")
     task: TaskConfig = opt(TaskConfig(), "data, partition and model")
     train: TrainConfig = opt(TrainConfig(), "local training")
     algorithm: AlgorithmConfig = opt(AlgorithmConfig(), "algorithm and its parameters")
@@ -206,7 +212,12 @@ class Config:
 
     @property
     def output_path(self) -> str:
-        return self.output or f"runs/{self.name}-s{self.seed}.h5"
+        """The result file: ``output`` (or its default) with ``{dotted.key}`` placeholders filled in."""
+        from .results.paths import fill_placeholders
+
+        if self.output is not None and not self.output.strip():
+            raise InputError("output: empty result path (give a file name, or null for the default)")
+        return fill_placeholders(self.output or DEFAULT_OUTPUT, self.to_dict(), "output")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -222,6 +233,7 @@ class Config:
 
 
 
+DEFAULT_OUTPUT = "runs/{name}-{algorithm.name}-s{seed}.h5"
 DECENTRALIZED = ("dspodfl", "dgd", "rg", "sporadic_sgd", "dfedavg")
 
 

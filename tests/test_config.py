@@ -21,7 +21,7 @@ def err(data: dict, world_size: int = 1) -> str:
 def test_defaults_are_valid_and_typed():
     cfg = config.from_dict({})
     assert cfg.rounds == 100 and isinstance(cfg.train.lr, float)
-    assert cfg.output_path == "runs/run-s0.h5"
+    assert cfg.output_path == "runs/run-fedavg_active-s0.h5"
     assert cfg.algorithm.name == "fedavg_active"
 
 

@@ -196,6 +196,6 @@ def test_a_failing_rank_ends_the_job(tmp_path, how):
 def test_plot_labels_tell_groups_apart():
     from fedmpi.results.plot import _labels
 
-    labels = _labels([{"name": "p", "algorithm": {"name": "fedswe", "k": 0}},
-                      {"name": "p", "algorithm": {"name": "fedswe", "k": 100}}])
-    assert labels == ["p (fedswe) k=0", "p (fedswe) k=100"]
+    labels = _labels([{"name": "p", "algorithm.name": "fedswe", "algorithm.k": 0},
+                      {"name": "p", "algorithm.name": "fedswe", "algorithm.k": 100}])
+    assert labels == ["p (fedswe) algorithm.k=0", "p (fedswe) algorithm.k=100"]
