@@ -54,8 +54,8 @@ def _command_in(argv: list[str]) -> str | None:
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser; the arguments of an extension command are added only when ``argv`` names it
-    (all of them when ``argv`` is None)."""
-    wanted = _command_in(argv) if argv is not None else None
+    (every command's when ``argv`` is None)."""
+    wanted = _command_in(argv) if argv is not None else "*"
     p = _Parser(prog="fedmpi", description="Emulate federated-learning clusters with MPI ranks.")
     p.add_argument("--version", action="version", version=f"fedmpi {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -86,7 +86,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
     for name, module, text in _EXTENSIONS:
         sp = sub.add_parser(name, help=text)
-        if wanted is not None and wanted != name:
+        if wanted not in ("*", name):
             continue  # not this command: its module stays unimported
         try:
             mod = importlib.import_module(module, __package__)

@@ -27,11 +27,13 @@ def _duration(seconds: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
-def _columns(stream: TextIO) -> int:
+def _usable_terminal(stream: TextIO) -> bool:
+    """False for a terminal that reports (almost) no size: tqdm would then draw nothing."""
     try:
-        return os.get_terminal_size(stream.fileno()).columns
+        size = os.get_terminal_size(stream.fileno())
     except (OSError, ValueError, AttributeError):
-        return 0
+        return False
+    return size.columns >= 20 and size.lines >= 2
 
 
 def summary(row: dict[str, Any]) -> str:
@@ -51,9 +53,9 @@ class Progress:
         if bar:
             from tqdm import tqdm
 
-            wide = _columns(self.stream) >= 20
+            sized = _usable_terminal(self.stream)  # else a fixed 80 x 24 (tqdm hides bars on a 0 x 0 pty)
             self._bar = tqdm(total=total, initial=start, unit="round", file=self.stream, desc=label or None,
-                             dynamic_ncols=wide, ncols=None if wide else 80)
+                             dynamic_ncols=sized, ncols=None if sized else 80, nrows=None if sized else 24)
 
     def update(self, rounds: int = 1) -> None:
         """``rounds`` more rounds are done."""
