@@ -405,8 +405,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    from .runtime.world import launched_size
-
     if args.jobs < 1:
         raise InputError(f"--jobs: must be >= 1, got {args.jobs}")
     if args.out is not None and not args.out.strip():
@@ -422,6 +420,8 @@ def run_cli(args: argparse.Namespace) -> int:
         for c in sweep.cells:
             print(f"{c.index:>4}  {c.path}  {assignments(c.overrides)}")
         return 0
+    from .runtime.world import launched_size  # (imports torch: not needed for the listings above)
+
     size = launched_size()
     if args.index is not None:
         if not 0 <= args.index < len(sweep.cells):
