@@ -40,10 +40,10 @@ def agree(world: World, fn: Callable[[], object]) -> object:
     try:
         out = fn()
     except InputError as e:
-        err, out = str(e), None
-    errors = [e for e in world.allgather_obj(err) if e is not None]
+        err, out = e, None
+    errors = [e for e in world.allgather_obj(None if err is None else str(err)) if e is not None]
     if errors:
-        raise InputError(errors[0])
+        raise err if err is not None else InputError(errors[0])  # a rank keeps its own error's type
     return out
 
 

@@ -346,13 +346,19 @@ def run_parallel(sweep: Sweep, cells: list[Cell], jobs: int, quiet: bool, out_gi
             busy[p] = None
 
         def give(p: subprocess.Popen) -> None:
+            busy[p] = None
             if todo and not (stopping or halt):
-                busy[p] = todo.pop(0)
-                p.stdin.write(f"{busy[p]}\n")
-                p.stdin.flush()
-            else:
-                busy[p] = None
+                try:
+                    p.stdin.write(f"{todo[0]}\n")
+                    p.stdin.flush()
+                    busy[p] = todo.pop(0)
+                    return
+                except BrokenPipeError:  # the worker is gone; its end of the pipe shows up below
+                    pass
+            try:
                 p.stdin.close()
+            except BrokenPipeError:
+                pass
 
         for p in procs:
             give(p)

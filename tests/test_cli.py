@@ -46,10 +46,13 @@ def test_broken_pipe_is_quiet(tmp_path):
     assert proc.wait(timeout=60) == 0 and err == ""
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["info", "FILE"], ["table", "FILE"], ["export", "FILE", "--out", "-"]])
+@pytest.mark.parametrize("argv", [["--help"], ["info", "FILE"], ["table", "FILE"], ["export", "FILE", "--out", "-"],
+                                  ["sweep", "SWEEP", "--status"], ["sweep", "SWEEP", "--print-array-size"]])
 def test_commands_on_result_files_do_not_import_torch(tmp_path, argv):
     f = fake_result(tmp_path / "a.h5", {"round": ROUNDS, "test_acc": [0.1, 0.2, 0.3]})
-    argv = [f if a == "FILE" else a for a in argv]
+    sweep = tmp_path / "s.sweep.yaml"
+    sweep.write_text(f"base: {ROOT}/configs/quickstart.yaml\nout: {tmp_path}\ngrid: {{seed: [0, 1]}}\n")
+    argv = [{"FILE": f, "SWEEP": str(sweep)}.get(a, a) for a in argv]
     p = _py("import sys\nfrom fedmpi.cli import main\n"
             f"try:\n    code = main({argv!r})\nexcept SystemExit as e:\n    code = e.code\n"
             "print('torch' in sys.modules, 'matplotlib' in sys.modules, code)")

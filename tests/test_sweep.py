@@ -109,6 +109,19 @@ def test_status_of_every_state(tmp_path, capsys):
     assert sweep.cell_state(s.cells[3])[0] == "not started"
 
 
+def test_a_cell_another_process_writes_is_skipped(tmp_path, capsys):
+    path = _sweep_file(tmp_path, variants=None)
+    cells = sweep.load(path).cells
+    held = hdf5.claim(cells[0].path, "x")
+    try:
+        assert main(["sweep", path]) == 0
+        err = capsys.readouterr().err
+        assert "cell 0 (seed=0) is being run by another process; skipped" in err
+        assert [sweep.cell_state(c)[0] for c in cells] == ["running", "done"]
+    finally:
+        held.release(discard=True)
+
+
 def test_interrupted_cell_resumes_from_its_checkpoint(tmp_path):
     path = _sweep_file(tmp_path, set={"rounds": 8, "runtime.checkpoint_every": 2})
     s = sweep.load(path)
@@ -130,6 +143,24 @@ def test_parallel_workers_give_the_same_results(tmp_path):
     fedmpi(["sweep", path, "--out", seq, "--quiet"])
     for c in sweep.load(path).cells:
         _same_numbers(c.path, c.path.replace(str(tmp_path / "out"), seq))
+
+
+def test_parallel_sweep_preempted(tmp_path):
+    """SIGTERM to `fedmpi sweep -j 2` reaches the workers: each running cell checkpoints and the sweep exits 3."""
+    from conftest import wait_for_rows
+
+    path = _sweep_file(tmp_path, set={"rounds": 100000, "runtime.checkpoint_every": 50, "runtime.flush_s": 0})
+    cells = sweep.load(path).cells
+    proc = subprocess.Popen([sys.executable, "-m", "fedmpi", "sweep", path, "-j", "2", "--quiet"], cwd=ROOT,
+                            env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    wait_for_rows(cells[0].path, 2)
+    wait_for_rows(cells[1].path, 2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 3, err
+    assert [sweep.cell_state(c)[0] for c in cells] == ["interrupted", "interrupted", "not started", "not started"]
+    assert all(os.path.exists(c.path + ".ckpt/manifest.json") for c in cells[:2])
 
 
 def test_index_and_array_size(tmp_path, capsys):
