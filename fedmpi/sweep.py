@@ -46,7 +46,8 @@ from .errors import InputError
 from .results.paths import assignments, value_text
 
 _TOP_KEYS = ("base", "out", "set", "variants", "grid", "table")
-STATES = ("done", "running", "interrupted", "failed", "not started")
+STATES = ("done", "running", "interrupted", "failed", "not started", "outdated")
+_NOT_COMPARED = ("output", "runtime")  # a cell's file may differ from the sweep in these keys only
 
 
 @dataclass
@@ -59,6 +60,7 @@ class Cell:
     values: dict[str, Any]       # the grid values of this cell (dotted key -> value)
     overrides: dict[str, Any]    # everything applied on top of the base config
     path: str                    # the result file
+    expected: dict = field(default_factory=dict, repr=False)  # its config, flat, without output/runtime
 
 
 @dataclass
@@ -156,9 +158,27 @@ def load(path: str, out: str | None = None) -> Sweep:
     if not isinstance(table, dict):
         raise InputError(f"{path}: table: must be a mapping (see fedmpi table --help)")
     sweep = Sweep(path, base, folder, cells, list(grid), [v[0] for v in variants if v[1] is not None], table)
-    for c in cells:
-        sweep.config(c)  # every cell's config is valid before anything runs
+    for c in cells:  # every cell's config is valid before anything runs
+        c.expected = _comparable(sweep.config(c).to_dict())
     return sweep
+
+
+def _comparable(config_dict: dict) -> dict:
+    from .results.reader import flatten
+
+    return {k: v for k, v in flatten(config_dict).items() if k.split(".", 1)[0] not in _NOT_COMPARED}
+
+
+def _first_difference(cell: Cell, stored_yaml: str) -> str | None:
+    """The first key where a finished cell's stored config differs from what the sweep asks now."""
+    try:
+        stored = _comparable(yaml.safe_load(stored_yaml) or {})
+    except yaml.YAMLError:
+        return "config"
+    for k in dict.fromkeys([*cell.expected, *stored]):
+        if repr(cell.expected.get(k)) != repr(stored.get(k)):
+            return f"{k}: {stored.get(k)!r} in the file, {cell.expected.get(k)!r} in the sweep"
+    return None
 
 
 def _stem(path: str) -> str:
@@ -197,7 +217,8 @@ def _variants(data: Any, path: str, grid: dict) -> list[tuple[str, dict | None]]
 
 def cell_state(cell: Cell) -> tuple[str, int]:
     """(one of STATES, rounds done in the file). A file left 'running' by a killed run is
-    'interrupted': it resumes from its checkpoint (or restarts) when the sweep runs again."""
+    'interrupted': it resumes from its checkpoint (or restarts) when the sweep runs again. A
+    completed file whose config is no longer the cell's (the sweep file changed) is 'outdated'."""
     from .results.hdf5 import is_locked, peek
 
     status, attrs = peek(cell.path)
@@ -207,10 +228,16 @@ def cell_state(cell: Cell) -> tuple[str, int]:
     if is_locked(cell.path):
         return "running", rounds
     if status == "completed":
-        return "done", rounds
+        return ("outdated" if cell.expected and _first_difference(cell, str(attrs.get("config", ""))) else "done"), rounds
     if status in ("running", "interrupted"):
         return "interrupted", rounds
     return "failed", rounds
+
+
+def peek_config(path: str) -> str:
+    from .results.hdf5 import peek
+
+    return str(peek(path)[1].get("config", ""))
 
 
 def status_text(sweep: Sweep) -> str:
@@ -439,6 +466,11 @@ def run_cli(args: argparse.Namespace) -> int:
                          "to run one cell on all ranks")
     if args.worker:
         return _serve(sweep, args.quiet, args.threads)
+    for c in sweep.cells:
+        if cell_state(c)[0] == "outdated":
+            raise InputError(f"{c.path}: holds a completed run of another config than cell {c.index} of the sweep "
+                             f"({_first_difference(c, peek_config(c.path))}); delete it, or give the sweep "
+                             f"another out folder")
     todo = [c for c in sweep.cells if cell_state(c)[0] != "done"]
     _say(args.quiet, f"{len(sweep.cells)} cells in {sweep.folder}: {len(sweep.cells) - len(todo)} done, "
                      f"{len(todo)} to run" + (f" with {args.jobs} processes" if args.jobs > 1 and todo else ""))

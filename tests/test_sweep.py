@@ -109,6 +109,17 @@ def test_status_of_every_state(tmp_path, capsys):
     assert sweep.cell_state(s.cells[3])[0] == "not started"
 
 
+def test_a_changed_sweep_does_not_reuse_finished_cells(tmp_path, capsys):
+    path = _sweep_file(tmp_path, variants=None, grid={"seed": [0]})
+    assert main(["sweep", path, "--quiet"]) == 0
+    changed = _sweep_file(tmp_path, variants=None, grid={"seed": [0]}, set={"train.lr": 0.3, "runtime.csv": True})
+    assert [sweep.cell_state(c)[0] for c in sweep.load(changed).cells] == ["outdated"]
+    assert main(["sweep", changed]) == 2
+    assert "train.lr: 0.1 in the file, 0.3 in the sweep" in capsys.readouterr().err
+    runtime_only = _sweep_file(tmp_path, variants=None, grid={"seed": [0]}, set={"runtime.csv": True})
+    assert [sweep.cell_state(c)[0] for c in sweep.load(runtime_only).cells] == ["done"]
+
+
 def test_a_cell_another_process_writes_is_skipped(tmp_path, capsys):
     path = _sweep_file(tmp_path, variants=None)
     cells = sweep.load(path).cells

@@ -137,13 +137,16 @@ def gather(inputs: list[str], partial: bool = False, folder: str | None = None) 
     skipped = 0
     for inp in inputs:
         if _is_sweep(inp):
-            from ..sweep import load as load_sweep
+            from ..sweep import cell_state, load as load_sweep
 
             sweep = load_sweep(inp, folder)
             spec = sweep.table if len(inputs) == 1 else {}
             from_sweep = True
             for c in sweep.cells:
-                if os.path.exists(c.path):
+                if cell_state(c)[0] == "outdated":
+                    print(f"fedmpi table: left out {c.path}: its config is no longer that of the sweep's cell",
+                          file=sys.stderr)
+                elif os.path.exists(c.path):
                     runs.append(Run(load(c.path), {"variant": c.variant}))
         elif os.path.isdir(inp):
             files = sorted(glob.glob(os.path.join(inp, "**", "*.h5"), recursive=True))
