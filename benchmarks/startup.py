@@ -4,8 +4,10 @@
 
 Each command runs REPEATS times (default 5) in a fresh interpreter; the median wall time is
 printed with its ratio to ``python -c "import torch"``, measured in the same run. ``fedmpi
---help``, ``info``, ``table`` and ``sweep --status`` import only the module of their command
+--help``, ``info``, ``table`` and ``sweep --list`` import only the module of their command
 (fedmpi/cli.py), so they should stay well below 1 (they load h5py and numpy, not torch).
+(``sweep --status`` checks every cell's config against the registries of algorithms, models
+and datasets, which imports torch.)
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def main() -> None:
         for name, args in (("fedmpi --help", ["-m", "fedmpi", "--help"]),
                            ("fedmpi info RUN", ["-m", "fedmpi", "info", run]),
                            ("fedmpi table RUN", ["-m", "fedmpi", "table", run]),
-                           ("fedmpi sweep --status", ["-m", "fedmpi", "sweep", sweep, "--status"])):
+                           ("fedmpi sweep --list", ["-m", "fedmpi", "sweep", sweep, "--list"])):
             t = wall(args, repeats)
             print(f"{name:<24} {t:.2f} s  = {t / base:.2f} x import torch")
 

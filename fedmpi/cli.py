@@ -14,7 +14,7 @@ import importlib
 import os
 import sys
 
-from . import __version__
+from . import __version__, log
 from .errors import InputError, Interrupted
 
 
@@ -72,6 +72,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                    help="continue from the last checkpoint (required to exist; a run also resumes by itself "
                         "when a checkpoint of the same config is present)")
     r.add_argument("--quiet", action="store_true", help="no progress bar or progress lines")
+    r.add_argument("--plugin", dest="plugins", action="append", default=[], metavar="PATH_OR_MODULE",
+                   help="import a plug-in (a .py file, a package folder or a module name) that registers "
+                        "algorithms, models, datasets or availability kinds; repeatable (also $FEDMPI_PLUGINS)")
 
     i = sub.add_parser("info", help="status, rounds and last metrics of result files (several: compared)")
     i.add_argument("files", nargs="+")
@@ -121,13 +124,14 @@ def execute(cfg, out: str, *, quiet: bool = False, resume: bool = False, overwri
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from . import config
+    from . import config, plugins
     from .runtime import launched_size
 
     if args.out is not None and not args.out.strip():
         raise InputError("--out: empty result path")
     if args.overwrite and args.resume:
         raise InputError("--overwrite: cannot be combined with --resume (one starts afresh, the other continues)")
+    plugins.load(args.plugins)  # on every rank, before the config is checked against the registries
     cfg = config.load(args.config, args.overrides, world_size=launched_size())
     out = args.out or cfg.output_path
     code = execute(cfg, out, quiet=args.quiet, resume=args.resume, overwrite=args.overwrite,
@@ -174,6 +178,7 @@ def _quiet_broken_pipe() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    log.setup(_env_rank())
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = build_parser(argv).parse_args(argv)

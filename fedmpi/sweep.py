@@ -112,8 +112,9 @@ def _flat_overrides(data: Any, where: str) -> dict[str, Any]:
     return out
 
 
-def load(path: str, out: str | None = None) -> Sweep:
-    """Read and check a sweep file; every cell's config is validated too (exit 2 naming the cell)."""
+def load(path: str, out: str | None = None, validate: bool = True) -> Sweep:
+    """Read and check a sweep file; every cell's config is validated too (exit 2 naming the cell)
+    unless ``validate`` is false (listings that need only the cells' overrides and paths)."""
     try:
         with open(path, encoding="utf-8") as fh:
             data = yaml.safe_load(fh)
@@ -158,7 +159,7 @@ def load(path: str, out: str | None = None) -> Sweep:
     if not isinstance(table, dict):
         raise InputError(f"{path}: table: must be a mapping (see fedmpi table --help)")
     sweep = Sweep(path, base, folder, cells, list(grid), [v[0] for v in variants if v[1] is not None], table)
-    for c in cells:  # every cell's config is valid before anything runs
+    for c in cells if validate else ():  # every cell's config is valid before anything runs
         c.expected = _comparable(sweep.config(c).to_dict())
     return sweep
 
@@ -343,12 +344,14 @@ def _serve(sweep: Sweep, quiet: bool, threads: int | None) -> int:
     return 0
 
 
-def run_parallel(sweep: Sweep, cells: list[Cell], jobs: int, quiet: bool, out_given: str | None) -> int:
+def run_parallel(sweep: Sweep, cells: list[Cell], jobs: int, quiet: bool, out_given: str | None,
+                 plugins: list[str] = ()) -> int:
     """``jobs`` worker processes take the cells one at a time (each imports torch once)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     threads = max(1, cores // jobs)
     cmd = [sys.executable, "-m", "fedmpi", "sweep", sweep.file, "--worker", "--threads", str(threads)]
     cmd += (["--out", out_given] if out_given is not None else []) + (["--quiet"] if quiet else [])
+    cmd += [a for p in plugins for a in ("--plugin", p)]
     env = dict(os.environ, FEDMPI_PROGRESS="lines")
     todo = [c.index for c in cells]
     procs: list[subprocess.Popen] = []
@@ -433,6 +436,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cells run at once, each in its own process with cores/J threads (default 1)")
     parser.add_argument("--out", help="folder of the result files (default: the sweep's out, or runs/<sweep name>)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument("--plugin", dest="plugins", action="append", default=[], metavar="PATH_OR_MODULE",
+                        help="import a plug-in before reading the configs (as fedmpi run --plugin); repeatable")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, help=argparse.SUPPRESS)
 
@@ -442,7 +447,12 @@ def run_cli(args: argparse.Namespace) -> int:
         raise InputError(f"--jobs: must be >= 1, got {args.jobs}")
     if args.out is not None and not args.out.strip():
         raise InputError("--out: empty folder path")
-    sweep = load(args.sweep, args.out)
+    from . import plugins
+
+    listing = args.print_array_size or args.list
+    if not listing:
+        plugins.load(args.plugins)  # every rank, before the cells' configs are checked
+    sweep = load(args.sweep, args.out, validate=not listing)
     if args.print_array_size:
         print(len(sweep.cells))
         return 0
@@ -475,7 +485,7 @@ def run_cli(args: argparse.Namespace) -> int:
     _say(args.quiet, f"{len(sweep.cells)} cells in {sweep.folder}: {len(sweep.cells) - len(todo)} done, "
                      f"{len(todo)} to run" + (f" with {args.jobs} processes" if args.jobs > 1 and todo else ""))
     if args.jobs > 1 and len(todo) > 1:
-        code = run_parallel(sweep, todo, args.jobs, args.quiet, args.out)
+        code = run_parallel(sweep, todo, args.jobs, args.quiet, args.out, args.plugins)
     else:
         code = run_sequential(sweep, todo, args.quiet, args.threads)
     states = [cell_state(c)[0] for c in sweep.cells]

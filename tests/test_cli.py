@@ -47,7 +47,7 @@ def test_broken_pipe_is_quiet(tmp_path):
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["info", "FILE"], ["table", "FILE"], ["export", "FILE", "--out", "-"],
-                                  ["sweep", "SWEEP", "--status"], ["sweep", "SWEEP", "--print-array-size"]])
+                                  ["sweep", "SWEEP", "--print-array-size"], ["sweep", "SWEEP", "--list"]])
 def test_commands_on_result_files_do_not_import_torch(tmp_path, argv):
     f = fake_result(tmp_path / "a.h5", {"round": ROUNDS, "test_acc": [0.1, 0.2, 0.3]})
     sweep = tmp_path / "s.sweep.yaml"
