@@ -427,8 +427,10 @@ def parse_override(item: str) -> tuple[str, Any]:
         raise InputError(f"--set {k}: value {v!r} is not valid YAML") from None
 
 
-def load(path: str | None = None, overrides: list[str] | None = None, world_size: int = 1) -> Config:
-    """Read a YAML file (or nothing), apply ``--set`` overrides, validate everything."""
+def load(path: str | None = None, overrides: list[str] | None = None, world_size: int = 1,
+         values: dict[str, Any] | None = None) -> Config:
+    """Read a YAML file (or nothing), apply ``--set`` overrides (then ``values``: dotted key ->
+    value, as a sweep cell's), validate everything."""
     data: Any = {}
     if path is not None:
         try:
@@ -450,6 +452,8 @@ def load(path: str | None = None, overrides: list[str] | None = None, world_size
             raise InputError(f"{path}: top level must be a mapping of keys")
     for item in overrides or []:
         _set_dotted(data, *parse_override(item))
+    for k, v in (values or {}).items():
+        _set_dotted(data, k, _copy(v))
     cfg = _build(Config, data, "")
     validate(cfg, world_size)
     return cfg

@@ -42,6 +42,7 @@ from typing import Any
 
 import yaml
 
+from . import log
 from .errors import InputError
 from .results.paths import assignments, value_text
 
@@ -78,13 +79,11 @@ class Sweep:
         leaves it null)."""
         from . import config
 
-        base = config.load(self.base, world_size=world_size).to_dict()
         try:
-            for k, v in cell.overrides.items():
-                config._set_dotted(base, k, v)
-            base["output"] = cell.path
-            cfg = config.from_dict(base, world_size)
+            cfg = config.load(self.base, world_size=world_size, values={**cell.overrides, "output": cell.path})
         except InputError as e:
+            if str(e).startswith(self.base):
+                raise
             raise InputError(f"{self.file}: cell {cell.index} ({cell.name}): {e}") from None
         if threads is not None and cfg.runtime.threads is None:
             cfg.runtime.threads = threads
@@ -159,8 +158,10 @@ def load(path: str, out: str | None = None, validate: bool = True) -> Sweep:
     if not isinstance(table, dict):
         raise InputError(f"{path}: table: must be a mapping (see fedmpi table --help)")
     sweep = Sweep(path, base, folder, cells, list(grid), [v[0] for v in variants if v[1] is not None], table)
-    for c in cells if validate else ():  # every cell's config is valid before anything runs
-        c.expected = _comparable(sweep.config(c).to_dict())
+    if validate:  # every cell's config is valid before anything runs (notices come when a cell runs)
+        with log.muted():
+            for c in cells:
+                c.expected = _comparable(sweep.config(c).to_dict())
     return sweep
 
 
@@ -171,13 +172,14 @@ def _comparable(config_dict: dict) -> dict:
 
 
 def _first_difference(cell: Cell, stored_yaml: str) -> str | None:
-    """The first key where a finished cell's stored config differs from what the sweep asks now."""
+    """The first key where a finished cell's stored config differs from what the sweep asks now.
+    Keys only one side has (a newer or older fedmpi's parameters) are not compared."""
     try:
         stored = _comparable(yaml.safe_load(stored_yaml) or {})
     except yaml.YAMLError:
         return "config"
-    for k in dict.fromkeys([*cell.expected, *stored]):
-        if repr(cell.expected.get(k)) != repr(stored.get(k)):
+    for k in cell.expected:
+        if k in stored and repr(cell.expected[k]) != repr(stored[k]):
             return f"{k}: {stored.get(k)!r} in the file, {cell.expected.get(k)!r} in the sweep"
     return None
 

@@ -96,10 +96,11 @@ def _stored_digest(config_yaml: str) -> str | None:
     """Resume digest of a stored config (None when it is no longer a valid config)."""
     import yaml
 
-    from .. import config
+    from .. import config, log
 
     try:
-        return config.from_dict(yaml.safe_load(config_yaml) or {}).resume_digest()
+        with log.muted():
+            return config.from_dict(yaml.safe_load(config_yaml) or {}).resume_digest()
     except (InputError, yaml.YAMLError, TypeError, ValueError):
         return None
 
