@@ -128,7 +128,7 @@ class Runner:
         if world.rank == 0:
             for note in task.notes:
                 print(note, file=sys.stderr)
-        trainer = LocalTrainer(task, cfg.train, cfg.seed, cfg.task.model)
+        trainer = LocalTrainer(task, cfg.train, cfg.seed)
         part = None
         if cfg.algorithm.name not in DECENTRALIZED:
             part = participation.build(cfg.availability, task.client_info(cfg.seed))

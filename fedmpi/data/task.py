@@ -25,6 +25,7 @@ import torch
 from .. import rng
 from ..config import Config
 from ..errors import InputError
+from ..models.losses import quadratic
 from ..participation.base import ClientInfo
 
 
@@ -78,11 +79,6 @@ class ScalarModel(torch.nn.Module):
         return self.x.expand(*inp.shape[:-1], self.x.shape[0])
 
 
-def quadratic_loss(out: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """F_i(x) = ||x - u_i||^2 / 2, averaged over the batch."""
-    return 0.5 * (out - u).pow(2).sum(-1).mean()
-
-
 def _quadratic(cfg: Config, device: torch.device) -> Task:
     u = np.asarray(cfg.task.u, dtype=np.float64)
     if u.ndim == 1:
@@ -90,7 +86,7 @@ def _quadratic(cfg: Config, device: torch.device) -> Task:
     m, dim = u.shape
     ut = torch.tensor(u, dtype=torch.float32, device=device)
     dummy = torch.zeros(m, 1, device=device)
-    return Task(model=ScalarModel(dim, cfg.task.x0).to(device), loss=quadratic_loss,
+    return Task(model=ScalarModel(dim, cfg.task.x0).to(device), loss=quadratic,  # F_i(x) = ||x - u_i||^2 / 2
                 train_x=dummy, train_y=ut, test_x=dummy, test_y=ut,
                 order=torch.arange(m, device=device), offsets=np.arange(m + 1), classes=0,
                 label_hist=None, groups=None)

@@ -5,21 +5,21 @@ Models: logreg, linear_svm (multi-class hinge loss), mlp, svhn_cnn, cifar_cnn, c
 local ``torch.Generator``; torch's global RNG is never touched): Kaiming-normal weights and
 zero biases on conv/hidden layers, PyTorch's default uniform(+-1/sqrt(fan_in)) on the
 output layer. Models hold no persistent buffers, so ``dict(model.named_parameters())``
-describes them fully and they run under ``torch.func.functional_call`` + ``vmap`` + ``grad``
-over stacked parameters. Dropout is ``models.dropout.KeyedDropout``: its mask comes from a
-per-client key the engine passes (a non-persistent buffer), not from torch's generator.
+describes them fully: the engine trains many clients' copies at once through its stacked
+layers (``engine.layers``), or ``functional_call`` + ``vmap`` + ``grad`` for other modules.
+Dropout is ``models.dropout.KeyedDropout``: its mask comes from a per-client key the engine
+passes (a non-persistent buffer), not from torch's generator. Losses: ``models.losses``.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..errors import InputError
+from .losses import Loss, cross_entropy, multiclass_hinge
 from .nets import ARCHS
 
 MODELS = tuple(ARCHS)
@@ -49,20 +49,9 @@ def _init(model: nn.Module, gen: torch.Generator) -> None:
                 nn.init.uniform_(layer.bias, -bound, bound, generator=gen)
 
 
-def multiclass_hinge(logits: torch.Tensor, y: torch.Tensor, margin: float = 1.0) -> torch.Tensor:
-    """Mean over the batch of sum_{j != y} max(0, margin - z_y + z_j) / classes
-    (``F.multi_margin_loss`` semantics, written with vmap-friendly ops)."""
-    z_y = logits.gather(-1, y[..., None])
-    hinge = (margin - z_y + logits).clamp(min=0).sum(-1) - margin  # the j = y term is exactly margin
-    return hinge.mean() / logits.shape[-1]
-
-
-def cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits, y)
-
-
-def loss_fn(name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """Training loss of model ``name``: (logits (b, classes), y (b,) int64) -> scalar mean."""
+def loss_fn(name: str) -> Loss:
+    """Training loss of model ``name``: (logits (..., b, classes), y (..., b) int64) -> mean over b
+    (``models.losses``)."""
     if name not in ARCHS:
         raise InputError(f"task.model: unknown model {name!r} (allowed: {', '.join(MODELS)})")
     return multiclass_hinge if name == "linear_svm" else cross_entropy
