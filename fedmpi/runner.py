@@ -145,7 +145,7 @@ class Runner:
 
         cfg, world = self.cfg, self.world
         task = build_task(cfg, world.device)
-        trainer = LocalTrainer(task, cfg.train, cfg.seed, cfg.task.model)
+        trainer = LocalTrainer(task, cfg.train, cfg.seed)
         part = None
         if ALGORITHMS.get(cfg.algorithm.name).obj.needs_participation:
             part = participation.build(cfg.availability, task.client_info(cfg.seed))

@@ -52,7 +52,7 @@ def test_dropout_keys_reach_the_model_on_cuda():
 def test_batched_training_on_cuda_does_not_depend_on_companions():
     cfg = config.from_dict(synthetic_config(task__model="mlp", task__hidden=32))
     task = build_task(cfg, CUDA)
-    tr = LocalTrainer(task, cfg.train, cfg.seed, cfg.task.model, path="batched")
+    tr = LocalTrainer(task, cfg.train, cfg.seed, path="batched")
     ids = np.array([0, 3, 4, 7, 11])
     x0 = tr.spec.flatten(task.model).to(CUDA).expand(len(ids), -1)
     together = tr.train(x0, ids, t=1)
