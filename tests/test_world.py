@@ -124,3 +124,30 @@ def test_staged_exchange_is_bitwise_rank_independent(tmp_path):
     assert bool(r["staged"]) and r["loop_rows"].sum() > 0
     assert np.array_equal(r["final"], ref["final"])
     assert np.allclose(r["mean"], ref["mean"], rtol=0, atol=1e-6)
+
+
+def _result(path, params, acc, status="completed"):
+    import h5py
+
+    with h5py.File(path, "w") as f:
+        f.attrs["status"] = status
+        f["metrics/round"] = np.array([0, 5])
+        f["metrics/test_acc"] = np.array(acc)
+        f["metrics/wall_time"] = np.random.default_rng().random(2)  # timing: never compared
+        f["final/params"] = np.array(params, dtype=np.float32)
+    return str(path)
+
+
+def test_compare_runs_bits_and_tolerance(tmp_path):
+    compare = _compare()
+    ref = _result(tmp_path / "a.h5", [1.0, -2.0], [0.1, 0.5])
+    same = _result(tmp_path / "b.h5", [1.0, -2.0], [0.1, 0.5])
+    assert compare(ref, same) == (True, "identical bits (metrics and final/params)")
+    near = _result(tmp_path / "c.h5", [1.0, -2.001], [0.1, 0.505])
+    ok, line = compare(ref, near)
+    assert not ok and line.startswith("NOT identical")
+    assert compare(ref, near, rtol=1e-3, metric_atol=0.01)[0]           # 0.001 <= 1e-3 * 2
+    assert not compare(ref, near, rtol=1e-4, metric_atol=0.01)[0]
+    assert not compare(ref, near, rtol=1e-3, metric_atol=0.001)[0]
+    assert compare(ref, _result(tmp_path / "d.h5", [1.0, -2.0], [0.1, 0.5], "failed")) == \
+        (False, f"{tmp_path / 'd.h5'}: status 'failed', not completed")

@@ -267,7 +267,8 @@ class World:
     # Every method here is collective over all ranks unless it says otherwise, and a no-op
     # (no torch.distributed call) in a single process. Tensors travel through ``_through_host``.
 
-    def _through_host(self, t: torch.Tensor, op: Callable[[torch.Tensor], object], copy_back: bool = True) -> torch.Tensor:
+    def _through_host(self, t: torch.Tensor, op: Callable[[torch.Tensor], object],
+                      copy_back: bool = True) -> torch.Tensor:
         """Run the communication ``op`` on ``t``; when staged, on a host copy of ``t`` whose
         result is copied back into ``t`` (if ``copy_back``). Returns ``t``."""
         if not self.staged:
