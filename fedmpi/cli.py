@@ -11,7 +11,7 @@ import importlib
 import os
 import sys
 
-from . import __version__
+from . import __version__, log
 from .errors import InputError, Interrupted
 
 
@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue from the last checkpoint (required to exist; a run also resumes by itself "
                         "when a checkpoint of the same config is present)")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.add_argument("--plugin", dest="plugins", action="append", default=[], metavar="PATH_OR_MODULE",
+                   help="import a plug-in (a .py file, a package folder or a module name) that registers "
+                        "algorithms, models, datasets or availability kinds; repeatable (also $FEDMPI_PLUGINS)")
 
     i = sub.add_parser("info", help="status, rounds and last metrics of a result file")
     i.add_argument("file")
@@ -78,9 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from . import config
+    from . import config, plugins
     from .runtime import World, launched_size
 
+    plugins.load(args.plugins)  # on every rank, before the config is checked against the registries
     cfg = config.load(args.config, args.overrides, world_size=launched_size())
     out = args.out or cfg.output_path
     world = World.create(cfg.runtime.device, cfg.runtime.backend, cfg.runtime.timeout_s, cfg.runtime.threads)
@@ -119,6 +123,7 @@ def _cmd_plot(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    log.setup(_env_rank())
     try:
         args = build_parser().parse_args(argv)
         handler = getattr(args, "_handler", None) or {"run": _cmd_run, "info": _cmd_info,

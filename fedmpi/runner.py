@@ -22,9 +22,10 @@ import numpy as np
 import psutil
 import torch
 
-from .config import DECENTRALIZED, Config
+from .config import Config
 from . import checkpoint
 from .errors import InputError, Interrupted
+from .registry import ALGORITHMS
 from .runtime import World
 
 
@@ -120,12 +121,9 @@ class Runner:
 
         cfg, world = self.cfg, self.world
         task = build_task(cfg, world.device)
-        if world.rank == 0:
-            for note in task.notes:
-                print(note, file=sys.stderr)
         trainer = LocalTrainer(task, cfg.train, cfg.seed, cfg.task.model)
         part = None
-        if cfg.algorithm.name not in DECENTRALIZED:
+        if ALGORITHMS.get(cfg.algorithm.name).obj.needs_participation:
             part = participation.build(cfg.availability, task.client_info(cfg.seed))
         self.task = task
         self.part = part

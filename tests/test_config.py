@@ -111,3 +111,21 @@ def test_random_configs_are_valid_or_one_line_errors(items):
                                                                  "task.clients", "task.u", "task.model",
                                                                  "availability.base.values", "availability.size",
                                                                  "availability.kind"}
+
+
+def test_every_shipped_config_loads_with_every_algorithm_of_its_family():
+    """Config files keep working, also with --set algorithm.name=... as their headers suggest
+    (keys of the file's own algorithm are then ignored with a notice, not refused)."""
+    import glob
+    import os
+
+    from conftest import ROOT
+    from fedmpi.registry import ALGORITHMS
+
+    paths = sorted(glob.glob(os.path.join(ROOT, "configs", "**", "*.yaml"), recursive=True))
+    assert len(paths) >= 10
+    for path in paths:
+        family = ALGORITHMS.get(config.load(path).algorithm.name).obj.needs_participation
+        for entry in ALGORITHMS.entries(builtin_only=True):
+            if entry.obj.needs_participation == family:
+                assert config.load(path, [f"algorithm.name={entry.name}"]).algorithm.name == entry.name
