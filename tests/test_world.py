@@ -151,3 +151,15 @@ def test_compare_runs_bits_and_tolerance(tmp_path):
     assert not compare(ref, near, rtol=1e-3, metric_atol=0.001)[0]
     assert compare(ref, _result(tmp_path / "d.h5", [1.0, -2.0], [0.1, 0.5], "failed")) == \
         (False, f"{tmp_path / 'd.h5'}: status 'failed', not completed")
+
+
+def test_memory_check_uses_the_worlds_share():
+    from fedmpi import config
+    from fedmpi.runner import _check_memory
+
+    cfg = config.from_dict(synthetic_config(algorithm__name="mifa"))
+    _check_memory(cfg, World(), 100, 1000)  # 0.4 MB: fits
+    with pytest.raises(InputError, match=r"mifa keeps 372\.5 GiB .* GiB host memory per rank available"):
+        _check_memory(cfg, World(), 100_000, 1_000_000)
+    free, where = World(local_size=4).free_memory()
+    assert where == "host memory per rank" and 0 < free < World().free_memory()[0]
