@@ -109,7 +109,7 @@ def choose_backend(backend: str, device: str, ranks_per_node: int, gpus_per_node
     recv, reduce or gather, per the torch.distributed backend table), so every tensor is copied
     to host memory, communicated by gloo and copied back: one code path for every operation,
     and the copies are exact, so results keep their bits. What it costs: a device-host round
-    trip per communication, small next to local training when several ranks share a GPU.
+    trip per communication, a few model-sized tensors per round (not yet measured on a GPU).
     """
     if device == "cuda" and gpus_per_node == 0:
         raise InputError("runtime.device: cuda requested but no CUDA device is available")
@@ -173,8 +173,8 @@ class World:
         rank, size, local_rank, local_size = 0, 1, 0, 1
         keep_freed_memory()
         looks_for_gpu = device != "cpu" and torch.cuda.is_available()
-        gpu = _gpu_identity(0) if looks_for_gpu else None
-        node_gpus = [gpu]
+        gpu_of = _gpu_identity if looks_for_gpu else (lambda r: None)
+        node_gpus = [gpu_of(0)]  # the GPU each rank of this node binds to, by local rank
         if _want_mpi():
             try:
                 from mpi4py import MPI
@@ -185,8 +185,7 @@ class World:
             rank, size = comm.Get_rank(), comm.Get_size()
             node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
             local_rank, local_size = node.Get_rank(), node.Get_size()
-            gpu = _gpu_identity(local_rank) if looks_for_gpu else None
-            node_gpus = node.allgather(gpu)
+            node_gpus = node.allgather(gpu_of(local_rank))
             node.Free()
         n_gpus = 0 if None in node_gpus else len(set(node_gpus))
         nodes = comm.allgather((local_size, n_gpus)) if comm is not None else [(local_size, n_gpus)]
@@ -200,7 +199,7 @@ class World:
             dev = torch.device("cpu")
             cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
             torch.set_num_threads(threads or max(1, cores // local_size))
-        sharing = node_gpus.count(gpu) if choice.device == "cuda" else 1
+        sharing = node_gpus.count(node_gpus[local_rank]) if choice.device == "cuda" else 1
         world = cls(rank, size, local_rank, local_size, dev, choice.name if size > 1 else "none", comm,
                     staged=choice.staged and size > 1, ranks_on_device=sharing)
         if size > 1:
