@@ -186,7 +186,8 @@ class EvaluationConfig:
 
 @dataclass
 class RuntimeConfig:
-    backend: Literal["auto", "nccl", "gloo"] = opt("auto", "torch.distributed backend; auto = nccl with CUDA")
+    backend: Literal["auto", "nccl", "gloo"] = opt(
+        "auto", "torch.distributed backend; auto = nccl when every rank has its own GPU, else gloo")
     device: Literal["auto", "cpu", "cuda"] = opt("auto", "auto = cuda:local_rank when available")
     threads: Optional[int] = opt(None, "torch CPU threads per rank; null = cores / local ranks", ge=1)
     timeout_s: float = opt(300.0, "collective timeout: a dead rank ends the job after this", gt=0)

@@ -54,12 +54,7 @@ def _check_memory(cfg: Config, world: World, m: int, d: int) -> None:
 
     lo, hi = world.shard(m)
     need = memory_estimate(cfg.algorithm.name, hi - lo, d)
-    if world.device.type == "cuda":
-        free = torch.cuda.mem_get_info(world.device)[0]
-        where = f"GPU {world.device}"
-    else:
-        free = psutil.virtual_memory().available // max(world.local_size, 1)
-        where = "host memory per rank"
+    free, where = world.free_memory()  # a GPU shared by several ranks: its share
     if need > 0.9 * free:
         raise InputError(f"algorithm.name: {cfg.algorithm.name} keeps {need / 2**30:.1f} GiB of per-client state "
                          f"per rank ({hi - lo} clients x {d} parameters), more than the {free / 2**30:.1f} GiB "
