@@ -10,9 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import psutil
-import torch
-
 from .algorithms.base import Algorithm, Context
 from .config import Config
 from .data.task import Task, build_task
@@ -36,26 +33,21 @@ def build_run(cfg: Config, world: World, participation: Participation | None = N
     """Build every component of ``cfg`` on this rank; ``participation`` and ``task`` replace the
     configured ones (tests script who is available, benchmarks bring synthetic tasks)."""
     task = task if task is not None else build_task(cfg, world.device)
-    trainer = LocalTrainer(task, cfg.train, cfg.seed, model_name=cfg.task.model)
+    trainer = LocalTrainer(task, cfg.train, cfg.seed)
     cls = ALGORITHMS.get(cfg.algorithm.name).obj
     if participation is None and cls.needs_participation:
         participation = build_participation(cfg.availability, task.client_info(cfg.seed))
-    check_memory(cfg, world, cls, task.m, trainer.spec.dim)
+    check_memory(cfg, world, task.m, trainer.spec.dim)
     run = Run(cfg, world, task, trainer, participation)
     run.algorithm = cls(Context(cfg, world, task, trainer, participation))
     return run
 
 
-def check_memory(cfg: Config, world: World, cls: type[Algorithm], m: int, d: int) -> None:
+def check_memory(cfg: Config, world: World, m: int, d: int) -> None:
     """Refuse up front, with the estimate, an O(m d) algorithm state that cannot fit."""
     lo, hi = world.shard(m)
-    need = int(cls.client_rows) * (hi - lo) * d * 4
-    if world.device.type == "cuda":
-        free = torch.cuda.mem_get_info(world.device)[0]
-        where = f"GPU {world.device}"
-    else:
-        free = psutil.virtual_memory().available // max(world.local_size, 1)
-        where = "host memory per rank"
+    need = int(ALGORITHMS.get(cfg.algorithm.name).obj.client_rows) * (hi - lo) * d * 4
+    free, where = world.free_memory()  # a GPU shared by several ranks: its share
     if need > 0.9 * free:
         raise InputError(f"algorithm.name: {cfg.algorithm.name} keeps {need / 2**30:.1f} GiB of per-client state "
                          f"per rank ({hi - lo} clients x {d} parameters), more than the {free / 2**30:.1f} GiB "

@@ -10,6 +10,7 @@ components: callbacks, ``algorithm.round``, evaluation, checkpoints.
 from __future__ import annotations
 
 import faulthandler
+import shutil
 import sys
 import threading
 import time
@@ -18,6 +19,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from . import checkpoint
 from .build import Run, build_run
 from .checkpointer import Checkpointer
 from .config import Config
@@ -35,45 +37,74 @@ def agree(world: World, fn: Callable[[], object]) -> object:
     try:
         out = fn()
     except InputError as e:
-        err, out = str(e), None
-    errors = [e for e in world.allgather_obj(err) if e is not None]
+        err, out = e, None
+    errors = [e for e in world.allgather_obj(None if err is None else str(err)) if e is not None]
     if errors:
-        raise InputError(errors[0])
+        raise err if err is not None else InputError(errors[0])  # a rank keeps its own error's type
     return out
 
 
 class Runner:
-    """One run of ``cfg`` on ``world`` writing ``out_path`` (rank 0). ``callbacks`` run before
-    every round on every rank, after those registered by plug-ins (``registry.CALLBACKS``)."""
+    """One run of ``cfg`` on ``world`` writing ``out_path`` (rank 0).
+
+    ``overwrite`` lets the run replace a completed or foreign file at ``out_path``; ``inputs``
+    are the files it reads (never accepted as the output); ``label`` prefixes progress lines;
+    ``callbacks`` run before every round on every rank, after those registered by plug-ins
+    (``registry.CALLBACKS``)."""
 
     def __init__(self, cfg: Config, world: World, out_path: str, quiet: bool = False, resume: bool = False,
+                 overwrite: bool = False, inputs: tuple[str, ...] = (), label: str = "",
                  callbacks: Iterable[Callback] = ()):
-        self.cfg, self.world, self.out_path, self.quiet = cfg, world, out_path, quiet
+        self.cfg, self.world, self.out_path, self.quiet, self.label = cfg, world, out_path, quiet, label
         self.callbacks = [e.obj for e in CALLBACKS] + list(callbacks)
         self.writer = None
-        agree(world, lambda: self._setup(resume))
+        self.claim = None
+        agree(world, lambda: self._claim_output(overwrite, inputs))
+        try:
+            agree(world, lambda: self._setup(resume))
+        except BaseException:  # set-up failed (here or on another rank): let go of the file
+            if self.writer is not None:
+                self.writer.finish("failed")
+            elif self.claim is not None:
+                self.claim.release(discard=True)
+            raise
+
+    def _claim_output(self, overwrite: bool, inputs: tuple[str, ...]) -> None:
+        """Rank 0 locks the result file before anything reads or writes it (results/hdf5.py)."""
+        if self.world.rank == 0:
+            from .results.hdf5 import claim
+
+            self.claim = claim(self.out_path, self.cfg.resume_digest(), inputs, overwrite)
+            if overwrite:  # a fresh run: an old checkpoint must not be resumed
+                shutil.rmtree(checkpoint.folder_for(self.out_path), ignore_errors=True)
 
     def _setup(self, resume: bool) -> None:
         self.components = build_run(self.cfg, self.world)
         self.evaluator = Evaluator(self.components)
         self.checkpointer = Checkpointer(self.components, self.out_path, required=resume, flush=self._flush)
+        self._t0 = time.perf_counter() - self.checkpointer.wall_time  # wall_time counts from here
         if self.world.rank == 0:
-            self.writer = self._open_results()
+            self._open_results()
 
-    def _open_results(self):
+    def _open_results(self) -> None:
+        """Rank 0: the result file (continued after a checkpoint, else new with its static groups)."""
+        from .results import sidecars
         from .results.hdf5 import ResultWriter
 
         cfg, run = self.cfg, self.components
+        extra = sidecars.build(cfg.runtime, self.out_path)
         resume_at = self.checkpointer.rounds_done or None
         writer = ResultWriter(self.out_path, cfg.to_yaml(), cfg.seed, self.world.size, self.evaluator.names,
-                              run.m, cfg.runtime.log_availability, resume_at=resume_at)
+                              run.m, cfg.runtime.log_availability, resume_at=resume_at,
+                              claim_=self.claim, flush_s=cfg.runtime.flush_s)
+        self.writer = writer  # set before anything else: a failure below still finishes the file
+        writer.add_sidecars(extra)
         if resume_at is None:
             hist = run.task.label_hist
             writer.write_group("partition", {"samples": run.task.sizes.astype(np.int64),
                                              **({"label_hist": hist} if hist is not None else {})})
             for name, arrays in run.algorithm.static_groups().items():
                 writer.write_group(name, arrays)
-        return writer
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> int:
@@ -86,7 +117,9 @@ class Runner:
         try:
             with self.checkpointer:  # preemption signals: checkpoint at the next round boundary, exit 3
                 if start == 0:
-                    self._evaluate(0, 0)
+                    row = self._evaluate(0, 0)
+                    if bar is not None:
+                        bar.evaluated(row)
                 for t in range(start, rounds):
                     for callback in self.callbacks:
                         callback(self.components, t)
@@ -98,7 +131,7 @@ class Runner:
                     if done % self.cfg.eval_every == 0 or last:
                         row = self._evaluate(done, n_active)
                         if bar is not None:
-                            bar.set_postfix({k: f"{row[k]:.4f}" for k in ("test_acc", "test_loss") if k in row})
+                            bar.evaluated(row)
                     if bar is not None:
                         bar.update(1)
                     if last:
@@ -128,11 +161,10 @@ class Runner:
             self.writer.flush()
 
     def _progress(self, start: int):
-        if self.world.rank != 0 or self.quiet or not self.cfg.runtime.progress or not sys.stderr.isatty():
-            return None
-        from tqdm import tqdm
+        from . import progress
 
-        return tqdm(total=self.cfg.rounds, initial=start, unit="round", dynamic_ncols=True, file=sys.stderr)
+        enabled = self.world.rank == 0 and not self.quiet and self.cfg.runtime.progress
+        return progress.start(self.cfg.rounds, start, enabled, self.label)
 
     def _finish(self, status: str, rounds_done: int | None) -> None:
         final = None
@@ -154,10 +186,12 @@ def _is_peer_failure(e: Exception) -> bool:
                                    "Timeout", "Broken pipe", "peer"))
 
 
-def run(cfg: Config, world: World, out_path: str, quiet: bool = False, resume: bool = False) -> int:
-    """Run ``cfg``; return 0 or 1. Errors after set-up are reported with the rank and end the
-    whole job; ``Interrupted`` (and KeyboardInterrupt) propagate to the command line."""
-    runner = Runner(cfg, world, out_path, quiet, resume)
+def run(cfg: Config, world: World, out_path: str, quiet: bool = False, resume: bool = False,
+        overwrite: bool = False, inputs: tuple[str, ...] = (), label: str = "") -> int:
+    """Run ``cfg`` (``Runner`` says what the arguments mean); return 0 or 1. Errors after set-up
+    are reported with the rank and end the whole job; ``Interrupted`` (and KeyboardInterrupt)
+    propagate to the caller, which maps them to exit code 3."""
+    runner = Runner(cfg, world, out_path, quiet, resume, overwrite, inputs, label)
     try:
         return runner.run()
     except Interrupted:  # exit 3, agreed by every rank: the command line reports it

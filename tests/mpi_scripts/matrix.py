@@ -54,7 +54,8 @@ def main() -> None:
     params = {}
     for name in CASES:
         cfg = config.from_dict(merged(name), launched_size())
-        path = os.path.join(out, f"{mode if mode != 'resume' else 'interrupt'}-{name}.h5")
+        # a full run per world size (a result file is never silently replaced); resume continues the interrupted
+        path = os.path.join(out, f"full{world.size}-{name}.h5" if mode == "full" else f"interrupt-{name}.h5")
         faults = [inject("0:2:usr1")] if mode == "interrupt" else []
         try:
             Runner(cfg, world, path, quiet=True, resume=(mode == "resume"), callbacks=faults).run()
