@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
+import psutil
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -31,6 +32,10 @@ def build_model(name: str, in_shape: tuple[int, ...], classes: int, hidden: int 
         raise InputError(f"task.model: unknown model {name!r} (allowed: {', '.join(MODELS)})")
     with torch.device("meta"):  # no allocation, no default init drawing from the global RNG
         model = ARCHS[name](tuple(int(d) for d in in_shape), int(classes), int(hidden))
+    need, free = 4 * count_params(model), psutil.virtual_memory().available
+    if need > free // 2:  # refused before allocating (task.hidden: 10**5 makes a 40 GB mlp)
+        raise InputError(f"task.model: {name} has {count_params(model)} parameters here ({need / 2**30:.1f} GiB), "
+                         f"more than half of the {free / 2**30:.1f} GiB available (check task.hidden)")
     model.to_empty(device="cpu")
     _init(model, torch.Generator().manual_seed(int(seed)))
     return model
