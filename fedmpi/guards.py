@@ -35,15 +35,18 @@ def _saved_bytes(task, n: int) -> int:
     return total
 
 
-def step_bytes(task, batch: int, local_clients: int) -> int:
-    """A lower bound of the memory one local SGD step allocates: ``min(8, local clients)``
-    clients x ``batch`` samples x (the float input, the activations kept for backward, the
-    index and augmentation draws of one sample)."""
+def step_bytes(task, batch: int, local_clients: int, path: str = "batched") -> int:
+    """A lower bound of the memory one local SGD step allocates: the minibatches of
+    ``min(8, local clients)`` clients (float input, index and augmentation draws per sample)
+    and the activations autograd keeps for backward, for all of them at once on the batched
+    path and for one client at a time on the sequential one."""
+    clients = min(MIN_CHUNK, max(local_clients, 1))
     n = min(2, task.train_x.shape[0])
-    per_sample = 4 * task.train_x[0].numel() + 8 + 12
+    saved = 0
     if n == 2:  # what one more sample adds; the model's own tensors cancel out
-        per_sample += max(_saved_bytes(task, 2) - _saved_bytes(task, 1), 0)
-    return min(MIN_CHUNK, max(local_clients, 1)) * batch * per_sample
+        saved = max(_saved_bytes(task, 2) - _saved_bytes(task, 1), 0)
+    together = 1 if path == "sequential" else clients
+    return batch * (clients * (4 * task.train_x[0].numel() + 8 + 12) + together * saved)
 
 
 # ----------------------------------------------------------------------------- divergence

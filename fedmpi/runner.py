@@ -47,7 +47,7 @@ def agree(world: World, fn: Callable[[], object]) -> object:
     return out
 
 
-def _check_memory(cfg: Config, world: World, task, d: int) -> None:
+def _check_memory(cfg: Config, world: World, task, d: int, path: str) -> None:
     """Refuse up front, with the estimate, an O(m d) algorithm state or a local step (batch x
     model) that cannot fit."""
     from .algorithms.base import memory_estimate
@@ -65,7 +65,7 @@ def _check_memory(cfg: Config, world: World, task, d: int) -> None:
                          f"per rank ({hi - lo} clients x {d} parameters), more than the {free / 2**30:.1f} GiB "
                          f"{where} available; use more ranks or fewer clients")
     batch = int(task.sizes.max()) if cfg.train.full_gradient else cfg.train.batch_size
-    step = guards.step_bytes(task, batch, hi - lo)
+    step = guards.step_bytes(task, batch, hi - lo, path)
     if need + step > 0.9 * free:
         key = "train.full_gradient" if cfg.train.full_gradient else "train.batch_size"
         raise InputError(f"{key}: a local step of {min(guards.MIN_CHUNK, hi - lo)} clients x {batch} samples needs "
@@ -142,7 +142,7 @@ class Runner:
             part = participation.build(cfg.availability, task.client_info(cfg.seed))
         self.task = task
         self.part = part
-        _check_memory(cfg, world, task, trainer.spec.dim)
+        _check_memory(cfg, world, task, trainer.spec.dim, trainer.path)
         self.algo = algorithms.build(algorithms.Context(cfg, world, task, trainer, part))
         folder = checkpoint.folder_for(self.out_path)
         self._resumed = checkpoint.load(world, folder, cfg.resume_digest(), task.m, cfg.rounds)
