@@ -1,15 +1,22 @@
 """YAML -> typed, validated config objects; ``--set dotted.key=value`` overrides.
 
-Every key, its type, default, allowed range and meaning is declared once, here, in the
-dataclasses below (``opt(default, doc, ...)``); the README's config reference is generated
-from them (``python -m fedmpi.config`` prints it). Any problem raises ``InputError`` whose
-message starts with the dotted key path, e.g. ``train.lr: must be > 0, got -1``.
+Every key, its type, default, allowed range and meaning is declared once, in a dataclass
+(``opt(default, doc, ...)``): the sections below, and the parameters of each pluggable
+component next to its code. Three blocks select components from the registries
+(``fedmpi.registry``): ``algorithm`` (``name``), ``task`` (``dataset`` and ``model``) and
+``availability`` (``kind``). Such a block is validated against the chosen components' own
+dataclasses (e.g. ``algorithm: {name: fedswe, k: 100}`` against ``FedSWEParams``); a key that
+belongs only to another registered component is ignored with a notice, any other unknown key
+is an error. The README's config reference is generated from the built-in components
+(``python -m fedmpi.config`` prints it). Any problem raises ``InputError`` whose message starts
+with the dotted key path, e.g. ``train.lr: must be > 0, got -1``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import math
 import reprlib
 import types
@@ -19,14 +26,18 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 
-from . import yamlio
+from . import registry, yamlio
 from .errors import InputError
+from .registry import Registry
+
+log = logging.getLogger(__name__)
 
 
 def opt(default: Any, doc: str, *, ge: float | None = None, gt: float | None = None,
-        le: float | None = None, lt: float | None = None) -> Any:
-    """Declare a config key: default, one-line doc and numeric bounds."""
-    meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt}
+        le: float | None = None, lt: float | None = None, selects: Registry | None = None) -> Any:
+    """Declare a config key: default, one-line doc and numeric bounds; ``selects``: the key
+    names a component of that registry (its block then takes the component's parameters)."""
+    meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt, "selects": selects}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: _copy(d), metadata=meta)
     if dataclasses.is_dataclass(default):
@@ -41,15 +52,6 @@ def _copy(x: Any) -> Any:
 # ----------------------------------------------------------------------------- sections
 
 @dataclass
-class SyntheticConfig:
-    samples: int = opt(12000, "training samples of the synthetic Gaussian-mixture set", ge=1)
-    test_samples: int = opt(2000, "test samples of the synthetic set", ge=1)
-    features: int = opt(32, "input features (flat vectors)", ge=1)
-    classes: int = opt(10, "number of classes (one Gaussian per class)", ge=2)
-    separation: float = opt(1.0, "distance scale between class means (larger = easier)", gt=0, le=1e6)
-
-
-@dataclass
 class PartitionConfig:
     kind: Literal["iid", "dirichlet", "shards", "groups"] = opt(
         "iid", "how training samples are split over clients")
@@ -60,19 +62,25 @@ class PartitionConfig:
 
 @dataclass
 class TaskConfig:
-    dataset: Literal["fmnist", "mnist", "cifar10", "svhn", "cinic10", "synthetic", "quadratic"] = opt(
-        "fmnist", "dataset; fmnist falls back to synthetic (with a one-line notice) when absent")
+    """The ``task`` block's common keys; the chosen dataset's and model's own keys join them."""
+
+    dataset: str = opt("fmnist", "dataset; fmnist falls back to synthetic (with a one-line notice) when absent",
+                       selects=registry.DATASETS)
     root: Optional[str] = opt(None, "dataset folder; null = the standard location")
     cache_dir: Optional[str] = opt(None, "where converted datasets are cached; null = ~/.cache/fedmpi")
     clients: int = opt(100, "number of clients m (N)", ge=1)
     partition: PartitionConfig = opt(PartitionConfig(), "data partition over clients")
-    model: Literal["logreg", "linear_svm", "mlp", "svhn_cnn", "cifar_cnn", "cinic_cnn", "vgg11", "scalar"] = opt(
-        "logreg", "model architecture (quadratic task: scalar)")
-    hidden: int = opt(200, "hidden width of mlp", ge=1)
-    u: Optional[list] = opt(None, "quadratic only: client optima u_i (numbers, or equal-length lists)")
-    x0: float = opt(0.0, "quadratic only: initial model value")
-    synthetic: SyntheticConfig = opt(SyntheticConfig(), "shape of the synthetic dataset")
-    fallback_synthetic: bool = opt(True, "fmnist at the standard location missing -> synthetic (else exit 2)")
+    model: str = opt("logreg", "model architecture (quadratic task: scalar)", selects=registry.MODELS)
+
+
+@dataclass
+class DatasetParams(TaskConfig):
+    """Base of a dataset's own parameters (they sit in the ``task`` block)."""
+
+
+@dataclass
+class ModelParams(TaskConfig):
+    """Base of a model's own parameters (they sit in the ``task`` block)."""
 
 
 @dataclass
@@ -93,20 +101,10 @@ class TrainConfig:
 
 
 @dataclass
-class AlgorithmConfig:
-    name: Literal[
-        "fedavg_active", "fedavg_all", "fedknown", "gfedavg", "fedau", "f3ast", "mifa", "fedvarp",
-        "fedswe", "fedavg_markov", "debiased_fedavg",
-        "dspodfl", "dgd", "rg", "sporadic_sgd", "dfedavg"] = opt("fedavg_active", "the algorithm")
-    k: Optional[float] = opt(None, "fedswe: moving-average coefficient k (0 = FedAWE); null = m", ge=0)
-    server_clip: Optional[float] = opt(None, "fedswe: rescale the mean echoed change to this norm", gt=0)
-    amplification: float = opt(10.0, "gfedavg: amplification a", gt=0)
-    anchor_period: int = opt(100, "gfedavg: rounds P between amplifications", ge=1)
-    fedau_cap: int = opt(50, "fedau: interval cap K", ge=1)
-    select: int = opt(10, "f3ast: clients selected per round among the available", ge=1)
-    rate_beta: float = opt(0.001, "f3ast: rate-estimate smoothing beta", gt=0, le=1)
-    warmup: int = opt(0, "debiased_fedavg: rounds with nu_i = 1", ge=0)
-    nu_max: Optional[float] = opt(None, "debiased_fedavg: cap on nu_i; null = none", gt=0)
+class AlgorithmParams:
+    """The ``algorithm`` block: ``name``, then the chosen algorithm's own parameters (a subclass)."""
+
+    name: str = opt("fedavg_active", "the algorithm", selects=registry.ALGORITHMS)
 
 
 @dataclass
@@ -123,9 +121,16 @@ class BaseProbConfig:
 
 
 @dataclass
-class AvailabilityConfig:
-    kind: Literal["always", "cohort", "stationary", "staircase", "sine", "interleaved_sine",
-                  "periodic_groups", "cyclic", "markov", "trace"] = opt("always", "availability dynamics")
+class AvailabilityParams:
+    """The ``availability`` block: ``kind``, then the chosen kind's own parameters (a subclass)."""
+
+    kind: str = opt("always", "availability dynamics", selects=registry.AVAILABILITY)
+
+
+@dataclass
+class AvailabilityConfig(AvailabilityParams):
+    """The keys shared by the built-in kinds (the default schema of a registered kind)."""
+
     base: BaseProbConfig = opt(BaseProbConfig(), "base probabilities p_i")
     period: int = opt(20, "P: period of staircase/sine/periodic_groups", ge=1)
     gamma: float = opt(0.3, "sine degree", ge=0, le=1)
@@ -166,9 +171,10 @@ class SporadicityConfig:
     sgd_prob: ProbDistConfig = opt(ProbDistConfig(), "d_i: probability that client i takes an SGD step")
     link_prob: ProbDistConfig = opt(ProbDistConfig(), "b_ij: probability that edge ij is active")
     link_draw: Literal["per_edge", "per_endpoint"] = opt(
-        "per_edge", "per_endpoint: link fires w.p. 1-(1-b)^2 (authors' code)")
+        "per_edge", "per_endpoint: link fires w.p. 1-(1-b)^2, the authors' draw (redrawn every iteration)")
     redraw_every: int = opt(0, "redraw d_i, b_ij every N iterations; 0 = never", ge=0)
-    delay: Literal["raw", "normalized"] = opt("raw", "emulated delay formula")
+    delay: Literal["raw", "normalized"] = opt(
+        "raw", "emulated delay: raw (what the authors' stop budget sums) or normalized (their logged utilisation)")
     max_delay: Optional[float] = opt(None, "stop once the cumulative emulated delay reaches this", gt=0)
 
 
@@ -181,13 +187,19 @@ class EvaluationConfig:
 
 @dataclass
 class RuntimeConfig:
-    backend: Literal["auto", "nccl", "gloo"] = opt("auto", "torch.distributed backend; auto = nccl with CUDA")
+    backend: Literal["auto", "nccl", "gloo"] = opt(
+        "auto", "torch.distributed backend; auto = nccl when every rank has its own GPU, else gloo")
     device: Literal["auto", "cpu", "cuda"] = opt("auto", "auto = cuda:local_rank when available")
     threads: Optional[int] = opt(None, "torch CPU threads per rank; null = cores / local ranks", ge=1, le=1024)
     timeout_s: float = opt(300.0, "collective timeout: a dead rank ends the job after this", gt=0)
     checkpoint_every: int = opt(0, "rounds between checkpoints; 0 = off", ge=0)
     log_availability: bool = opt(False, "store the per-round participation mask")
-    progress: bool = opt(True, "tqdm progress bar on rank 0 (only on a TTY)")
+    progress: bool = opt(True, "progress on rank 0's stderr: a tqdm bar on a TTY, else one line per evaluation")
+    flush_s: float = opt(5.0, "write buffered result rows to the HDF5 file at most every N seconds "
+                              "(and at checkpoints and the end)", ge=0)
+    csv: bool = opt(False, "also write the metric rows to a CSV file next to the result file (RUN.csv)")
+    tensorboard: Optional[str] = opt(None, "also log the metrics as TensorBoard scalars under this folder "
+                                           "(needs the tensorboard package: fedmpi[tensorboard])")
 
 
 @dataclass
@@ -196,11 +208,12 @@ class Config:
     seed: int = opt(0, "seed of every random stream", ge=0, le=2**64 - 1)
     rounds: int = opt(100, "global rounds (centralized) or iterations (decentralized)", ge=0)
     eval_every: int = opt(5, "evaluate every N rounds (and after the last)", ge=1)
-    output: Optional[str] = opt(None, "result file; null = runs/{name}-s{seed}.h5")
+    output: Optional[str] = opt(None, "result file, {dotted.key} placeholders allowed; "
+                                      "null = runs/{name}-{algorithm.name}-s{seed}.h5")
     task: TaskConfig = opt(TaskConfig(), "data, partition and model")
     train: TrainConfig = opt(TrainConfig(), "local training")
-    algorithm: AlgorithmConfig = opt(AlgorithmConfig(), "algorithm and its parameters")
-    availability: AvailabilityConfig = opt(AvailabilityConfig(), "who is available when (centralized)")
+    algorithm: AlgorithmParams = opt(AlgorithmParams(), "algorithm and its parameters")
+    availability: AvailabilityParams = opt(AvailabilityParams(), "who is available when (centralized)")
     topology: TopologyConfig = opt(TopologyConfig(), "graph (decentralized)")
     sporadicity: SporadicityConfig = opt(SporadicityConfig(), "sporadic SGD and links (decentralized)")
     evaluation: EvaluationConfig = opt(EvaluationConfig(), "evaluation")
@@ -208,7 +221,12 @@ class Config:
 
     @property
     def output_path(self) -> str:
-        return self.output or f"runs/{self.name}-s{self.seed}.h5"
+        """The result file: ``output`` (or its default) with ``{dotted.key}`` placeholders filled in."""
+        from .results.paths import fill_placeholders
+
+        if self.output is not None and not self.output.strip():
+            raise InputError("output: empty result path (give a file name, or null for the default)")
+        return fill_placeholders(self.output or DEFAULT_OUTPUT, self.to_dict(), "output")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -222,9 +240,17 @@ class Config:
         keep = {k: d[k] for k in ("seed", "task", "train", "algorithm", "availability", "topology", "sporadicity")}
         return hashlib.sha256(yaml.safe_dump(keep, sort_keys=True).encode()).hexdigest()[:16]
 
+    def components(self) -> list[registry.Entry]:
+        """The registry entries this config selects (dataset, model, algorithm, availability kind)."""
+        out = []
+        for f in dataclasses.fields(self):
+            block = getattr(self, f.name)
+            if dataclasses.is_dataclass(block):
+                out += [reg.get(getattr(block, name)) for name, reg in _selectors(type(block)).items()]
+        return out
 
 
-DECENTRALIZED = ("dspodfl", "dgd", "rg", "sporadic_sgd", "dfedavg")
+DEFAULT_OUTPUT = "runs/{name}-{algorithm.name}-s{seed}.h5"
 
 
 # ----------------------------------------------------------------------------- parsing
@@ -303,25 +329,89 @@ def _check_bounds(value: Any, meta: dict, path: str, raw: Any = None) -> None:
         raise InputError(f"{path}: must be < 2^63, got {_show(value)}")
 
 
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
 def _build(cls: type, data: Any, path: str) -> Any:
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise InputError(f"{path or 'config'}: must be a mapping of keys, got {_show(data)}")
+    if _selectors(cls):
+        cls, data = _select(cls, data, path)
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     for k in data:
         if k not in fields:
-            where = f"{path}.{k}" if path else str(k)
-            raise InputError(f"{where}: unknown key (allowed: {', '.join(fields)})")
+            raise InputError(f"{_join(path, k)}: unknown key (allowed: {', '.join(fields)})")
     kwargs = {}
     for name, f in fields.items():
-        if name in data:
-            p = f"{path}.{name}" if path else name
-            v = _coerce(data[name], hints[name], p)
-            _check_bounds(v, f.metadata, p, raw=data[name])
+        if name in data or _selectors(hints[name]):  # a selecting block's class depends on its keys
+            p = _join(path, name)
+            v = _coerce(data.get(name), hints[name], p)
+            _check_bounds(v, f.metadata, p, raw=data.get(name))
             kwargs[name] = v
     return cls(**kwargs)
+
+
+# ----------------------------------------------------------------------------- component blocks
+
+def _selectors(cls: Any) -> dict[str, Registry]:
+    """{key: registry} of the keys of dataclass ``cls`` that name a registered component."""
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        return {}
+    return {f.name: f.metadata["selects"] for f in dataclasses.fields(cls) if f.metadata.get("selects")}
+
+
+def _select(base: type, data: dict, path: str) -> tuple[type, dict]:
+    """The class of a selecting block (``base`` + the chosen components' parameters) and its keys.
+
+    A key that only another registered component of the same registries declares is dropped with
+    a notice (a config written for one algorithm keeps working with ``--set algorithm.name=...``);
+    other unknown keys are left for ``_build`` to refuse."""
+    chosen = []
+    defaults = {f.name: f.default for f in dataclasses.fields(base)}
+    for key, reg in _selectors(base).items():
+        name = data.get(key, defaults[key])
+        if not isinstance(name, str):
+            raise InputError(f"{_join(path, key)}: must be the name of a registered {reg.kind} "
+                             f"({', '.join(reg.names())}), got {name!r}")
+        params = reg.get(name).params or base
+        if not issubclass(params, base):
+            raise InputError(f"{_join(path, key)}: {reg.kind} {name!r} declares parameters {params.__name__} "
+                             f"that do not extend {base.__name__}")
+        chosen.append(params)
+    cls = _combine(base, chosen)
+    known = {f.name for f in dataclasses.fields(cls)}
+    owners: dict[str, list[str]] = {}
+    for reg in _selectors(base).values():
+        for e in reg.entries():
+            for f in dataclasses.fields(e.params or base):
+                owners.setdefault(f.name, []).append(e.name)
+    kept = {}
+    for k, v in data.items():
+        if k in known or k not in owners:
+            kept[k] = v
+        else:
+            what = " + ".join(str(data.get(key, defaults[key])) for key in _selectors(base))
+            log.info("%s: not a parameter of %s (only of %s); ignored", _join(path, k), what, ", ".join(owners[k]))
+    return cls, kept
+
+
+_COMBINED: dict[tuple[type, ...], type] = {}
+
+
+def _combine(base: type, chosen: list[type]) -> type:
+    """One dataclass with the fields of every chosen parameter class (they all extend ``base``)."""
+    parts = [c for c in dict.fromkeys(chosen) if not any(o is not c and issubclass(o, c) for o in chosen)]
+    if len(parts) <= 1:
+        return parts[0] if parts else base
+    key = tuple(parts)
+    if key not in _COMBINED:
+        _COMBINED[key] = dataclasses.make_dataclass(
+            f"{base.__name__}[{', '.join(c.__name__ for c in parts)}]", [], bases=key)
+    return _COMBINED[key]
 
 
 def _set_dotted(d: dict, dotted: str, value: Any) -> None:
@@ -347,8 +437,10 @@ def parse_override(item: str) -> tuple[str, Any]:
     return k.strip(), yamlio.loads(v, f"--set {k.strip()}") if v.strip() else None
 
 
-def load(path: str | None = None, overrides: list[str] | None = None, world_size: int = 1) -> Config:
-    """Read a YAML file (or nothing), apply ``--set`` overrides, validate everything."""
+def load(path: str | None = None, overrides: list[str] | None = None, world_size: int = 1,
+         values: dict[str, Any] | None = None) -> Config:
+    """Read a YAML file (or nothing), apply ``--set`` overrides (then ``values``: dotted key ->
+    value, as a sweep cell's), validate everything."""
     data: Any = {}
     if path is not None:
         data = yamlio.load_file(path, "config file")  # YAML 1.2 numbers, duplicate keys and bombs refused
@@ -358,6 +450,8 @@ def load(path: str | None = None, overrides: list[str] | None = None, world_size
             raise InputError(f"{path}: top level must be a mapping of keys")
     for item in overrides or []:
         _set_dotted(data, *parse_override(item))
+    for k, v in (values or {}).items():
+        _set_dotted(data, k, _copy(v))
     cfg = _build(Config, data, "")
     validate(cfg, world_size)
     return cfg
@@ -371,28 +465,23 @@ def from_dict(data: dict, world_size: int = 1) -> Config:
 
 
 def validate(cfg: Config, world_size: int = 1) -> None:
-    """Checks that involve several keys (single-key checks happen while parsing)."""
+    """Checks that involve several keys (single-key checks happen while parsing); each selected
+    component checks its own (``check`` of its registry entry)."""
     m = cfg.task.clients
     if world_size > m:
         raise InputError(f"task.clients: {m} clients cannot be sharded over {world_size} ranks (need >= ranks)")
-    t = cfg.task
-    if t.dataset == "quadratic":
-        if t.model != "scalar":
-            raise InputError(f"task.model: the quadratic task needs model 'scalar', got {t.model!r}")
-        if t.u is None:
-            raise InputError("task.u: the quadratic task needs the client optima u (one per client)")
-    elif t.model == "scalar":
-        raise InputError(f"task.model: 'scalar' is only for dataset quadratic, got dataset {t.dataset!r}")
-    if t.u is not None:
-        if len(t.u) != m:
-            raise InputError(f"task.u: needs one entry per client ({m}), got {len(t.u)}")
-        dims = {len(x) if isinstance(x, list) else 0 for x in t.u}
-        if len(dims) != 1 or not all(_is_num_or_numlist(x) for x in t.u):
-            raise InputError("task.u: entries must all be numbers or all be lists of numbers of one length")
     for a in cfg.train.augment:
         if a not in ("crop", "flip"):
             raise InputError(f"train.augment: unknown augmentation {a!r} (allowed: crop, flip)")
-    b = cfg.availability.base
+    for entry in cfg.components():
+        if entry.check is not None:
+            entry.check(cfg)
+
+
+def check_availability(cfg: Config) -> None:
+    """Cross-key checks of the built-in availability kinds (``AvailabilityConfig``)."""
+    m, av = cfg.task.clients, cfg.availability
+    b = av.base
     if b.lo > b.hi:
         raise InputError(f"availability.base.lo: must be <= hi ({b.hi}), got {b.lo}")
     if b.values is not None:
@@ -401,43 +490,67 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         for v in b.values:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
                 raise InputError(f"availability.base.values: probabilities must be in [0, 1], got {v!r}")
-    elif b.kind == "fixed" and cfg.availability.kind not in ("always", "cohort", "trace"):
+    elif b.kind == "fixed" and av.kind not in ("always", "cohort", "trace"):
         raise InputError("availability.base.values: base kind 'fixed' needs values")
-    av = cfg.availability
     if av.schedule is not None and av.kind != "trace":
         raise InputError(f"availability.schedule: only used with availability.kind: trace (kind is {av.kind!r})")
     if av.schedule is not None and av.trace is not None:
         raise InputError("availability.schedule: give either schedule or trace, not both")
     if av.kind == "cohort" and av.size > m:
         raise InputError(f"availability.size: cohort of {av.size} exceeds task.clients ({m})")
-    if cfg.algorithm.name in DECENTRALIZED and av.kind != "always":
-        raise InputError(f"availability.kind: decentralized algorithm {cfg.algorithm.name!r} uses sporadicity, "
-                         f"not availability (leave availability.kind: always)")
 
 
-def _is_num_or_numlist(x: Any) -> bool:
-    num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)  # noqa: E731
-    return num(x) or (isinstance(x, list) and len(x) > 0 and all(num(v) for v in x))
-
-
-def reference(cls: type = Config, prefix: str = "") -> list[str]:
-    """The config reference as markdown table rows (key, default, meaning)."""
+def reference(cls: type = Config, prefix: str = "", who: str = "") -> list[str]:
+    """The config reference as markdown table rows (key, default, allowed, meaning) of the
+    built-in components; ``who`` prefixes the meanings (the components a key belongs to)."""
     rows = []
+    hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        key = prefix + f.name
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        hint = typing.get_type_hints(cls)[f.name]
-        if dataclasses.is_dataclass(hint):
-            rows += reference(hint, key + ".")
-            continue
-        bounds = ", ".join(f"{w} {f.metadata[k]}" for k, w in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
-                           if f.metadata.get(k) is not None)
-        allowed = _type_name(hint) + (f" ({bounds})" if bounds else "")
-        rows.append(f"| `{key}` | `{yaml.safe_dump(default, default_flow_style=True).strip().removesuffix('...').strip()}` "
-                    f"| {allowed} | {f.metadata['doc']} |")
+        key, hint = prefix + f.name, hints[f.name]
+        if _selectors(hint):
+            rows += _block_reference(hint, key + ".")
+        elif dataclasses.is_dataclass(hint):
+            rows += reference(hint, key + ".", who)
+        else:
+            rows.append(_reference_row(key, f, hint, who))
+    return rows
+
+
+def _reference_row(key: str, f: dataclasses.Field, hint: Any, who: str) -> str:
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    bounds = ", ".join(f"{w} {f.metadata[k]}" for k, w in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
+                       if f.metadata.get(k) is not None)
+    reg = f.metadata.get("selects")
+    allowed = (f"one of {', '.join(reg.names(builtin_only=True))} (or a plug-in's)" if reg else _type_name(hint)) \
+        + (f" ({bounds})" if bounds else "")
+    shown = yaml.safe_dump(default, default_flow_style=True).strip().removesuffix("...").strip()
+    return f"| `{key}` | `{shown}` | {allowed} | {who}{f.metadata.get('doc', '')} |"
+
+
+def _block_reference(base: type, prefix: str) -> list[str]:
+    """A selecting block: its common keys, then each built-in component's own keys once,
+    marked with the components that take them (unmarked when every one does)."""
+    rows = reference(base, prefix)
+    seen = {f.name for f in dataclasses.fields(base)}
+    for reg in _selectors(base).values():
+        entries = reg.entries(builtin_only=True)
+        for e in entries:
+            cls = e.params or base
+            hints = typing.get_type_hints(cls)
+            for f in dataclasses.fields(cls):
+                if f.name in seen:
+                    continue
+                seen.add(f.name)
+                users = [x.name for x in entries if f.name in {g.name for g in dataclasses.fields(x.params or base)}]
+                who = "" if len(users) == len(entries) else ", ".join(users) + ": "
+                hint = hints[f.name]
+                rows += (reference(hint, prefix + f.name + ".", who) if dataclasses.is_dataclass(hint)
+                         else [_reference_row(prefix + f.name, f, hint, who)])
     return rows
 
 
 if __name__ == "__main__":
+    from fedmpi.config import reference as _reference  # the registries' classes, not this __main__ copy
+
     print("| key | default | allowed | meaning |\n|---|---|---|---|")
-    print("\n".join(reference()))
+    print("\n".join(_reference()))

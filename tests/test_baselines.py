@@ -33,6 +33,15 @@ def delta(i: int, x: float) -> float:
 
 # ----------------------------------------------------------------------------- references
 
+def ref_fedavg_active(eta_g: float) -> list[float]:
+    x, out = X0, []
+    for A in SCRIPT:
+        if A:  # an empty round keeps x
+            x = x + eta_g * sum(delta(i, x) for i in A) / len(A)
+        out.append(x)
+    return out
+
+
 def ref_fedavg_all(eta_g: float) -> list[float]:
     x, out = X0, []
     for A in SCRIPT:
@@ -79,12 +88,13 @@ def ref_fedau(eta_g: float, K: int = 2) -> list[float]:
     return out
 
 
-def ref_f3ast(eta_g: float, select: int = 2, beta: float = 0.5) -> list[float]:
-    x, r, out = X0, [1.0] * M, []
+def ref_f3ast(eta_g: float, select: int = 2, beta: float = 0.5, authors: bool = False) -> list[float]:
+    p = [1 / M] * M  # data shares: one sample per quadratic client
+    x, r, out = X0, [q if authors else select * q for q in p], []
     for A in SCRIPT:
-        S = sorted(A, key=lambda i: (r[i], i))[:select]
-        x = x + eta_g * sum(delta(i, x) / r[i] for i in S) / M
-        r = [(1 - beta) * r[i] + beta * (i in S) for i in range(M)]
+        S = sorted(A, key=lambda i: (-p[i] ** 2 / r[i] ** 2, i))[:select]
+        r = [(1 - beta) * r[i] + beta * (i in S) for i in range(M)]  # before the weights
+        x = x + eta_g * sum(p[i] / r[i] * delta(i, x) for i in S) / (select if authors else 1)
         out.append(x)
     return out
 
@@ -112,18 +122,22 @@ def ref_fedvarp(eta_g: float) -> list[float]:
 
 
 CASES = {
+    "fedavg_active": (ref_fedavg_active, {}),
     "fedavg_all": (ref_fedavg_all, {}),
     "fedknown": (ref_fedknown, {}),
     "gfedavg": (ref_gfedavg, {"amplification": 3.0, "anchor_period": 2}),
     "fedau": (ref_fedau, {"fedau_cap": 2}),
     "f3ast": (ref_f3ast, {"select": 2, "rate_beta": 0.5}),
+    "f3ast_authors": (lambda eta_g: ref_f3ast(eta_g, authors=True),
+                      {"select": 2, "rate_beta": 0.5, "f3ast_variant": "authors"}),
     "mifa": (ref_mifa, {}),
     "fedvarp": (ref_fedvarp, {}),
 }
 
 
-def make(name: str, eta_g: float = 1.0):
-    return build(quadratic_cfg(name, U, X0, eta_g=eta_g, **CASES[name][1]), Scripted(M, SCRIPT, PROBS))
+def make(case: str, eta_g: float = 1.0):
+    name = case.split("_authors")[0]  # f3ast_authors: f3ast with f3ast_variant: authors
+    return build(quadratic_cfg(name, U, X0, eta_g=eta_g, **CASES[case][1]), Scripted(M, SCRIPT, PROBS))
 
 
 @pytest.mark.parametrize("eta_g", [1.0, 0.5])
@@ -135,7 +149,7 @@ def test_trajectory_matches_definition(name, eta_g):
     for t in range(len(SCRIPT)):
         algo.round(t)
         got.append(scalar(algo.eval_models()[""]))
-    assert got == pytest.approx(ref, rel=1e-5, abs=1e-5)
+    assert got == pytest.approx(ref, rel=1e-6, abs=1e-6)  # float32 models: a few ulps over 6 rounds
 
 
 def test_empty_round_behaviour():
@@ -188,13 +202,31 @@ def test_fedknown_refuses_unknown_probabilities():
         build(quadratic_cfg("fedknown", U, X0), Scripted(M, SCRIPT, probs=None))
 
 
-def test_f3ast_selects_smallest_rates_ties_by_id():
-    algo = make("f3ast")
-    algo.r = np.array([0.3, 0.1, 0.1])
+def test_f3ast_selects_largest_p2_over_r2_among_available_ties_by_id():
+    algo = make("f3ast")  # p = (1/3, 1/3, 1/3)
+    algo.r = np.array([0.3, 0.1, 0.2])  # p^2 / r^2 largest for 1, then 2: the smallest r with equal p
     assert algo.select(0, np.array([0, 1, 2])).tolist() == [1, 2]
     algo.r = np.array([0.2, 0.2, 0.2])
     assert algo.select(0, np.array([0, 1, 2])).tolist() == [0, 1]
-    assert algo.select(0, np.array([2])).tolist() == [2]
+    assert algo.select(0, np.array([2])).tolist() == [2]  # fewer than K available: all of them
+    # unequal shares: the rule is p^2 / r^2, neither the largest p ...
+    algo.p, algo.r = np.array([0.6, 0.3, 0.1]), np.array([0.9, 0.2, 0.05])  # p / r = 0.67, 1.5, 2
+    assert algo.select(0, np.array([0, 1, 2])).tolist() == [1, 2]
+    algo.p, algo.r = np.array([0.6, 0.3, 0.1]), np.array([0.4, 0.3, 0.2])  # p / r = 1.5, 1, 0.5
+    assert algo.select(0, np.array([0, 1, 2])).tolist() == [0, 1]  # ... nor the smallest r
+    assert algo.select(0, np.array([1, 2])).tolist() == [1, 2]  # unavailable 0 is never chosen
+
+
+def test_f3ast_rates_start_at_k_p_and_move_before_the_weights():
+    algo = make("f3ast")  # K = 2, beta = 0.5, p_i = 1/3
+    assert algo.r == pytest.approx([2 / 3] * 3)
+    S = algo.select(0, np.array([0, 1, 2]))
+    assert S.tolist() == [0, 1] and algo.r == pytest.approx([5 / 6, 5 / 6, 1 / 3])
+    assert algo.weights(0, S, S) == pytest.approx([0.4, 0.4])  # p / r^{t+1} = (1/3) / (5/6)
+    authors = make("f3ast_authors")
+    assert authors.r == pytest.approx([1 / 3] * 3)
+    S = authors.select(0, np.array([0, 1, 2]))
+    assert authors.weights(0, S, S) == pytest.approx([(1 / 3) / (2 / 3) / 2] * 2)  # p / r^{t+1} / K
 
 
 def test_table_sum_tracks_the_rows():

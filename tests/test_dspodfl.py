@@ -28,7 +28,7 @@ def build(data: dict):
     """The algorithm of ``data`` (a config dict) on a single process, as the runner builds it."""
     cfg = config.from_dict(data)
     task = build_task(cfg, torch.device("cpu"))
-    trainer = LocalTrainer(task, cfg.train, cfg.seed, cfg.task.model)
+    trainer = LocalTrainer(task, cfg.train, cfg.seed)
     return algorithms.build(Context(cfg, World(), task, trainer, None))
 
 
@@ -192,6 +192,16 @@ def test_dfedavg_local_steps_and_schedule():
     drawn = build(quadratic("dfedavg", sporadicity={"sgd_prob": {"dist": "uniform", "lo": 0.1}}))
     d, _ = drawn.sporadic.probabilities(0)
     assert drawn.local_steps(0) == math.ceil(np.mean(1 / d)) > 1
+
+
+@pytest.mark.parametrize("d, ceil, authors", [(0.5, 2, 3), (0.4, 3, 3), (1.0, 1, 2)])
+def test_dfedavg_steps_ceil_vs_authors(d, ceil, authors):
+    """D = ceil(mean 1/d_i); the authors' int(mean 1/d_i) + 1 differs when the mean is an integer."""
+    fixed = {"sgd_prob": {"dist": "fixed", "value": d}}
+    assert build(quadratic("dfedavg", sporadicity=fixed)).local_steps(0) == ceil
+    algo = build(quadratic("dfedavg", sporadicity=fixed, algorithm={"dfedavg_steps": "authors"}))
+    assert algo.local_steps(0) == authors
+    assert [bool(algo.indicators(k)[1].all()) for k in range(authors + 1)] == [False] * authors + [True]
 
 
 # ------------------------------------------------------------------------ end to end

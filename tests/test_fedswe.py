@@ -52,7 +52,7 @@ def quadratic_cfg(name: str, u: list, x0: float = 0.0, eta_g: float = 1.0, lr: f
 def build(cfg: config.Config, part: Participation | None = None) -> algorithms.Algorithm:
     """The algorithm of ``cfg`` in this process (World() = one rank), on ``part`` or the config's kind."""
     task = build_task(cfg, CPU)
-    trainer = LocalTrainer(task, cfg.train, cfg.seed, cfg.task.model)
+    trainer = LocalTrainer(task, cfg.train, cfg.seed)
     if part is None:
         part = participation.build(cfg.availability, task.client_info(cfg.seed))
     return algorithms.build(Context(cfg, World(), task, trainer, part))
@@ -76,10 +76,10 @@ def fedswe_reference(u, x0, script, k, eta_g=1.0, q=Q, clip=None):
         if active:
             n = len(active)
             total = sum(dag.values())
-            if clip is not None:
-                mean_change = sum(dag[i] - xi[i] for i in active) / n
-                mean_change = max(-clip, min(clip, mean_change))  # |.| <= c in one dimension
-                total = sum(xi[i] for i in active) + n * mean_change
+            if clip is not None:  # the authors' order: clip the mean echoed innovation, then eta_g
+                mean_innovation = sum(dag[i] - xi[i] for i in active) / n / eta_g
+                mean_innovation = max(-clip, min(clip, mean_innovation))  # |.| <= c in one dimension
+                total = sum(xi[i] for i in active) + n * eta_g * mean_innovation
             x = (total + k * x) / (n + k)
         for i in active:
             xi[i] = x  # postponed multicast
@@ -117,13 +117,24 @@ def test_first_rounds_by_hand():
     assert ref[2][1] == -1.5
 
 
-def test_server_clip_limits_the_mean_echoed_change():
-    ref = fedswe_reference(U, 2.0, SCRIPT, 1, clip=0.75)
-    algo = build(quadratic_cfg("fedswe", U, 2.0, k=1, server_clip=0.75), Scripted(3, SCRIPT))
+@pytest.mark.parametrize("eta_g", [1.0, 0.5])
+def test_server_clip_limits_the_mean_echoed_change(eta_g):
+    ref = fedswe_reference(U, 2.0, SCRIPT, 1, eta_g=eta_g, clip=0.75)
+    algo = build(quadratic_cfg("fedswe", U, 2.0, eta_g=eta_g, k=1, server_clip=0.75), Scripted(3, SCRIPT))
     for t, (x, _, _) in enumerate(ref):
         algo.round(t)
         assert scalar(algo.x) == pytest.approx(x, rel=1e-5)
-    assert ref != fedswe_reference(U, 2.0, SCRIPT, 1)  # the clip was active
+    assert ref != fedswe_reference(U, 2.0, SCRIPT, 1, eta_g=eta_g)  # the clip was active
+
+
+def test_server_clip_comes_before_eta_g_by_hand():
+    """The authors' accumulation: x^{t+1} = mean x_i + eta_g clip(mean (t - tau_i)(x_i^{t,s} - x_i), c).
+    k = 0, x0 = 2, q = 1/4, c = 1, eta_g = 0.5, round 0 with clients 0 and 1 (echo t - tau = 1):
+    x^{0,s} = 1/2 and 13/2, innovations -3/2 and 9/2, mean 3/2 -> clipped to 1 -> x^1 = 2 + 0.5 * 1 = 2.5.
+    (Clipping after eta_g would give 2 + clip(0.75, 1) = 2.75.)"""
+    algo = build(quadratic_cfg("fedswe", U, 2.0, eta_g=0.5, k=0, server_clip=1.0), Scripted(3, SCRIPT))
+    algo.round(0)
+    assert scalar(algo.x) == pytest.approx(2.5, rel=1e-6)
 
 
 def test_vector_model_and_x_bar_against_explicit_client_models():

@@ -161,9 +161,9 @@ def test_unwritable_output(tmp_path, capsys):
 
 
 def test_memory_estimate_refuses_huge_tables(tmp_path, capsys, monkeypatch):
-    from fedmpi.algorithms import base
+    from fedmpi.registry import ALGORITHMS
 
-    monkeypatch.setattr(base._REGISTRY["fedavg_active"], "client_rows", 10**9)
+    monkeypatch.setattr(ALGORITHMS.get("fedavg_active").obj, "client_rows", 10**9)
     cfg = synthetic_config(rounds=1)
     code, err = _run(tmp_path, capsys, cfg)
     assert code == 2 and "GiB" in err and "algorithm.name" in err

@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
 from fedmpi.errors import InputError
-from fedmpi.models import MODELS, build_model, count_params, loss_fn
+from fedmpi.models import MLPParams, build_model, count_params, loss_fn
+from fedmpi.models.nets import ARCHS
 from fedmpi.models.dropout import KeyedDropout
 
 IMG = (3, 32, 32)
@@ -34,7 +35,7 @@ def test_vgg11_shape_and_inputs():
 def test_fmnist_shapes():
     x = torch.rand(3, 1, 28, 28)
     for name in ("logreg", "linear_svm", "mlp", "svhn_cnn", "cifar_cnn", "cinic_cnn"):
-        assert build_model(name, (1, 28, 28), 10, hidden=16)(x).shape == (3, 10)
+        assert build_model(name, (1, 28, 28), 10, params=MLPParams(hidden=16))(x).shape == (3, 10)
 
 
 def test_init_deterministic_without_global_rng():
@@ -57,10 +58,10 @@ def test_hinge_matches_multi_margin_loss():
     torch.testing.assert_close(loss_fn("mlp")(logits, y), F.cross_entropy(logits, y))
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", list(ARCHS))
 def test_vmapped_grad_equals_loop(name):
     n, b = 2, 2
-    models = [build_model(name, IMG, 10, hidden=32, seed=s).eval() for s in range(n)]  # eval: dropout off
+    models = [build_model(name, IMG, 10, seed=s, params=MLPParams(hidden=32)).eval() for s in range(n)]  # eval: dropout off
     stacked = {k: torch.stack([dict(m.named_parameters())[k].detach() for m in models])
                for k, _ in models[0].named_parameters()}
     gen = torch.Generator().manual_seed(0)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -43,6 +46,55 @@ def test_exact_closed_forms_n8():
     for B in (1, 3):
         q = p / P + (B - 1) / 7 * (1 - p / P)
         np.testing.assert_allclose(stationary_exact(p, B, 0), q / B, rtol=0, atol=1e-12)
+
+
+def rational_pi(p: list[Fraction], B: int, R: int) -> list[Fraction]:
+    """pi_R in exact rational arithmetic, independently of fedmpi.participation.pi (R >= 1):
+    the chain over the last R selected sets (oldest first), reached from an empty history; from a
+    state, S (|S| = B) among the n_e eligible clients has probability
+    sum_S p / (C(n_e - 1, B - 1) sum_eligible p); solved by Gauss-Jordan elimination over Q."""
+    n = len(p)
+    start: tuple = ()
+    index, order, rows = {start: 0}, [start], []
+    while len(rows) < len(order):
+        state = order[len(rows)]
+        eligible = [i for i in range(n) if not any(i in S for S in state)]
+        total = sum(p[i] for i in eligible) * math.comb(len(eligible) - 1, B - 1)
+        row: dict[int, Fraction] = {}
+        for S in itertools.combinations(eligible, B):
+            nxt = (state + (frozenset(S),))[-R:]
+            if nxt not in index:
+                index[nxt] = len(order)
+                order.append(nxt)
+            row[index[nxt]] = row.get(index[nxt], Fraction(0)) + sum(p[i] for i in S) / total
+        rows.append(row)
+    k = len(order)  # solve mu (P - I) = 0, sum mu = 1: unknowns mu, one equation per state
+    a = [[(rows[s].get(j, Fraction(0)) - (s == j)) for s in range(k)] + [Fraction(0)] for j in range(k)]
+    a[-1] = [Fraction(1)] * k + [Fraction(1)]
+    for c in range(k):
+        r = next(r for r in range(c, k) if a[r][c] != 0)
+        a[c], a[r] = a[r], a[c]
+        a[c] = [v / a[c][c] for v in a[c]]
+        for r in range(k):
+            if r != c and a[r][c] != 0:
+                a[r] = [v - a[r][c] * w for v, w in zip(a[r], a[c])]
+    mu = [a[s][-1] for s in range(k)]
+    return [sum(mu[s] for s in range(k) if order[s] and i in order[s][-1]) / B for i in range(n)]
+
+
+@pytest.mark.parametrize("p, B, R, expected", [
+    # N = 4, B = 1, R = 2: each round picks one of the two clients outside the last two
+    ((1, 2, 3, 4), 1, 2, (Fraction(13, 75), Fraction(19, 75), Fraction(21, 75), Fraction(22, 75))),
+    # N = 5, B = 2, R = 1: each round picks a pair among the three clients outside the last pair
+    ((Fraction(1, 10), Fraction(2, 10), Fraction(3, 10), Fraction(5, 10), Fraction(9, 10)), 2, 1,
+     tuple(Fraction(v, 1680) for v in (299, 316, 331, 355, 379)))])
+def test_exact_pi_against_rational_values(p, B, R, expected):
+    """pi_R of two cases with R >= 1 and several eligible subsets, as exact fractions; the
+    fractions were computed independently and are re-derived here over Q."""
+    p = [Fraction(v) for v in p]
+    assert rational_pi(p, B, R) == list(expected)
+    got = stationary_exact(np.array([float(v) for v in p]), B, R)
+    np.testing.assert_allclose(got, [float(v) for v in expected], rtol=0, atol=1e-14)
 
 
 @pytest.mark.parametrize("B,R", [(1, 1), (1, 2), (2, 1), (2, 0)])

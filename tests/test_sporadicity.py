@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -102,3 +104,51 @@ def test_raw_delay_has_unit_expected_parts():
     d, b = ind.probabilities()
     parts = np.array([iteration_delay(*ind.draw(k), d, b, GRAPH) for k in range(2000)])
     assert np.allclose(parts.mean(0), [1.0, 1.0], atol=0.05)
+
+
+# ----------------------------------------------------------------------------- the drawn distributions
+
+RING = make_graph(6000, np.stack([np.arange(6000), (np.arange(6000) + 1) % 6000], 1))  # 6000 d_i and 6000 b_ij
+
+
+def ks_distance(sample: np.ndarray, cdf) -> float:
+    """Kolmogorov-Smirnov statistic sup_x |F_n(x) - F(x)|."""
+    x = np.sort(sample)
+    n = len(x)
+    f = cdf(x)
+    return float(max(np.max(np.arange(1, n + 1) / n - f), np.max(f - np.arange(n) / n)))
+
+
+def beta_cdf_integer(a: int, b: int):
+    """I_x(a, b) for integer a, b: P(Binomial(a + b - 1, x) >= a)."""
+    n = a + b - 1
+    return lambda x: sum(math.comb(n, j) * x ** j * (1 - x) ** (n - j) for j in range(a, n + 1))
+
+
+ARCSINE = lambda x: 2 / np.pi * np.arcsin(np.sqrt(x))  # noqa: E731  Beta(0.5, 0.5), the paper's FMNIST setting
+
+
+@pytest.mark.parametrize("a, b, cdf", [(0.5, 0.5, ARCSINE), (2.0, 5.0, beta_cdf_integer(2, 5))])
+def test_beta_draws_follow_beta_by_ks(a, b, cdf):
+    """d_i and b_ij ~ Beta(a, b): KS distance below the 0.1% critical value 1.95 / sqrt(n).
+    U(0, 1] would be 0.10 away from Beta(0.5, 0.5) (6000 draws: 7.7 / sqrt(n))."""
+    beta = ProbDistConfig(dist="beta", a=a, b=b)
+    d, e = draw_probabilities(spor(beta, beta), RING, 7)
+    for sample in (d, e):
+        assert ks_distance(sample, cdf) < 1.95 / np.sqrt(len(sample))
+    assert ks_distance(np.random.default_rng(0).random(6000), cdf) > 5 / np.sqrt(6000)  # the test can see U(0,1)
+
+
+def test_beta_draws_have_beta_moments():
+    """Beta(0.8, 0.8) (the paper's CIFAR-10 setting): mean 1/2 and variance ab / ((a+b)^2 (a+b+1))
+    = 0.0962 (U(0, 1): 0.0833), within 4 standard errors of the sample moments."""
+    a = b = 0.8
+    beta = ProbDistConfig(dist="beta", a=a, b=b)
+    mean, var = a / (a + b), a * b / ((a + b) ** 2 * (a + b + 1))
+    for sample in draw_probabilities(spor(beta, beta), RING, 11):
+        n = len(sample)
+        assert abs(sample.mean() - mean) < 4 * np.sqrt(var / n)
+        centred = sample - sample.mean()
+        se_var = np.sqrt((np.mean(centred ** 4) - centred.var() ** 2) / n)
+        assert abs(sample.var() - var) < 4 * se_var
+        assert abs(sample.var() - 1 / 12) > 4 * se_var  # U(0, 1] would fail here

@@ -3,8 +3,9 @@
 Every algorithm is an ``Algorithm``: the runner calls ``round(t)`` on every rank for
 t = 0..T-1, then asks for the models to evaluate (``eval_models``), extra scalar metrics
 (``extra_metrics``) and the final model. A user's own algorithm subclasses ``Algorithm``
-(or ``ServerAlgorithm``) and registers itself with ``@register("name")`` -- the Flower
-"strategy" idea, with rank-aware state.
+(or ``ServerAlgorithm``), declares its parameters as a dataclass ``Params`` (a subclass of
+``AlgorithmParams``; they are the keys of the ``algorithm:`` block) and registers itself with
+``@register("name")`` -- the Flower "strategy" idea, with rank-aware state.
 
 ``ServerAlgorithm`` is the centralized round of ARCHITECTURE.md:
 
@@ -30,13 +31,14 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..config import Config
+from ..config import AlgorithmParams, Config
 from ..data.task import Task
 from ..engine.local import LocalTrainer
 from ..engine.params import ParamSpec
 from ..engine.reduce import reproducible_sum_blocks
 from ..errors import InputError
 from ..participation import Participation
+from ..registry import ALGORITHMS
 from ..runtime import World
 
 
@@ -73,17 +75,31 @@ class Context:
 
 
 class Algorithm:
-    """Base of every algorithm. ``metrics`` names the extra metrics it logs; ``client_rows`` is
-    how many model-sized float32 rows it keeps per client (for the up-front memory check)."""
+    """Base of every algorithm.
 
+    ``Params``: the dataclass of its keys in the ``algorithm:`` block (``self.params`` holds the
+    values); ``needs_participation``: it runs on an availability model (``ctx.participation``);
+    ``metrics`` names the extra metrics it logs; ``client_rows`` is how many model-sized float32
+    rows it keeps per client (for the up-front memory check)."""
+
+    Params: type[AlgorithmParams] = AlgorithmParams
+    needs_participation: bool = False
     metrics: tuple[str, ...] = ()
     client_rows: int = 0
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
         self.cfg = ctx.cfg
+        self.params = ctx.cfg.algorithm
         self.world = ctx.world
         self.m = ctx.m
+
+    @classmethod
+    def check_config(cls, cfg: Config) -> None:
+        """Cross-key checks of a config that selects this algorithm (raise InputError)."""
+        if not cls.needs_participation and cfg.availability.kind != "always":
+            raise InputError(f"availability.kind: algorithm {cfg.algorithm.name!r} does not use availability "
+                             f"(leave availability.kind: always)")
 
     def round(self, t: int) -> int:
         """Run round (iteration) t on this rank; return the number of clients that trained."""
@@ -118,10 +134,10 @@ class Algorithm:
 class ServerAlgorithm(Algorithm):
     """Centralized FL with rank 0 as the server; see the module docstring."""
 
+    needs_participation = True
+
     def __init__(self, ctx: Context):
         super().__init__(ctx)
-        if ctx.participation is None:
-            raise InputError(f"algorithm.name: {self.cfg.algorithm.name} needs an availability model")
         self.eta_g = self.cfg.train.global_lr
         self.x = ctx.spec.flatten(ctx.task.model).to(ctx.device)  # x^t, identical on every rank
         self.active = np.zeros(0, dtype=np.int64)
@@ -144,7 +160,10 @@ class ServerAlgorithm(Algorithm):
 
     # ---------------------------------------------------------------- hooks
     def select(self, t: int, available: np.ndarray) -> np.ndarray:
-        """Which available clients train this round (default: all of them)."""
+        """Which available clients train this round (default: all of them).
+
+        Called exactly once per round, on every rank, with the same ``available``: it may
+        update replicated per-round state (F3AST's rates, debiased FedAvg's counts)."""
         return available
 
     def start_models(self, local: np.ndarray) -> torch.Tensor:
@@ -189,28 +208,22 @@ class ServerAlgorithm(Algorithm):
         self.x = state["x"].to(self.ctx.device)
 
 
-_REGISTRY: dict[str, Callable[[Context], Algorithm]] = {}
+def register(name: str) -> Callable[[type[Algorithm]], type[Algorithm]]:
+    """Class decorator: ``@register("fedavg_active") class FedAvgActive(ServerAlgorithm)``; the
+    class's ``Params`` and ``check_config`` validate the ``algorithm:`` block."""
 
-
-def register(name: str):
-    """Class decorator: ``@register("fedavg_active") class FedAvgActive(ServerAlgorithm)``."""
-
-    def deco(cls):
-        _REGISTRY[name] = cls
-        return cls
+    def deco(cls: type[Algorithm]) -> type[Algorithm]:
+        if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+            raise TypeError(f"algorithm {name!r}: register a subclass of fedmpi.algorithms.Algorithm")
+        return ALGORITHMS.register(name, params=cls.Params, check=cls.check_config)(cls)
 
     return deco
 
 
 def memory_estimate(name: str, local_clients: int, d: int) -> int:
     """Bytes of per-client model-sized state an algorithm needs on one rank."""
-    cls = _REGISTRY.get(name)
-    return 0 if cls is None else int(cls.client_rows) * local_clients * d * 4
+    return int(ALGORITHMS.get(name).obj.client_rows) * local_clients * d * 4
 
 
 def build(ctx: Context) -> Algorithm:
-    name = ctx.cfg.algorithm.name
-    if name not in _REGISTRY:
-        raise InputError(f"algorithm.name: {name!r} is not implemented in this build "
-                         f"(have: {', '.join(sorted(_REGISTRY))})")
-    return _REGISTRY[name](ctx)
+    return ALGORITHMS.get(ctx.cfg.algorithm.name).obj(ctx)

@@ -24,20 +24,32 @@ The counts t_i depend only on the participation sequence, which every rank knows
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import numpy as np
 import torch
 
+from ..config import AlgorithmParams, opt
 from .base import Context, register
 from .fedavg import FedAvgActive
 
 
+@dataclass
+class DebiasedParams(AlgorithmParams):
+    warmup: int = opt(0, "rounds with nu_i = 1", ge=0)
+    nu_max: Optional[float] = opt(None, "cap on nu_i; null = none", gt=0)
+
+
 @register("debiased_fedavg")
 class DebiasedFedAvg(FedAvgActive):
+    Params = DebiasedParams
+
     def __init__(self, ctx: Context):
         super().__init__(ctx)
         self.counts = np.zeros(self.m, dtype=np.int64)  # t_i
-        self.warmup = self.cfg.algorithm.warmup
-        self.nu_max = self.cfg.algorithm.nu_max
+        self.warmup = self.params.warmup
+        self.nu_max = self.params.nu_max
 
     def select(self, t: int, available: np.ndarray) -> np.ndarray:
         self.counts[available] += 1  # every selected client increments t_i

@@ -9,15 +9,21 @@ d_i, b_ij (a client with small d_i is slow even when a baseline makes it compute
 - ``rg``:           v_i = 1, v_ij ~ Bern(b_ij)          (randomized gossip)
 - ``sporadic_sgd``: v_i ~ Bern(d_i), v_ij = 1
 - ``dfedavg``:      D SGD-only iterations (v_i = 1, v_ij = 0), then one aggregation-only
-                    iteration (v_i = 0, v_ij = 1), D = ceil(mean_i 1/d_i)
+                    iteration (v_i = 0, v_ij = 1), D = ceil(mean_i 1/d_i); with
+                    ``algorithm.dfedavg_steps: authors`` D = int(mean_i 1/d_i) + 1 as the authors'
+                    code (``determine_DandB``): one more step when the mean is an integer
+                    (d_i = 0.5 for all: 2 vs 3)
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
+from ..config import AlgorithmParams, opt
 from .base import register
 from .decentralized import Decentralized
 
@@ -48,16 +54,26 @@ class SporadicSGD(Decentralized):
     force_links = True
 
 
+@dataclass
+class DFedAvgParams(AlgorithmParams):
+    dfedavg_steps: Literal["ceil", "authors"] = opt(
+        "ceil", "D = ceil(mean 1/d_i), or int(mean 1/d_i) + 1 as the authors' code")
+
+
 @register("dfedavg")
 class DFedAvg(Decentralized):
     """Decentralized FedAvg (local SGD): iteration k aggregates iff k mod (D + 1) = D."""
 
+    Params = DFedAvgParams
     force_sgd = force_links = True
 
     def local_steps(self, k: int) -> int:
-        """D = ceil(mean_i 1/d_i) with the d_i in force at iteration k."""
+        """D from the d_i in force at iteration k: ceil(mean 1/d_i), or int(mean 1/d_i) + 1 (authors)."""
         d, _ = self.sporadic.probabilities(k)
-        return max(1, math.ceil(float(np.mean(1.0 / d))))
+        mean = float(np.mean(1.0 / d))
+        if self.params.dfedavg_steps == "authors":
+            return int(mean) + 1
+        return max(1, math.ceil(mean))
 
     def aggregates(self, k: int) -> bool:
         return k % (self.local_steps(k) + 1) == self.local_steps(k)

@@ -12,17 +12,27 @@ The O(m) integer state is replicated on every rank (updated identically from A_t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
+from ..config import AlgorithmParams, opt
 from .base import Context, ServerAlgorithm, register
+
+
+@dataclass
+class FedAUParams(AlgorithmParams):
+    fedau_cap: int = opt(50, "interval cap K", ge=1)
 
 
 @register("fedau")
 class FedAU(ServerAlgorithm):
+    Params = FedAUParams
+
     def __init__(self, ctx: Context):
         super().__init__(ctx)
-        self.K = self.cfg.algorithm.fedau_cap
+        self.K = self.params.fedau_cap
         self.c = np.zeros(self.m, dtype=np.int64)  # c_i
         self.L_sum = np.zeros(self.m, dtype=np.int64)  # sum of L_i
         self.L_len = np.zeros(self.m, dtype=np.int64)  # |L_i|

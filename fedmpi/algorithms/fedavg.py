@@ -12,8 +12,8 @@ import numpy as np
 from .base import ServerAlgorithm, register
 
 
-@register("fedavg_active")
 @register("fedavg_markov")
+@register("fedavg_active")
 class FedAvgActive(ServerAlgorithm):
     def weights(self, t: int, active: np.ndarray, local: np.ndarray) -> np.ndarray:
         return np.full(len(local), 1.0 / max(len(active), 1))

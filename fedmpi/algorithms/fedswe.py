@@ -11,39 +11,52 @@ Round t:
                    A_t empty: x^{t+1} = x^t
     for i in A_t:  x_i <- x^{t+1}                                   (postponed multicast)
 
-``algorithm.k`` null means k = m. ``algorithm.server_clip: c`` (authors' code: c = 0.5 with
-k = 0) clips the mean echoed change (1/|A_t|) sum_{A_t} (x_i^dag - x_i) to norm at most c
-before the moving average -- the authors' ``clip`` rescales only when the norm exceeds c.
-(Their code clips before multiplying by eta_g; here eta_g is inside, as in ALGORITHMS.md:
-the same thing for the paper's eta_g = 1.)
+``algorithm.k`` null means k = m. ``algorithm.server_clip: c`` is the authors' code (c = 0.5
+with k = 0): the mean echoed innovation E = (1/|A_t|) sum_{A_t} (t - tau_i)(x_i^{t,s} - x_i) is
+rescaled to norm c when longer, THEN multiplied by eta_g, so that
+sum_{A_t} x_i^dag = sum_{A_t} x_i + |A_t| eta_g clip(E, c) enters the moving average
+(the order matters only for eta_g != 1; the paper uses eta_g = 1).
 
 Memory: an inactive client's x_i is the past global model x^{tau_i + 1} (x_0 when tau_i = -1),
 so clients hold references into a ``VersionStore`` with one copy per distinct version.
 
-Outputs: ``""`` = x_bar = (1/m) sum_i x_i over ALL clients (what Corollary 12 bounds and the
-authors evaluate), ``"server"`` = x^t; metric ``consensus_error`` = (1/m) sum_i ||x_i - x_bar||^2.
+Outputs: ``""`` = x_bar = (1/m) sum_i x_i over ALL m real clients (what the authors evaluate; the
+analysis of Sec. 6.2 averages over m + k clients, the k virtual ones holding x^t), ``"server"`` =
+x^t; metric ``consensus_error`` = (1/m) sum_i ||x_i - x_bar||^2 over the real clients.
 Both are computed from the live versions and how many clients hold each (``_client_mean``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import numpy as np
 import torch
 
+from ..config import AlgorithmParams, opt
 from ..engine.reduce import reproducible_sum, reproducible_sum_blocks
 from ..engine.store import VersionStore
 from .base import Context, ServerAlgorithm, register
 
 
+@dataclass
+class FedSWEParams(AlgorithmParams):
+    k: Optional[float] = opt(None, "moving-average coefficient k (0 = FedAWE); null = m", ge=0)
+    server_clip: Optional[float] = opt(
+        None, "(authors' code) clip the mean echoed innovation to this norm, then eta_g", gt=0)
+
+
 @register("fedswe")
 class FedSWE(ServerAlgorithm):
+    Params = FedSWEParams
     metrics = ("consensus_error",)
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
-        a = self.cfg.algorithm
-        self.k = float(self.m if a.k is None else a.k)  # k: weight of x^t in the moving average
-        self.clip = a.server_clip  # c, or None
+        p = self.params
+        self.k = float(self.m if p.k is None else p.k)  # k: weight of x^t in the moving average
+        self.clip = p.server_clip  # c, or None
         self.lo, hi = ctx.shard
         self.store = VersionStore(self.lo, hi, self.x)  # x_i of the local clients
         self.tau = np.full(hi - self.lo, -1, dtype=np.int64)  # tau_i of the local clients
@@ -55,13 +68,12 @@ class FedSWE(ServerAlgorithm):
 
     def contribution(self, t: int, active: np.ndarray, local: np.ndarray,
                      start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
-        """x_i^dag per local active client; with server_clip the pair (x_i, x_i^dag - x_i)."""
+        """x_i^dag per local active client; with server_clip the pair (x_i, (t - tau_i)(x_i^{t,s} - x_i))."""
         x_i = start.double()
         G = x_i - end.double()  # G_i = x_i - x_i^{t,s}
-        echo = torch.as_tensor(self.eta_g * (t - self.tau[local - self.lo]), dtype=torch.float64,
-                               device=G.device)  # eta_g (t - tau_i)
-        change = -echo[:, None] * G  # x_i^dag - x_i
-        return x_i + change if self.clip is None else torch.cat([x_i, change], dim=1)
+        echo = torch.as_tensor(t - self.tau[local - self.lo], dtype=torch.float64, device=G.device)  # t - tau_i
+        innovation = -echo[:, None] * G  # x_i^dag - x_i = eta_g * innovation
+        return x_i + self.eta_g * innovation if self.clip is None else torch.cat([x_i, innovation], dim=1)
 
     # ---------------------------------------------------------------- server
     def server_update(self, t: int, active: np.ndarray, total: torch.Tensor) -> torch.Tensor:
@@ -69,13 +81,13 @@ class FedSWE(ServerAlgorithm):
         x = self.x.double()
         if n == 0:  # nobody reported: k = 0 keeps x^t; k > 0 gives k x^t / k = x^t anyway
             return x
-        if self.clip is not None:  # sum x_i^dag = sum x_i + |A_t| * clip(mean echoed change)
-            sum_x, sum_change = total.chunk(2)
-            mean_change = sum_change / n
-            norm = float(mean_change.norm())
+        if self.clip is not None:  # sum x_i^dag = sum x_i + |A_t| eta_g clip(E, c): clip, then eta_g
+            sum_x, sum_innovation = total.chunk(2)
+            E = sum_innovation / n
+            norm = float(E.norm())
             if norm > self.clip:
-                mean_change = mean_change * (self.clip / norm)
-            total = sum_x + n * mean_change
+                E = E * (self.clip / norm)
+            total = sum_x + n * self.eta_g * E
         return (total + self.k * x) / (n + self.k)  # x^{t+1}
 
     def after_round(self, t: int, active: np.ndarray, local: np.ndarray,

@@ -14,19 +14,30 @@ happens at the end of every period even when the last round had no active client
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
+from ..config import AlgorithmParams, opt
 from .base import Context, register
 from .fedavg import FedAvgActive
 
 
+@dataclass
+class GFedAvgParams(AlgorithmParams):
+    amplification: float = opt(10.0, "amplification a", gt=0)
+    anchor_period: int = opt(100, "rounds P between amplifications", ge=1)
+
+
 @register("gfedavg")
 class GFedAvg(FedAvgActive):
+    Params = GFedAvgParams
+
     def __init__(self, ctx: Context):
         super().__init__(ctx)
-        self.a = self.cfg.algorithm.amplification
-        self.P = self.cfg.algorithm.anchor_period
+        self.a = self.params.amplification
+        self.P = self.params.anchor_period
         self.anchor = self.x.clone()  # x_anchor = x_0, kept on every rank
 
     def _period_ends(self, t: int) -> bool:

@@ -124,18 +124,18 @@ def _fingerprint(dataset: str, root: str, sources: list[str]) -> str:
     return h.hexdigest()
 
 
-def _read_cache(path: str, fingerprint: str) -> dict | None:
+def _read_cache(path: str, fingerprint: str, keys: tuple[str, ...] = _ARRAYS) -> dict | None:
     """The cached arrays, or None when absent, stale or unreadable (then it is rebuilt)."""
     try:
         with np.load(path, allow_pickle=False) as z:
             if str(z["fingerprint"]) != fingerprint:
                 return None
-            return {k: z[k] for k in _ARRAYS}
+            return {k: z[k] for k in keys}
     except Exception:  # missing, truncated, not an npz, keys absent: rebuild
         return None
 
 
-def _write_cache(path: str, fingerprint: str, arrays: dict) -> None:
+def _write_cache(path: str, fingerprint: str, arrays: dict, keys: tuple[str, ...] = _ARRAYS) -> None:
     """Atomic write (temp file + rename); an unwritable cache folder only costs speed."""
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -144,7 +144,7 @@ def _write_cache(path: str, fingerprint: str, arrays: dict) -> None:
         return
     try:
         with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, fingerprint=np.array(fingerprint), **{k: np.asarray(arrays[k]) for k in _ARRAYS})
+            np.savez(fh, fingerprint=np.array(fingerprint), **{k: np.asarray(arrays[k]) for k in keys})
         os.replace(tmp, path)
     except OSError:
         try:

@@ -10,11 +10,15 @@ Iteration k costs, averaged over clients,
 
 Each active undirected edge counts for both endpoints (each sends its model).
 
+``raw`` is what the authors' code accumulates and stops on: its delay budget (500 for FMNIST,
+5000 for CIFAR-10) is compared with the running sum of ``delay_used / num_agents``, this formula.
+
 ``normalized``: the paper's text we have lost its formulas, so this reading follows the
-authors' code (``delay_used / max_delay_usable`` there): the same two parts divided by the
-delay of an iteration in which everything fires (all v_i = v_ij = 1),
-(1/m) sum_i [ 1/d_i + (1/deg_i) sum_j 1/b_ij ]. Each iteration then costs a fraction in [0, 1]
-(its utilisation of the worst-case delay), and processing + transmission is that fraction.
+utilisation the authors' code LOGS (``delay_used / max_delay_usable``), not what it stops on:
+the same two parts divided by the delay of an iteration in which everything fires (all
+v_i = v_ij = 1), (1/m) sum_i [ 1/d_i + (1/deg_i) sum_j 1/b_ij ]. Each iteration then costs a
+fraction in [0, 1] (its utilisation of the worst-case delay), and processing + transmission is
+that fraction. A ``max_delay`` of the paper's budgets is meant for ``raw``.
 """
 
 from __future__ import annotations

@@ -9,8 +9,14 @@ Each iteration k draws fresh indicators from counter-based streams, identical on
 
 - v_i ~ Bern(d_i), counter i of stream (seed, "sgd", k);
 - ``per_edge`` (paper): one v_ij ~ Bern(b_ij) per undirected edge, counter e of (seed, "link", k);
-- ``per_endpoint`` (authors' code): each endpoint tries with probability b_ij (counters 2e, 2e+1)
-  and the link fires if either does, i.e. with probability 1 - (1 - b_ij)^2.
+- ``per_endpoint``: each endpoint tries with probability b_ij (counters 2e, 2e+1) and the link
+  fires if either does, i.e. with probability 1 - (1 - b_ij)^2 -- the per-iteration draw of the
+  authors' code. Only that draw: both options redraw every iteration, as the paper and the
+  authors' first commit do. In their latest commit the reset at the start of an iteration writes
+  ``neighbor['vhat'] = 0`` while the flag is ``'v_hat'``, so a link that fires once stays on for
+  the rest of the run (in a mock of their lines: first fire at iteration 18, then on every
+  iteration), and their DSpodFL pays DGD's transmission delay from then on. fedmpi does not
+  reproduce that bug.
 
 ``force_sgd`` / ``force_links`` make every indicator 1 (DGD, RG, sporadic SGD); the drawn d, b
 are still what ``probabilities`` returns, because the emulated delay uses them.

@@ -1,44 +1,97 @@
-"""Model zoo: ``build_model``, ``loss_fn``, ``count_params``.
+"""Model zoo and model registry: ``register``, ``build_model``, ``loss_fn``, ``count_params``.
 
-Models: logreg, linear_svm (multi-class hinge loss), mlp, svhn_cnn, cifar_cnn, cinic_cnn
-(dropout 0.2), vgg11 -- see ``nets``. Initialisation is a pure function of ``seed`` (a
-local ``torch.Generator``; torch's global RNG is never touched): Kaiming-normal weights and
-zero biases on conv/hidden layers, PyTorch's default uniform(+-1/sqrt(fan_in)) on the
-output layer. Models hold no persistent buffers, so ``dict(model.named_parameters())``
-describes them fully and they run under ``torch.func.functional_call`` + ``vmap`` + ``grad``
-over stacked parameters. Dropout is ``models.dropout.KeyedDropout``: its mask comes from a
-per-client key the engine passes (a non-persistent buffer), not from torch's generator.
+A model is a registered factory ``(in_shape, classes, params) -> nn.Module``; ``params`` is the
+``task`` block, which holds the model's own keys (a ``ModelParams`` subclass, e.g. ``hidden``
+of ``mlp``). Built-ins: logreg, linear_svm (multi-class hinge loss), mlp, svhn_cnn, cifar_cnn,
+cinic_cnn (dropout 0.2), vgg11 -- see ``nets`` -- and ``scalar`` (the quadratic task's model,
+built by that dataset).
+
+Initialisation is a pure function of ``seed``; torch's global RNG is never touched. Built-ins
+(``init="fedmpi"``) are made on the meta device and get Kaiming-normal weights and zero biases
+on conv/hidden layers, PyTorch's default uniform(+-1/sqrt(fan_in)) on the output layer, from a
+local ``torch.Generator``. A plug-in's module keeps its own initialisation (``init="own"``), run
+under a forked global RNG seeded with ``seed``. Models hold no persistent buffers, so
+``dict(model.named_parameters())`` describes them fully: the engine trains many clients'
+copies at once through its stacked layers (``engine.layers``), or ``torch.func.functional_call``
++ ``vmap`` + ``grad`` for other modules. Losses: ``models.losses``. Dropout is
+``models.dropout.KeyedDropout``: its mask comes from a per-client key the engine passes (a
+non-persistent buffer), not from torch's generator; ``nn.Dropout`` is refused.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable
 
 import psutil
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from ..config import ModelParams, TaskConfig, opt
 from ..errors import InputError
+from ..registry import MODELS
+from .losses import Loss, cross_entropy, multiclass_hinge
 from .nets import ARCHS
 
-MODELS = tuple(ARCHS)
+Factory = Callable[[tuple, int, TaskConfig], nn.Module]
 
 
-def build_model(name: str, in_shape: tuple[int, ...], classes: int, hidden: int = 200, seed: int = 0) -> nn.Module:
-    """Model ``name`` for inputs of shape ``in_shape`` (without batch dim), initialised from ``seed``."""
-    if name not in ARCHS:
-        raise InputError(f"task.model: unknown model {name!r} (allowed: {', '.join(MODELS)})")
-    with torch.device("meta"):  # no allocation, no default init drawing from the global RNG
-        model = ARCHS[name](tuple(int(d) for d in in_shape), int(classes), int(hidden))
-    need, free = 4 * count_params(model), psutil.virtual_memory().available
-    if need > free // 2:  # refused before allocating (task.hidden: 10**5 makes a 40 GB mlp)
-        raise InputError(f"task.model: {name} has {count_params(model)} parameters here ({need / 2**30:.1f} GiB), "
-                         f"more than half of the {free / 2**30:.1f} GiB available (check task.hidden)")
-    model.to_empty(device="cpu")
-    _init(model, torch.Generator().manual_seed(int(seed)))
+def register(name: str, *, params: type | None = None, loss: Loss | None = None, init: str = "own",
+             check: Callable | None = None) -> Callable[[Factory], Factory]:
+    """Decorator registering a model factory ``(in_shape, classes, params) -> nn.Module``.
+
+    ``params``: a ``ModelParams`` subclass with the model's own keys (in the ``task`` block);
+    ``loss``: (logits, labels) -> mean loss, default cross-entropy; ``init``: ``"own"`` keeps
+    the module's initialisation (seeded), ``"fedmpi"`` re-initialises Linear/Conv2d layers."""
+    if init not in ("own", "fedmpi"):
+        raise ValueError(f"model {name!r}: init must be 'own' or 'fedmpi', got {init!r}")
+    return MODELS.register(name, params=params, check=check, loss=loss, init=init)
+
+
+def build_model(name: str, in_shape: tuple[int, ...], classes: int, seed: int = 0,
+                params: TaskConfig | None = None) -> nn.Module:
+    """Model ``name`` for inputs of shape ``in_shape`` (without batch dim), initialised from ``seed``.
+
+    ``params``: the ``task`` block with the model's keys (default: the model's defaults)."""
+    entry = MODELS.get(name)
+    params = params if params is not None else (entry.params or ModelParams)()
+    shape = tuple(int(d) for d in in_shape)
+    if entry.options["init"] == "fedmpi":
+        with torch.device("meta"):  # no allocation, no default init drawing from the global RNG
+            model = entry.obj(shape, int(classes), params)
+        _check_size(name, model)
+        model.to_empty(device="cpu")
+        _init(model, torch.Generator().manual_seed(int(seed)))
+    else:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(seed))
+            model = entry.obj(shape, int(classes), params).to("cpu")
+    _check_trainable(name, model)
     return model
+
+
+def _check_trainable(name: str, model: nn.Module) -> None:
+    """Refuse what stacked-parameter training cannot reproduce: persistent buffers, nn.Dropout."""
+    if not isinstance(model, nn.Module):
+        raise InputError(f"task.model: {name!r} must build an nn.Module, got {type(model).__name__}")
+    extra = sorted(set(model.state_dict()) - {n for n, _ in model.named_parameters()})
+    if extra:
+        raise InputError(f"task.model: {name!r} has buffers ({', '.join(extra[:3])}); fedmpi trains "
+                         f"parameters only (no batch-norm statistics)")
+    if any(isinstance(mod, nn.Dropout) for mod in model.modules()):
+        raise InputError(f"task.model: {name!r} uses nn.Dropout, whose masks depend on torch's global "
+                         f"generator; use fedmpi.models.dropout.KeyedDropout")
+
+
+def _check_size(name: str, model: nn.Module) -> None:
+    """Refuse, before allocating, a model larger than half the available memory (task.hidden:
+    10**5 makes a 40 GB mlp, which would be an OOM kill or a DefaultCPUAllocator traceback)."""
+    n = sum(p.numel() for p in model.parameters())
+    need, free = 4 * n, psutil.virtual_memory().available
+    if need > free // 2:
+        raise InputError(f"task.model: {name} has {n} parameters here ({need / 2**30:.1f} GiB), more than half "
+                         f"of the {free / 2**30:.1f} GiB available (check task.hidden)")
 
 
 def _init(model: nn.Module, gen: torch.Generator) -> None:
@@ -54,25 +107,46 @@ def _init(model: nn.Module, gen: torch.Generator) -> None:
                 nn.init.uniform_(layer.bias, -bound, bound, generator=gen)
 
 
-def multiclass_hinge(logits: torch.Tensor, y: torch.Tensor, margin: float = 1.0) -> torch.Tensor:
-    """Mean over the batch of sum_{j != y} max(0, margin - z_y + z_j) / classes
-    (``F.multi_margin_loss`` semantics, written with vmap-friendly ops)."""
-    z_y = logits.gather(-1, y[..., None])
-    hinge = (margin - z_y + logits).clamp(min=0).sum(-1) - margin  # the j = y term is exactly margin
-    return hinge.mean() / logits.shape[-1]
-
-
-def cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits, y)
-
-
-def loss_fn(name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+def loss_fn(name: str) -> Loss:
     """Training loss of model ``name``: (logits (b, classes), y (b,) int64) -> scalar mean."""
-    if name not in ARCHS:
-        raise InputError(f"task.model: unknown model {name!r} (allowed: {', '.join(MODELS)})")
-    return multiclass_hinge if name == "linear_svm" else cross_entropy
+    return MODELS.get(name).options["loss"] or cross_entropy
 
 
 def count_params(model: nn.Module) -> int:
     """Number of scalar parameters."""
     return sum(p.numel() for p in model.parameters())
+
+
+def has_conv(model: nn.Module) -> bool:
+    """True when the model has convolutions (they change which training path is faster)."""
+    return any(isinstance(mod, nn.Conv2d) for mod in model.modules())
+
+
+# ----------------------------------------------------------------------------- built-ins
+
+@dataclass
+class MLPParams(ModelParams):
+    hidden: int = opt(200, "hidden width", ge=1)
+
+
+def _scalar_only_with_quadratic(cfg) -> None:
+    if cfg.task.dataset != "quadratic":
+        raise InputError(f"task.model: 'scalar' is only for dataset quadratic, got dataset {cfg.task.dataset!r}")
+
+
+def _builtin(arch: str) -> Factory:
+    def make(in_shape: tuple, classes: int, params: TaskConfig) -> nn.Module:
+        return ARCHS[arch](in_shape, classes, params.hidden if isinstance(params, MLPParams) else 0)
+
+    make.__qualname__ = f"builtin_{arch}"
+    return make
+
+
+def _scalar(in_shape: tuple, classes: int, params: TaskConfig) -> nn.Module:
+    raise InputError("task.model: 'scalar' is built by the quadratic dataset")
+
+
+for _arch in ARCHS:
+    register(_arch, params=MLPParams if _arch == "mlp" else None, init="fedmpi",
+             loss=multiclass_hinge if _arch == "linear_svm" else None)(_builtin(_arch))
+register("scalar", check=_scalar_only_with_quadratic)(_scalar)

@@ -7,7 +7,8 @@ t = 0, 1, 2, ... in order (stateful kinds rely on it); it returns the sorted glo
 of the available clients. ``probabilities(t)`` returns the true p_i^t where the model is
 Bernoulli (FedKnown needs it), else ``None``.
 
-Kinds register themselves with ``@register("name")``; ``build`` picks one from the config.
+Kinds register themselves with ``@register("name")`` (``fedmpi.registry.AVAILABILITY``);
+``build`` picks one from the config.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from typing import Callable
 import numpy as np
 
 from .. import rng
-from ..config import AvailabilityConfig
-from ..errors import InputError
+from ..config import AvailabilityConfig, AvailabilityParams, check_availability
+from ..registry import AVAILABILITY
 
 
 @dataclass
@@ -75,25 +76,24 @@ class Bernoulli(Participation):
         return np.flatnonzero(draws < thr)
 
 
-_REGISTRY: dict[str, Callable[[AvailabilityConfig, ClientInfo], Participation]] = {}
+Factory = Callable[[AvailabilityParams, ClientInfo], Participation]
 
 
-def register(kind: str):
-    """Decorator: ``@register("sine") def make(cfg, info) -> Participation``."""
+def register(kind: str, *, params: type = AvailabilityConfig,
+             check: Callable | None = None) -> Callable[[Factory], Factory]:
+    """Decorator: ``@register("sine") def make(params, info) -> Participation``.
 
-    def deco(fn):
-        _REGISTRY[kind] = fn
-        return fn
+    ``params``: the dataclass of the kind's keys in the ``availability`` block (an
+    ``AvailabilityParams`` subclass); the default is the built-in kinds' shared schema, which
+    comes with its cross-key check. ``check``: a cross-key check of the config."""
+    if check is None and params is AvailabilityConfig:
+        check = check_availability
+    return AVAILABILITY.register(kind, params=params, check=check)
 
-    return deco
 
-
-def build(cfg: AvailabilityConfig, info: ClientInfo) -> Participation:
+def build(cfg: AvailabilityParams, info: ClientInfo) -> Participation:
     """The participation model named by ``availability.kind``."""
-    if cfg.kind not in _REGISTRY:
-        raise InputError(f"availability.kind: {cfg.kind!r} is not available in this build "
-                         f"(have: {', '.join(sorted(_REGISTRY))})")
-    return _REGISTRY[cfg.kind](cfg, info)
+    return AVAILABILITY.get(cfg.kind).obj(cfg, info)
 
 
 def mask(ids: np.ndarray, m: int) -> np.ndarray:

@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..config import Config, load
+from ..config import AvailabilityConfig, Config, load
 from ..errors import InputError
 from .base import ClientInfo, Participation, build
 
@@ -53,21 +53,13 @@ def empirical_frequency(part: Participation, rounds: int) -> np.ndarray:
 def client_info(cfg: Config, loader: InfoLoader | None = None) -> ClientInfo:
     """What the participation model needs; loads the data partition only when it must."""
     av = cfg.availability
-    needs = {
-        "availability.base.kind: 'dirichlet_phi' needs the clients' label histograms":
-            av.base.kind == "dirichlet_phi" and av.kind not in ("always", "cohort", "trace"),
-        "availability.kind: periodic_groups with task.partition.kind 'groups' needs the data groups":
-            av.kind == "periodic_groups" and cfg.task.partition.kind == "groups",
-    }
-    why = next((msg for msg, need in needs.items() if need), None)
-    if why is None:
+    needs_data = (not isinstance(av, AvailabilityConfig)  # a plug-in kind: give it everything
+                  or (av.base.kind == "dirichlet_phi" and av.kind not in ("always", "cohort", "trace"))  # histograms
+                  or (av.kind == "periodic_groups" and cfg.task.partition.kind == "groups"))  # data groups
+    if not needs_data:
         return ClientInfo(m=cfg.task.clients, seed=cfg.seed)
     if loader is None:
-        try:
-            from ..data.task import client_info as loader  # lazy: reads the dataset
-        except ImportError:
-            raise InputError(f"{why} (the data partition), which this build cannot compute; "
-                             f"preview with another setting") from None
+        from ..data.task import client_info as loader  # lazy: reads the dataset
     return loader(cfg)
 
 

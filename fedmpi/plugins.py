@@ -1,0 +1,110 @@
+"""Loading user code: the one door through which plug-ins come in.
+
+A plug-in is a Python module (or package) that registers components when imported, e.g. an
+algorithm with ``@fedmpi.algorithms.register("fedavgm")``. It is loaded on every rank, before
+the config is validated, from three sources, in this order:
+
+1. the entry-point group ``fedmpi.plugins`` of installed packages
+   (``[options.entry_points] fedmpi.plugins = mine = mypkg.fedmpi_plugin``);
+2. ``$FEDMPI_PLUGINS``: paths or module names separated by ``:`` (``os.pathsep``);
+3. ``fedmpi run --plugin PATH_OR_MODULE`` (repeatable).
+
+A spec is a ``.py`` file, a package folder (with ``__init__.py``) or an importable module name.
+Each is imported once per process; any failure is an ``InputError`` naming the plug-in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.metadata
+import importlib.util
+import os
+import sys
+import traceback
+from types import ModuleType
+from typing import Callable, Iterable
+
+from .errors import InputError
+
+ENV = "FEDMPI_PLUGINS"
+GROUP = "fedmpi.plugins"
+
+_done: set[str] = set()
+
+
+def load(specs: Iterable[str] = ()) -> None:
+    """Load the installed plug-ins and ``$FEDMPI_PLUGINS`` (each once), then ``specs`` (``--plugin``)."""
+    from . import registry
+
+    registry.ensure_loaded()  # built-ins first: a plug-in may not take their names
+    for ep in _entry_points():
+        _once(f"entry point {ep.value}", f"entry point {ep.name} ({ep.value})", ep.load)
+    for spec in filter(None, os.environ.get(ENV, "").split(os.pathsep)):
+        _once(spec, f"{ENV}: {spec}", lambda spec=spec: import_spec(spec))
+    for spec in specs:
+        _once(spec, f"--plugin {spec}", lambda spec=spec: import_spec(spec))
+
+
+def _entry_points() -> list:
+    try:
+        return list(importlib.metadata.entry_points(group=GROUP))
+    except Exception:  # a broken installed distribution must not stop fedmpi
+        return []
+
+
+def _once(key: str, what: str, do: Callable[[], object]) -> None:
+    """Run ``do`` unless ``key`` was loaded before; errors name ``what``."""
+    if key in _done:
+        return
+    try:
+        do()
+    except InputError as e:
+        raise InputError(f"{what}: {e}") from None
+    except Exception as e:  # the plug-in's own error: one line, with where it happened
+        frames = traceback.extract_tb(e.__traceback__)
+        where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+        text = " ".join(str(e).split()) or type(e).__name__
+        raise InputError(f"{what}: plug-in failed to load ({type(e).__name__}: {text}{where})") from None
+    _done.add(key)
+
+
+def import_spec(spec: str) -> ModuleType:
+    """Import a plug-in given as a file, a package folder or a module name."""
+    path = os.path.abspath(os.path.expanduser(spec))
+    if spec.endswith(".py") or os.sep in spec or os.path.exists(path):
+        if os.path.isdir(path):
+            if not os.path.isfile(os.path.join(path, "__init__.py")):
+                raise InputError(f"{spec}: a plug-in folder must be a package (with __init__.py)")
+            parent, name = os.path.split(path.rstrip(os.sep))
+            if parent not in sys.path:
+                sys.path.insert(0, parent)
+            return importlib.import_module(name)
+        if not os.path.isfile(path):
+            raise InputError(f"{spec}: no such plug-in file or folder")
+        return _import_file(path)
+    try:
+        return importlib.import_module(spec)
+    except ModuleNotFoundError as e:
+        if e.name and spec.startswith(e.name):  # the module itself, not one it imports
+            raise InputError(f"{spec}: no such plug-in module (not a file, folder or importable module)") from None
+        raise
+
+
+def _import_file(path: str) -> ModuleType:
+    """A single-file plug-in, under a name fixed by its path (so loading it twice is a no-op)."""
+    stem = os.path.splitext(os.path.basename(path))[0]
+    name = f"fedmpi_plugin_{stem}_{hashlib.sha256(path.encode()).hexdigest()[:8]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise InputError(f"{path}: cannot be imported as a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses resolve their annotations through sys.modules
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
