@@ -305,4 +305,4 @@ def test_info_on_damaged_result_files(tmp_path, capsys, damage):
     code = main(["info", str(out)])
     err = capsys.readouterr().err
     _one_line_or_ok(code, err)
-    assert code == 2 and f"{out}: damaged result file" in err
+    assert code == 2 and f"fedmpi: error: {out}: " in err
