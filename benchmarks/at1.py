@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import os
 import statistics
 import subprocess
@@ -42,6 +43,7 @@ import yaml
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import machine, mpiexec  # noqa: E402
 
+_RUNS = itertools.count()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FMNIST = "/usr/share/datasets/fashion-mnist"
 
@@ -71,9 +73,9 @@ def load() -> str:
 
 
 def run_fedmpi(cfg: dict, ranks: int, tmp: str) -> tuple[float, float | None]:
-    """(ms/round, final test accuracy) of ``fedmpi run`` on ``ranks`` ranks."""
+    """(ms/round, final test accuracy) of ``fedmpi run`` on ``ranks`` ranks (a fresh result file)."""
     path = os.path.join(tmp, f"{cfg['name']}.yaml")
-    out = os.path.join(tmp, f"{cfg['name']}-{ranks}.h5")
+    out = os.path.join(tmp, f"{cfg['name']}-{ranks}-{next(_RUNS)}.h5")
     with open(path, "w") as fh:
         yaml.safe_dump(cfg, fh)
     cmd = (mpiexec(ranks) if ranks > 1 else []) + [sys.executable, "-m", "fedmpi", "run", path, "--out", out, "--quiet"]
