@@ -30,6 +30,7 @@ from .. import rng
 from ..config import TrainConfig
 from ..data.augment import require_images
 from ..data.task import Task
+from ..models import has_conv
 from ..models.dropout import KeyedDropout
 from ..models.losses import per_sample
 from .layers import StackedNet, conv_impl
@@ -49,8 +50,7 @@ def choose_path(engine: str, model: torch.nn.Module, device: torch.device) -> st
     where vmapped convolutions lose to the loop (benchmarks/engine.py, benchmarks/RESULTS.md)."""
     if engine != "auto":
         return engine
-    if StackedNet.compile(model) is None and device.type == "cpu" and \
-            any(isinstance(mod, torch.nn.modules.conv._ConvNd) for mod in model.modules()):
+    if StackedNet.compile(model) is None and device.type == "cpu" and has_conv(model):
         return "sequential"
     return "batched"
 

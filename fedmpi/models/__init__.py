@@ -108,7 +108,8 @@ def _init(model: nn.Module, gen: torch.Generator) -> None:
 
 
 def loss_fn(name: str) -> Loss:
-    """Training loss of model ``name``: (logits (b, classes), y (b,) int64) -> scalar mean."""
+    """Training loss of model ``name``: (logits (..., b, classes), y (..., b) int64) -> the mean
+    over b, leading (client) dims kept for a ``Loss`` (``models.losses``)."""
     return MODELS.get(name).options["loss"] or cross_entropy
 
 
