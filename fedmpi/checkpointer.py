@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from . import checkpoint
+from . import checkpoint, guards
 from .build import Run
 from .errors import InputError, Interrupted
 from .state import State
@@ -37,9 +37,10 @@ class Checkpointer:
         self.folder = checkpoint.folder_for(out_path)
         self.every = run.cfg.runtime.checkpoint_every
         self.rounds_done, self.wall_time = 0, 0.0  # of the resumed checkpoint (0 when fresh)
+        self.last_saved: int | None = None  # rounds done at the last committed checkpoint
         self.signame = ""
         self._old_handlers: dict = {}
-        loaded = checkpoint.load(run.world, self.folder, run.cfg.resume_digest(), run.m)
+        loaded = checkpoint.load(run.world, self.folder, run.cfg.resume_digest(), run.m, run.cfg.rounds)
         if loaded is None and required:
             raise InputError(f"--resume: no checkpoint at {self.folder}")
         if loaded is not None:
@@ -49,17 +50,23 @@ class Checkpointer:
         self.run.algorithm.load_state_dict(parts.get("algorithm", State()))
         if self.run.participation is not None:
             self.run.participation.load_state_dict(parts.get("participation", State()))
-        self.rounds_done = rounds_done
+        self.rounds_done = self.last_saved = rounds_done
         self.wall_time = float(parts.get("runner", State()).shared.get("wall_time", torch.tensor(0.0)))
 
     def save(self, rounds_done: int, wall_time: float) -> None:
-        """Write a checkpoint after ``rounds_done`` rounds (every rank calls it)."""
+        """Write a checkpoint after ``rounds_done`` rounds (every rank calls it); a state that is
+        not finite raises ``Diverged`` on every rank instead of replacing the last good one."""
         self.flush()
         parts = {"algorithm": self.run.algorithm.state_dict(),
                  "runner": State(shared={"wall_time": torch.tensor(wall_time, dtype=torch.float64)})}
         if self.run.participation is not None:
             parts["participation"] = self.run.participation.state_dict()
+        bad = guards.nonfinite({f"{component}.{name}": t for component, state in parts.items()
+                                for kind in (state.shared, state.clients, state.union) for name, t in kind.items()})
+        guards.stop_if_diverged(self.run.world, f"state {bad!r} is not finite" if bad else None, rounds_done,
+                                self.last_saved, self.folder)
         checkpoint.save(self.run.world, self.folder, rounds_done, self.run.cfg.resume_digest(), self.run.m, parts)
+        self.last_saved = rounds_done
 
     def after_round(self, rounds_done: int, wall_time: float) -> None:
         """Save when due; after a preemption signal on any rank, save and raise ``Interrupted``."""

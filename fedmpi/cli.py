@@ -1,7 +1,7 @@
 """Command line: ``fedmpi run | sweep | table | info | plot | export | pi | ...`` (docs/INTERFACES.md).
 
 Exit codes: 0 done; 2 bad input, with ONE line on stderr naming the key or file; 3
-interrupted (checkpointed); 1 anything else.
+interrupted (checkpointed); 4 diverged (a loss or the model became NaN/inf); 1 anything else.
 
 Start-up stays fast: this module imports nothing heavy, and only the module of the command
 being run is imported (``fedmpi --help`` and ``fedmpi info`` never load torch).
@@ -15,7 +15,7 @@ import os
 import sys
 
 from . import __version__, log
-from .errors import InputError, Interrupted, exit_code
+from .errors import Diverged, InputError, Interrupted, exit_code
 from .runtime.launcher import launched_rank
 
 
@@ -113,7 +113,7 @@ def execute(cfg, out: str, *, quiet: bool = False, resume: bool = False, overwri
 
     try:
         return run(cfg, world, out, quiet=quiet, resume=resume, overwrite=overwrite, inputs=inputs, label=label)
-    except (Interrupted, KeyboardInterrupt) as e:  # checkpointed: 3, also for a sweep's cell
+    except (Interrupted, Diverged, KeyboardInterrupt) as e:  # 3 or 4 (also for a sweep's cell)
         return exit_code(e, world.rank)
     finally:
         world.close()
@@ -185,9 +185,27 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except BrokenPipeError:
         return _quiet_broken_pipe()
-    except (InputError, Interrupted, KeyboardInterrupt) as e:
+    except (InputError, Interrupted, Diverged, KeyboardInterrupt) as e:
         return exit_code(e, launched_rank())
 
 
+def _record_exit(code: int) -> None:
+    """Rank 0 writes its exit code to ``$FEDMPI_EXIT_FILE`` (set by launch/fedmpi-launch): some
+    launchers report another code when the ranks were interrupted (Open MPI's mpiexec sent
+    SIGTERM returns 1 although every rank checkpointed and exited 3)."""
+    path = os.environ.get("FEDMPI_EXIT_FILE")
+    if path and launched_rank() == 0:
+        try:
+            with open(path, "w") as fh:
+                fh.write(f"{code}\n")
+        except OSError:
+            pass
+
+
 def entry() -> None:
-    sys.exit(main())
+    code = 1
+    try:
+        code = main()
+    finally:
+        _record_exit(code)
+    sys.exit(code)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -21,12 +22,23 @@ class Interrupted(Exception):
     exit_code = 3
 
 
-def exit_code(e: InputError | Interrupted | KeyboardInterrupt, rank: int) -> int:
+class Diverged(Exception):
+    """A loss or the model became NaN or infinite; the last good checkpoint is kept. Exit code 4."""
+
+    exit_code = 4
+
+
+def exit_code(e: InputError | Interrupted | Diverged | KeyboardInterrupt, rank: int) -> int:
     """The exit code that ``e`` ends a command with, after its one line on stderr (rank 0 only):
     InputError 2 (``fedmpi: error: ...``), Interrupted 3 (``fedmpi: interrupted: ...``),
-    KeyboardInterrupt 3 (silent)."""
+    Diverged 4 (``fedmpi: diverged: ...``), KeyboardInterrupt 3 (silent). A stderr that a killed
+    launcher closed does not turn the code into a BrokenPipeError."""
     if isinstance(e, KeyboardInterrupt):
         return 3
     if rank == 0:
-        print(f"fedmpi: {'error' if isinstance(e, InputError) else 'interrupted'}: {e}", file=sys.stderr)
+        word = "error" if isinstance(e, InputError) else "diverged" if isinstance(e, Diverged) else "interrupted"
+        try:
+            print(f"fedmpi: {word}: {e}", file=sys.stderr, flush=True)
+        except OSError:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())  # the rest goes to /dev/null
     return e.exit_code

@@ -35,6 +35,7 @@ class Evaluator:
         self.run = run
         self.names = self._names()
         self._train_subset = self._train_eval_subset()
+        self.last_models: dict[str, torch.Tensor] = {}  # the models of the last evaluation (rank 0)
 
     def _names(self) -> list[str]:
         task, cfg, algo = self.run.task, self.run.cfg, self.run.algorithm
@@ -62,6 +63,7 @@ class Evaluator:
         rss = self.run.world.max_float(peak_rss_mb())  # collective
         if self.run.world.rank != 0:
             return {}
+        self.last_models = snap.models
         task, spec, bs = self.run.task, self.run.spec, self.run.cfg.evaluation.batch_size
         row: dict[str, float] = {}
         for label, model in snap.models.items():

@@ -19,11 +19,11 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from . import checkpoint
+from . import checkpoint, guards
 from .build import Run, build_run
 from .checkpointer import Checkpointer
 from .config import Config
-from .errors import InputError, Interrupted
+from .errors import Diverged, InputError, Interrupted
 from .evaluator import Evaluator
 from .registry import CALLBACKS
 from .runtime import World
@@ -130,6 +130,7 @@ class Runner:
                     last = done == rounds or algo.done()
                     if done % self.cfg.eval_every == 0 or last:
                         row = self._evaluate(done, n_active)
+                        self._stop_if_diverged(row, done)
                         if bar is not None:
                             bar.evaluated(row)
                     if bar is not None:
@@ -140,6 +141,9 @@ class Runner:
             status = "completed"
         except (Interrupted, KeyboardInterrupt):
             status = "interrupted"
+            raise
+        except Diverged:
+            status = "diverged"
             raise
         finally:
             if bar is not None:
@@ -155,6 +159,13 @@ class Runner:
         if self.writer is not None:
             self.writer.append(row, rounds_done)
         return row
+
+    def _stop_if_diverged(self, row: dict[str, float], rounds_done: int) -> None:
+        """Collective: raise Diverged on every rank when a loss or an evaluated model (rank 0) is
+        not finite; the last good checkpoint stays (the checkpointer refuses a non-finite state)."""
+        finding = guards.nonfinite_eval(row, self.evaluator.last_models) if self.world.rank == 0 else None
+        guards.stop_if_diverged(self.world, finding, rounds_done, self.checkpointer.last_saved,
+                                self.checkpointer.folder)
 
     def _flush(self) -> None:
         if self.writer is not None:
@@ -189,12 +200,13 @@ def _is_peer_failure(e: Exception) -> bool:
 def run(cfg: Config, world: World, out_path: str, quiet: bool = False, resume: bool = False,
         overwrite: bool = False, inputs: tuple[str, ...] = (), label: str = "") -> int:
     """Run ``cfg`` (``Runner`` says what the arguments mean); return 0 or 1. Errors after set-up
-    are reported with the rank and end the whole job; ``Interrupted`` (and KeyboardInterrupt)
-    propagate to the caller, which maps them to exit code 3."""
+    are reported with the rank and end the whole job; ``Interrupted``, ``Diverged`` and
+    KeyboardInterrupt propagate to the caller, which maps them to exit codes 3, 4 and 3."""
     runner = Runner(cfg, world, out_path, quiet, resume, overwrite, inputs, label)
     try:
         return runner.run()
-    except Interrupted:  # exit 3, agreed by every rank: the command line reports it
+    except (Interrupted, Diverged):  # agreed by every rank: exit 3 or 4, reported by the caller
+        world.barrier()  # rank 0 has marked the file: now every rank may exit (srun --kill-on-bad-exit)
         raise
     except Exception as e:  # a failure on one rank must end the whole job, reported once
         if _is_peer_failure(e):  # a consequence of another rank's death: that rank reports its own error
