@@ -11,8 +11,8 @@ t = 0..T-1, then asks for the models to evaluate (``eval_models``), extra scalar
 
 1. every rank computes the same available set A_t (``participation``) and the
    algorithm may ``select`` among it;
-2. each rank trains its local active clients at once, starting from ``start_models``
-   (default: the server model x^t);
+2. each rank trains its local active clients at once (``local_training``), starting from
+   ``start_models`` (default: the server model x^t);
 3. ``contribution`` turns each local client's result into a float64 row; the rows of all
    ranks are summed into rank 0, the server, in one reproducible reduction
    (``engine.reduce``: the same bits whatever the number of ranks);
@@ -149,7 +149,7 @@ class ServerAlgorithm(Algorithm):
         self.active = active
         local = self.ctx.local(active)
         start = self.start_models(local)
-        end = self.ctx.trainer.train(start, local, t, lr_scale=self.lr_scale(t, local))
+        end = self.local_training(t, local, start)
         buf = reproducible_sum_blocks(  # one reduction; rows made block by block to bound memory
             self.world, lambda s: self.contribution(t, active, local[s], start[s], end[s]), len(local), len(active))
         # x^{t+1} goes into a fresh tensor on every rank: ``start`` may view x^t
@@ -172,6 +172,11 @@ class ServerAlgorithm(Algorithm):
 
     def lr_scale(self, t: int, local: np.ndarray) -> torch.Tensor | None:
         return None
+
+    def local_training(self, t: int, local: np.ndarray, start: torch.Tensor) -> torch.Tensor:
+        """End models of the local active clients after their local steps from ``start``
+        (default: ``ctx.trainer.train`` with ``lr_scale``; SCAFFOLD adds its correction here)."""
+        return self.ctx.trainer.train(start, local, t, lr_scale=self.lr_scale(t, local))
 
     def contribution(self, t: int, active: np.ndarray, local: np.ndarray,
                      start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:

@@ -114,15 +114,17 @@ class LocalTrainer:
 
     # ------------------------------------------------------------------ training
     def train(self, start: torch.Tensor, clients: np.ndarray, t: int, lr_scale: torch.Tensor | None = None,
-              steps: int | None = None) -> torch.Tensor:
+              steps: int | None = None, correction: torch.Tensor | None = None) -> torch.Tensor:
         """End models (n, d) after ``steps`` (default s) local SGD steps from ``start`` (n, d).
 
-        ``lr_scale`` (n,) multiplies each client's step size (e.g. debiased FedAvg's nu_i).
+        ``lr_scale`` (n,) multiplies each client's step size (e.g. debiased FedAvg's nu_i);
+        ``correction`` (n, d) is added to each client's (clipped) gradient at every step
+        (SCAFFOLD's c - c_i).
         """
-        return self.train_(start.detach().clone(), clients, t, lr_scale, steps)
+        return self.train_(start.detach().clone(), clients, t, lr_scale, steps, correction)
 
     def train_(self, x: torch.Tensor, clients: np.ndarray, t: int, lr_scale: torch.Tensor | None = None,
-               steps: int | None = None) -> torch.Tensor:
+               steps: int | None = None, correction: torch.Tensor | None = None) -> torch.Tensor:
         """``train`` on the rows of ``x`` in place (same bits); returns ``x``."""
         n = x.shape[0]
         if n == 0:
@@ -133,7 +135,8 @@ class LocalTrainer:
         self.task.model.train()
         chunk = self.chunk_size()
         for a in range(0, n, chunk):  # a client's result does not depend on its chunk-mates
-            self._train_block(x[a:a + chunk], clients[a:a + chunk], t, lr[a:a + chunk], steps)
+            self._train_block(x[a:a + chunk], clients[a:a + chunk], t, lr[a:a + chunk], steps,
+                              None if correction is None else correction[a:a + chunk])
         return x
 
     def chunk_size(self) -> int:
@@ -145,7 +148,7 @@ class LocalTrainer:
         return max(8, (64 << 20) // per_client)
 
     def _train_block(self, x: torch.Tensor, clients: np.ndarray, t: int, lr: torch.Tensor,
-                     steps: int | None) -> None:
+                     steps: int | None, correction: torch.Tensor | None = None) -> None:
         """SGD steps on the rows of ``x`` in place."""
         for step in range(self.cfg.local_steps if steps is None else steps):
             xb, yb, wb = self.batch(clients, t, step)
@@ -153,6 +156,8 @@ class LocalTrainer:
             if self.cfg.grad_clip is not None:
                 norms = g.norm(dim=1, keepdim=True)
                 g = g * torch.clamp(self.cfg.grad_clip / (norms + 1e-12), max=1.0)
+            if correction is not None:
+                g = g + correction
             x.sub_(lr[:, None] * g)
 
     def dropout_keys(self, clients: np.ndarray, t: int, step: int) -> dict[str, torch.Tensor]:
