@@ -1,4 +1,4 @@
-"""The reviewers' baselines (fedavgm, fedadam, fedyogi, fedadagrad, scaffold) through the runner:
+"""The reviewers' baselines (fedavgm, fedadam, fedyogi, fedadagrad, scaffold, fedprox) through the runner:
 under every availability kind (the Markov sampler included), checkpoint/resume identical to an
 uninterrupted run, and their parameters validated like every other key."""
 
@@ -16,7 +16,7 @@ from fedmpi.runner import Runner
 from fedmpi.runtime import World
 from test_fedswe import quadratic_cfg
 
-NEW = ["fedavgm", "fedadam", "fedyogi", "fedadagrad", "scaffold"]
+NEW = ["fedavgm", "fedadam", "fedyogi", "fedadagrad", "scaffold", "fedprox"]
 OWN = {"fedadam": {"train.global_lr": 0.03}, "fedyogi": {"train.global_lr": 0.03},
        "fedadagrad": {"train.global_lr": 0.03}}  # the adaptive steps are ~eta_g per coordinate
 

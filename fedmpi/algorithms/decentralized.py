@@ -34,12 +34,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..config import Config
 from ..decentral.delay import iteration_delay
 from ..decentral.exchange import Exchanger
 from ..decentral.sporadicity import Indicators
 from ..decentral.topology import build_graph, locality_order, relabel
 from ..engine.evaluate import evaluate
 from ..engine.store import ClientTable
+from ..errors import InputError
 from .base import Algorithm, Context
 
 _EVAL_PARAMS = 1 << 24  # at most this many parameters of (non-conv) models evaluated in one vmapped batch
@@ -53,6 +55,13 @@ class Decentralized(Algorithm):
     force_sgd = False    # v_i = 1 for every client (DGD, RG)
     force_links = False  # v_ij = 1 for every edge (DGD, sporadic SGD)
     client_rows = 1      # x_i: each client's own model, sharded over ranks
+
+    @classmethod
+    def check_config(cls, cfg: Config) -> None:
+        super().check_config(cfg)
+        if cfg.train.momentum:
+            raise InputError("train.momentum: a decentralized algorithm takes one local step per iteration, "
+                             "so a momentum buffer reset every round has no effect (use 0)")
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)

@@ -1,8 +1,9 @@
 """Local SGD of many clients at once.
 
-``LocalTrainer.train(start, clients, t)`` runs s plain SGD steps (no momentum, no weight
-decay) for every listed client, starting from the rows of ``start`` (n, d), and returns the
-end models (n, d). Two paths compute the same thing:
+``LocalTrainer.train(start, clients, t)`` runs s local SGD steps (``local_step``: optional
+momentum, weight decay, FedProx's proximal term, SCAFFOLD's correction) for every listed
+client, starting from the rows of ``start`` (n, d), and returns the end models (n, d). Two
+paths compute the same thing:
 
 - batched: the clients' parameters are stacked and one ``vmap(grad(loss))`` call
   (``torch.func``) computes every client's gradient per step;
@@ -28,6 +29,7 @@ from .. import rng
 from ..config import TrainConfig
 from ..data.task import Task
 from ..models.dropout import KeyedDropout
+from .local_step import LocalStep
 from .params import ParamSpec
 
 _CONV_MODELS = ("svhn_cnn", "cifar_cnn", "cinic_cnn", "vgg11")
@@ -114,17 +116,17 @@ class LocalTrainer:
 
     # ------------------------------------------------------------------ training
     def train(self, start: torch.Tensor, clients: np.ndarray, t: int, lr_scale: torch.Tensor | None = None,
-              steps: int | None = None, correction: torch.Tensor | None = None) -> torch.Tensor:
+              steps: int | None = None, prox: float = 0.0, correction: torch.Tensor | None = None) -> torch.Tensor:
         """End models (n, d) after ``steps`` (default s) local SGD steps from ``start`` (n, d).
 
         ``lr_scale`` (n,) multiplies each client's step size (e.g. debiased FedAvg's nu_i);
-        ``correction`` (n, d) is added to each client's (clipped) gradient at every step
-        (SCAFFOLD's c - c_i).
+        ``prox`` adds FedProx's mu (x - start) and ``correction`` (n, d) SCAFFOLD's c - c_i to
+        every step's (clipped) gradient (``local_step``).
         """
-        return self.train_(start.detach().clone(), clients, t, lr_scale, steps, correction)
+        return self.train_(start.detach().clone(), clients, t, lr_scale, steps, prox, correction)
 
     def train_(self, x: torch.Tensor, clients: np.ndarray, t: int, lr_scale: torch.Tensor | None = None,
-               steps: int | None = None, correction: torch.Tensor | None = None) -> torch.Tensor:
+               steps: int | None = None, prox: float = 0.0, correction: torch.Tensor | None = None) -> torch.Tensor:
         """``train`` on the rows of ``x`` in place (same bits); returns ``x``."""
         n = x.shape[0]
         if n == 0:
@@ -134,9 +136,12 @@ class LocalTrainer:
             lr = lr * lr_scale.to(self.device, torch.float32)
         self.task.model.train()
         chunk = self.chunk_size()
+        anchor = x.clone() if prox else None  # x_start of the proximal term
         for a in range(0, n, chunk):  # a client's result does not depend on its chunk-mates
-            self._train_block(x[a:a + chunk], clients[a:a + chunk], t, lr[a:a + chunk], steps,
-                              None if correction is None else correction[a:a + chunk])
+            rows = slice(a, a + chunk)
+            rule = LocalStep(self.cfg, prox, None if anchor is None else {"": anchor[rows]},
+                             None if correction is None else {"": correction[rows]})
+            self._train_block(x[rows], clients[rows], t, lr[rows], steps, rule)
         return x
 
     def chunk_size(self) -> int:
@@ -148,17 +153,15 @@ class LocalTrainer:
         return max(8, (64 << 20) // per_client)
 
     def _train_block(self, x: torch.Tensor, clients: np.ndarray, t: int, lr: torch.Tensor,
-                     steps: int | None, correction: torch.Tensor | None = None) -> None:
-        """SGD steps on the rows of ``x`` in place."""
+                     steps: int | None, rule: LocalStep) -> None:
+        """Local steps (``rule``) on the rows of ``x`` in place."""
         for step in range(self.cfg.local_steps if steps is None else steps):
             xb, yb, wb = self.batch(clients, t, step)
             g = self.gradients(x, xb, yb, wb, self.dropout_keys(clients, t, step))
             if self.cfg.grad_clip is not None:
                 norms = g.norm(dim=1, keepdim=True)
                 g = g * torch.clamp(self.cfg.grad_clip / (norms + 1e-12), max=1.0)
-            if correction is not None:
-                g = g + correction
-            x.sub_(lr[:, None] * g)
+            x.sub_(lr[:, None] * rule.direction("", x, g))
 
     def dropout_keys(self, clients: np.ndarray, t: int, step: int) -> dict[str, torch.Tensor]:
         """{'<layer>.key': (n,) int64} for the model's ``KeyedDropout`` layers: one key per client,
