@@ -64,7 +64,7 @@ def test_trajectory_matches_option_ii(eta_g):
     got = []
     for t in range(len(SCRIPT)):
         algo.round(t)
-        got.append(scalar(algo.eval_models()[""]))
+        got.append(scalar(algo.x))
     assert got == pytest.approx(ref, rel=1e-5, abs=1e-5)
 
 

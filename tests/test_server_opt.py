@@ -92,7 +92,7 @@ def test_trajectory_matches_definition(name, eta_g):
     got = []
     for t in range(len(SCRIPT)):
         algo.round(t)
-        got.append(scalar(algo.eval_models()[""]))
+        got.append(scalar(algo.x))
     assert got == pytest.approx(ref, rel=1e-6, abs=1e-6)
 
 

@@ -47,6 +47,13 @@ SINE_REST=(
   "fedau|--set algorithm.name=fedau --set train.lr=0.05"
   "f3ast|--set algorithm.name=f3ast --set train.lr=0.05"
   "fedvarp|--set algorithm.name=fedvarp --set train.lr=0.05"
+  # the standard baselines: server lr 1 with momentum 0.9 (FedAvgM), 0.03 for the adaptive server optimizers
+  "fedavgm|--set algorithm.name=fedavgm --set train.lr=0.05 --set train.global_lr=1.0"
+  "fedadam|--set algorithm.name=fedadam --set train.lr=0.05 --set train.global_lr=0.03"
+  "fedyogi|--set algorithm.name=fedyogi --set train.lr=0.05 --set train.global_lr=0.03"
+  "fedadagrad|--set algorithm.name=fedadagrad --set train.lr=0.05 --set train.global_lr=0.03"
+  "fedprox|--set algorithm.name=fedprox --set train.lr=0.05"
+  "scaffold|--set algorithm.name=scaffold --set train.lr=0.05"
 )
 REST_SEEDS="0"; [ "$FULL_SEEDS" = 1 ] && REST_SEEDS="0 1 2"
 

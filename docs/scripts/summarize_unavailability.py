@@ -18,7 +18,7 @@ import numpy as np
 
 LAST = 5
 ORDER = ["fedswe_k100", "fedswe_k0", "fedavg_active", "fedavg_all", "gfedavg", "fedau", "f3ast",
-         "mifa", "fedvarp", "fedknown"]
+         "mifa", "fedvarp", "fedknown", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedprox", "scaffold"]
 LABEL = {"fedswe_k100": "FedSWE (k = m = 100)", "fedswe_k0": "FedSWE k = 0 (FedAWE)"}
 
 
