@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import platform
+import shutil
+import subprocess
 import time
 
 import numpy as np
@@ -13,7 +16,7 @@ from fedmpi.models import build_model, loss_fn
 
 
 def machine() -> str:
-    cores = len(__import__("os").sched_getaffinity(0))
+    cores = len(os.sched_getaffinity(0))
     dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     return f"{platform.processor() or platform.machine()}, {cores} cores, torch {torch.__version__}, {dev}"
 
@@ -50,3 +53,17 @@ def timed(fn, repeat: int = 3) -> float:
         sync()
         best = min(best, time.perf_counter() - t)
     return best
+
+
+def mpiexec(n: int) -> list[str]:
+    """The ``mpiexec -n N`` prefix (with Open MPI's --oversubscribe, and --allow-run-as-root as root)."""
+    exe = shutil.which("mpiexec")
+    if exe is None:
+        raise SystemExit("mpiexec not found (install Open MPI or MPICH)")
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
+    extra = []
+    if "Open MPI" in version or "OpenRTE" in version:
+        extra.append("--oversubscribe")
+        if os.geteuid() == 0:
+            extra.append("--allow-run-as-root")
+    return [exe, *extra, "-n", str(n)]

@@ -45,7 +45,7 @@ def build(name: str, m: int, world: World):
                             "train": {"batch_size": 16, "lr": 0.01}, "algorithm": {"name": name},
                             "topology": {"kind": "rgg", "radius": radius}}, world.size)
     task = image_task("linear_svm", (1, 28, 28), m, 60, world.device)
-    trainer = LocalTrainer(task, cfg.train, cfg.seed, cfg.task.model)
+    trainer = LocalTrainer(task, cfg.train, cfg.seed)
     return algorithms.build(algorithms.Context(cfg, world, task, trainer, None))
 
 

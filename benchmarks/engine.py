@@ -1,9 +1,14 @@
 """Client-steps/s of the batched engine vs the sequential per-client loop, measured in one run.
 
-    python benchmarks/engine.py [--device cpu|cuda] [--quick]
+    python benchmarks/engine.py [--device cpu|cuda] [--quick] [--models logreg mlp svhn_cnn ...]
 
-Cases: logreg and mlp on FMNIST-shaped data with 100 and 1000 clients per rank, the SVHN CNN
-of ALGORITHMS.md with 10 and 50 clients. Each line prints both throughputs and their ratio.
+Cases: logreg and mlp on FMNIST-shaped data with 100 and 1000 clients per rank; the FedSWE
+paper's CNNs (svhn_cnn, cifar_cnn, cinic_cnn) on SVHN-shaped data with 10 and 50 clients.
+Each line prints the throughput of the batched engine through the stacked layers
+(``engine.layers``), of the batched engine through ``vmap(grad)`` (the path the stacked layers
+replace), of the sequential loop, and the ratios. Conv nets get one line per stacked
+convolution (``loop``: a conv call per client; ``grouped``: one grouped convolution;
+``unfold``: im2col + batched matmul); the default on the device is marked with ``*``.
 """
 
 from __future__ import annotations
@@ -19,38 +24,51 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import image_task, machine, timed  # noqa: E402
 
 from fedmpi import config  # noqa: E402
+from fedmpi.engine.layers import CONV_IMPLS, conv_impl  # noqa: E402
 from fedmpi.engine.local import LocalTrainer  # noqa: E402
 
-CASES = [("logreg", (1, 28, 28), 100), ("logreg", (1, 28, 28), 1000),
-         ("mlp", (1, 28, 28), 100), ("mlp", (1, 28, 28), 1000),
-         ("svhn_cnn", (3, 32, 32), 10), ("svhn_cnn", (3, 32, 32), 50)]
+FMNIST, SVHN = (1, 28, 28), (3, 32, 32)
+CASES = [("logreg", FMNIST, 100), ("logreg", FMNIST, 1000), ("mlp", FMNIST, 100), ("mlp", FMNIST, 1000),
+         ("svhn_cnn", SVHN, 10), ("svhn_cnn", SVHN, 50), ("cifar_cnn", SVHN, 10), ("cinic_cnn", SVHN, 10)]
+CONV_MODELS = ("svhn_cnn", "cifar_cnn", "cinic_cnn")
+
+
+def steps_per_s(task, train, n: int, steps: int, **trainer_args) -> float:
+    tr = LocalTrainer(task, train, seed=0, **trainer_args)
+    x0 = tr.spec.flatten(task.model).to(task.train_x.device).expand(n, -1)
+    clients = np.arange(n)
+    sec = timed(lambda: tr.train(x0, clients, t=0), repeat=2 if trainer_args.get("path") == "sequential" else 3)
+    return n * steps / sec
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--steps", type=int, default=5, help="local steps s per round")
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--models", nargs="+", help="only these models (default: every case)")
     ap.add_argument("--quick", action="store_true", help="smaller cases (smoke test)")
     args = ap.parse_args()
     dev = torch.device(args.device)
     train = config.from_dict({"train": {"local_steps": args.steps, "batch_size": args.batch, "lr": 0.01}}).train
     print(f"# engine benchmark on {machine()}, device {dev}, s={args.steps}, batch={args.batch}, "
-          f"threads={torch.get_num_threads()}")
-    print(f"{'model':<10} {'clients':>7} {'batched steps/s':>16} {'sequential steps/s':>19} {'ratio':>7}")
+          f"load {os.getloadavg()[0]:.1f}; client steps/s")
+    print(f"{'model':<18} {'clients':>7} {'stacked':>9} {'vmap':>9} {'sequential':>10} {'stacked/seq':>11} "
+          f"{'stacked/vmap':>12}")
     for model, shape, n in CASES:
+        if args.models and model not in args.models:
+            continue
         if args.quick:
             n = max(2, n // 10)
         task = image_task(model, shape, n, 64, dev)
-        clients = np.arange(n)
-        rates = {}
-        for path in ("batched", "sequential"):
-            tr = LocalTrainer(task, train, seed=0, model_name=model, path=path)
-            x0 = tr.spec.flatten(task.model).expand(n, -1)
-            sec = timed(lambda: tr.train(x0, clients, t=0), repeat=2 if path == "sequential" else 3)
-            rates[path] = n * args.steps / sec
-        print(f"{model:<10} {n:>7} {rates['batched']:>16.0f} {rates['sequential']:>19.0f} "
-              f"{rates['batched'] / rates['sequential']:>6.1f}x", flush=True)
+        seq = steps_per_s(task, train, n, args.steps, path="sequential")
+        vm = steps_per_s(task, train, n, args.steps, path="batched", stacked=False)
+        convs = CONV_IMPLS if model in CONV_MODELS else (conv_impl(dev),)
+        for conv in convs:
+            rate = steps_per_s(task, train, n, args.steps, path="batched", conv=conv)
+            label = f"{model} ({conv}{'*' if conv == conv_impl(dev) else ''})" if model in CONV_MODELS else model
+            print(f"{label:<18} {n:>7} {rate:>9.0f} {vm:>9.0f} {seq:>10.0f} {rate / seq:>10.2f}x {rate / vm:>11.2f}x",
+                  flush=True)
 
 
 if __name__ == "__main__":

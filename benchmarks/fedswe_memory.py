@@ -52,7 +52,7 @@ def main() -> None:
     task = Task(model=build_model("logreg", (features,), classes), loss=loss_fn("logreg"), train_x=x, train_y=y,
                 test_x=x, test_y=y, order=order, offsets=np.arange(args.clients + 1), classes=classes,
                 label_hist=None, groups=None)
-    trainer = LocalTrainer(task, cfg.train, cfg.seed, cfg.task.model)
+    trainer = LocalTrainer(task, cfg.train, cfg.seed)
     d = trainer.spec.dim
     part = participation.build(cfg.availability, task.client_info(cfg.seed))
     algo = algorithms.build(algorithms.Context(cfg, world, task, trainer, part))

@@ -88,7 +88,7 @@ def main() -> None:
     print(f"{'DataLoader per client':<28} {samples / ref:>10.0f} samples/s")
     clients = np.arange(args.clients)
     for path in ("sequential", "batched"):
-        tr = LocalTrainer(task, train, seed=0, model_name="svhn_cnn", path=path)
+        tr = LocalTrainer(task, train, seed=0, path=path)
         x0 = tr.spec.flatten(task.model).expand(args.clients, -1)
         tr.train(x0[:2], clients[:2], t=0)  # warm-up
         sec = min(_timed(lambda: tr.train(x0, clients, t=1)) for _ in range(2))

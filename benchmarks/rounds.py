@@ -34,7 +34,7 @@ def rounds_per_s(algo_name: str, m: int, p: float, rounds: int) -> float:
                             "availability": {"kind": "stationary", "base": {"kind": "fixed", "values": [p]}}})
     world = World()
     task = build_task(cfg, world.device)
-    trainer = LocalTrainer(task, cfg.train, cfg.seed, cfg.task.model)
+    trainer = LocalTrainer(task, cfg.train, cfg.seed)
     part = participation.build(cfg.availability, task.client_info(cfg.seed))
     algo = algorithms.build(algorithms.Context(cfg, world, task, trainer, part))
     algo.round(0)  # warm-up

@@ -1,7 +1,10 @@
-"""Command line: ``fedmpi run | info | plot | pi | availability`` (INTERFACES.md).
+"""Command line: ``fedmpi run | sweep | table | info | plot | export | pi | ...`` (INTERFACES.md).
 
 Exit codes: 0 done; 2 bad input, with ONE line on stderr naming the key or file; 3
 interrupted (checkpointed); 1 anything else.
+
+Start-up stays fast: this module imports nothing heavy, and only the module of the command
+being run is imported (``fedmpi --help`` and ``fedmpi info`` never load torch).
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ class _Parser(argparse.ArgumentParser):
     """argparse that raises InputError (exit 2, one line) instead of printing usage."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise InputError(f"{self.prog}: {message}")
+        where = self.prog.split(" ", 1)[1] if " " in self.prog else ""
+        raise InputError(f"{where}: {message}" if where else message)
 
 
 def _env_rank() -> int:
@@ -31,15 +35,27 @@ def _env_rank() -> int:
 
 
 # Subcommands implemented next to their subject: (name, module, help); each module has
-# add_arguments(parser) and run_cli(args) -> exit code.
+# add_arguments(parser) and run_cli(args) -> exit code. Only the module of the command given
+# is imported.
 _EXTENSIONS = [
+    ("sweep", ".sweep", "run a grid of configs (locally, -j N at once, or as a SLURM array)"),
+    ("table", ".results.table", "mean +/- std over seeds of a metric, as Markdown, CSV or LaTeX"),
+    ("export", ".results.export", "metric rows of result files as CSV"),
     ("pi", ".participation.pi", "stationary participation distribution pi_R of the Markov sampler"),
     ("availability", ".participation.show", "print or plot the p_i^t trajectories of a config"),
     ("markov-plot", ".results.markov_plots", "Figure 1 study (pi_R vs R) and per-client participation shares"),
 ]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _command_in(argv: list[str]) -> str | None:
+    """The subcommand named in ``argv`` (the first word that is not an option)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; the arguments of an extension command are added only when ``argv`` names it
+    (every command's when ``argv`` is None)."""
+    wanted = _command_in(argv) if argv is not None else "*"
     p = _Parser(prog="fedmpi", description="Emulate federated-learning clusters with MPI ranks.")
     p.add_argument("--version", action="version", version=f"fedmpi {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -48,53 +64,79 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("config", help="YAML config file")
     r.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key (dotted path), e.g. --set train.lr=0.1; repeatable")
-    r.add_argument("--out", help="result file (default: the config's output, or runs/{name}-s{seed}.h5)")
+    r.add_argument("--out", help="result file (default: the config's output, or runs/{name}-{algorithm.name}-s{seed}.h5)")
+    r.add_argument("--overwrite", action="store_true",
+                   help="replace an existing result file (a completed run, or a file that is not a result file)")
     r.add_argument("--plot", help="also write a PNG of test accuracy (test loss for regression) here")
     r.add_argument("--resume", action="store_true",
                    help="continue from the last checkpoint (required to exist; a run also resumes by itself "
                         "when a checkpoint of the same config is present)")
-    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.add_argument("--quiet", action="store_true", help="no progress bar or progress lines")
     r.add_argument("--plugin", dest="plugins", action="append", default=[], metavar="PATH_OR_MODULE",
                    help="import a plug-in (a .py file, a package folder or a module name) that registers "
                         "algorithms, models, datasets or availability kinds; repeatable (also $FEDMPI_PLUGINS)")
 
-    i = sub.add_parser("info", help="status, rounds and last metrics of a result file")
-    i.add_argument("file")
+    i = sub.add_parser("info", help="status, rounds and last metrics of result files (several: compared)")
+    i.add_argument("files", nargs="+")
     i.add_argument("--no-config", action="store_true", help="do not print the stored config")
 
     pl = sub.add_parser("plot", help="plot a metric of one or several result files")
     pl.add_argument("files", nargs="+")
     pl.add_argument("--metric", default="test_acc")
-    pl.add_argument("--x", default="round", help="x axis: round or sim_delay")
+    pl.add_argument("--x", default="round", help="x axis: round, sim_delay or wall_time")
     pl.add_argument("--out", required=True, help="figure file (.png, .pdf, .svg)")
     pl.add_argument("--title")
 
     for name, module, text in _EXTENSIONS:
+        sp = sub.add_parser(name, help=text)
+        if wanted not in ("*", name):
+            continue  # not this command: its module stays unimported
         try:
             mod = importlib.import_module(module, __package__)
         except ImportError:  # an optional part that is not in this build
             continue
-        sp = sub.add_parser(name, help=text)
         mod.add_arguments(sp)
         sp.set_defaults(_handler=mod.run_cli)
     return p
 
 
-def _cmd_run(args: argparse.Namespace) -> int:
-    from . import config, plugins
-    from .runtime import World, launched_size
+def input_files(cfg, config_path: str | None) -> tuple[str, ...]:
+    """Files a run reads, which its result file must never be: the config and the trace,
+    schedule and graph files it names."""
+    sched = cfg.availability.schedule
+    return tuple(p for p in (config_path, cfg.availability.trace, sched if isinstance(sched, str) else None,
+                             cfg.topology.file) if p)
 
-    plugins.load(args.plugins)  # on every rank, before the config is checked against the registries
-    cfg = config.load(args.config, args.overrides, world_size=launched_size())
-    out = args.out or cfg.output_path
+
+def execute(cfg, out: str, *, quiet: bool = False, resume: bool = False, overwrite: bool = False,
+            inputs: tuple[str, ...] = (), label: str = "") -> int:
+    """One run of ``cfg`` into ``out`` in this process (all ranks of the launched world call it):
+    the MPI/torch world is set up, the run made, the world closed. Returns the exit code."""
+    from .runtime import World
+
     world = World.create(cfg.runtime.device, cfg.runtime.backend, cfg.runtime.timeout_s, cfg.runtime.threads)
     from .runner import run
 
     try:
-        code = run(cfg, world, out, quiet=args.quiet, resume=args.resume)
+        return run(cfg, world, out, quiet=quiet, resume=resume, overwrite=overwrite, inputs=inputs, label=label)
     finally:
         world.close()
-    if code == 0 and world.rank == 0:
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from . import config, plugins
+    from .runtime import launched_size
+
+    if args.out is not None and not args.out.strip():
+        raise InputError("--out: empty result path")
+    if args.overwrite and args.resume:
+        raise InputError("--overwrite: cannot be combined with --resume (one starts afresh, the other continues)")
+    plugins.load(args.plugins)  # on every rank, before the config is checked against the registries
+    cfg = config.load(args.config, args.overrides, world_size=launched_size())
+    out = args.out or cfg.output_path
+    code = execute(cfg, out, quiet=args.quiet, resume=args.resume, overwrite=args.overwrite,
+                   inputs=input_files(cfg, args.config))
+    if code == 0 and _env_rank() == 0:
         if args.plot:
             from .results.hdf5 import read_metrics
             from .results.plot import plot
@@ -107,9 +149,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    from .results.info import describe
+    from .results.info import compare, describe
 
-    print(describe(args.file, show_config=not args.no_config))
+    if len(args.files) == 1:
+        print(describe(args.files[0], show_config=not args.no_config))
+    else:
+        print(compare(args.files, show_config=not args.no_config))
     return 0
 
 
@@ -122,13 +167,28 @@ def _cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _quiet_broken_pipe() -> int:
+    """The reader of our stdout went away (``fedmpi info X | head``): stop without a traceback."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush must not fail again
+    except (OSError, ValueError, AttributeError):
+        pass
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     log.setup(_env_rank())
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(argv).parse_args(argv)
         handler = getattr(args, "_handler", None) or {"run": _cmd_run, "info": _cmd_info,
                                                        "plot": _cmd_plot}[args.command]
-        return int(handler(args) or 0)
+        code = int(handler(args) or 0)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        return _quiet_broken_pipe()
     except InputError as e:
         if _env_rank() == 0:
             print(f"fedmpi: error: {e}", file=sys.stderr)

@@ -188,13 +188,19 @@ class EvaluationConfig:
 
 @dataclass
 class RuntimeConfig:
-    backend: Literal["auto", "nccl", "gloo"] = opt("auto", "torch.distributed backend; auto = nccl with CUDA")
+    backend: Literal["auto", "nccl", "gloo"] = opt(
+        "auto", "torch.distributed backend; auto = nccl when every rank has its own GPU, else gloo")
     device: Literal["auto", "cpu", "cuda"] = opt("auto", "auto = cuda:local_rank when available")
     threads: Optional[int] = opt(None, "torch CPU threads per rank; null = cores / local ranks", ge=1)
     timeout_s: float = opt(300.0, "collective timeout: a dead rank ends the job after this", gt=0)
     checkpoint_every: int = opt(0, "rounds between checkpoints; 0 = off", ge=0)
     log_availability: bool = opt(False, "store the per-round participation mask")
-    progress: bool = opt(True, "tqdm progress bar on rank 0 (only on a TTY)")
+    progress: bool = opt(True, "progress on rank 0's stderr: a tqdm bar on a TTY, else one line per evaluation")
+    flush_s: float = opt(5.0, "write buffered result rows to the HDF5 file at most every N seconds "
+                              "(and at checkpoints and the end)", ge=0)
+    csv: bool = opt(False, "also write the metric rows to a CSV file next to the result file (RUN.csv)")
+    tensorboard: Optional[str] = opt(None, "also log the metrics as TensorBoard scalars under this folder "
+                                           "(needs the tensorboard package: fedmpi[tensorboard])")
 
 
 @dataclass
@@ -203,7 +209,8 @@ class Config:
     seed: int = opt(0, "seed of every random stream", ge=0, le=2**64 - 1)
     rounds: int = opt(100, "global rounds (centralized) or iterations (decentralized)", ge=0)
     eval_every: int = opt(5, "evaluate every N rounds (and after the last)", ge=1)
-    output: Optional[str] = opt(None, "result file; null = runs/{name}-s{seed}.h5")
+    output: Optional[str] = opt(None, "result file, {dotted.key} placeholders allowed; "
+                                      "null = runs/{name}-{algorithm.name}-s{seed}.h5")
     task: TaskConfig = opt(TaskConfig(), "data, partition and model")
     train: TrainConfig = opt(TrainConfig(), "local training")
     algorithm: AlgorithmParams = opt(AlgorithmParams(), "algorithm and its parameters")
@@ -215,7 +222,12 @@ class Config:
 
     @property
     def output_path(self) -> str:
-        return self.output or f"runs/{self.name}-s{self.seed}.h5"
+        """The result file: ``output`` (or its default) with ``{dotted.key}`` placeholders filled in."""
+        from .results.paths import fill_placeholders
+
+        if self.output is not None and not self.output.strip():
+            raise InputError("output: empty result path (give a file name, or null for the default)")
+        return fill_placeholders(self.output or DEFAULT_OUTPUT, self.to_dict(), "output")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -237,6 +249,9 @@ class Config:
             if dataclasses.is_dataclass(block):
                 out += [reg.get(getattr(block, name)) for name, reg in _selectors(type(block)).items()]
         return out
+
+
+DEFAULT_OUTPUT = "runs/{name}-{algorithm.name}-s{seed}.h5"
 
 
 # ----------------------------------------------------------------------------- parsing
@@ -415,8 +430,10 @@ def parse_override(item: str) -> tuple[str, Any]:
         raise InputError(f"--set {k}: value {v!r} is not valid YAML") from None
 
 
-def load(path: str | None = None, overrides: list[str] | None = None, world_size: int = 1) -> Config:
-    """Read a YAML file (or nothing), apply ``--set`` overrides, validate everything."""
+def load(path: str | None = None, overrides: list[str] | None = None, world_size: int = 1,
+         values: dict[str, Any] | None = None) -> Config:
+    """Read a YAML file (or nothing), apply ``--set`` overrides (then ``values``: dotted key ->
+    value, as a sweep cell's), validate everything."""
     data: Any = {}
     if path is not None:
         try:
@@ -438,6 +455,8 @@ def load(path: str | None = None, overrides: list[str] | None = None, world_size
             raise InputError(f"{path}: top level must be a mapping of keys")
     for item in overrides or []:
         _set_dotted(data, *parse_override(item))
+    for k, v in (values or {}).items():
+        _set_dotted(data, k, _copy(v))
     cfg = _build(Config, data, "")
     validate(cfg, world_size)
     return cfg

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import sys
+from contextlib import contextmanager
+from typing import Iterator
 
 
 class _Stderr(logging.StreamHandler):
@@ -31,3 +33,16 @@ def setup(rank: int) -> None:
         logger.addHandler(handler)
         logger.propagate = False
     logger.setLevel(logging.INFO if rank == 0 else logging.ERROR)
+
+
+@contextmanager
+def muted() -> Iterator[None]:
+    """No notices inside: for configs that are only checked or compared, not run (a sweep's cells,
+    the config stored in a result file); the run itself prints them."""
+    logger = logging.getLogger("fedmpi")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

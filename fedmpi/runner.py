@@ -41,10 +41,10 @@ def agree(world: World, fn: Callable[[], object]) -> object:
     try:
         out = fn()
     except InputError as e:
-        err, out = str(e), None
-    errors = [e for e in world.allgather_obj(err) if e is not None]
+        err, out = e, None
+    errors = [e for e in world.allgather_obj(None if err is None else str(err)) if e is not None]
     if errors:
-        raise InputError(errors[0])
+        raise err if err is not None else InputError(errors[0])  # a rank keeps its own error's type
     return out
 
 
@@ -54,12 +54,7 @@ def _check_memory(cfg: Config, world: World, m: int, d: int) -> None:
 
     lo, hi = world.shard(m)
     need = memory_estimate(cfg.algorithm.name, hi - lo, d)
-    if world.device.type == "cuda":
-        free = torch.cuda.mem_get_info(world.device)[0]
-        where = f"GPU {world.device}"
-    else:
-        free = psutil.virtual_memory().available // max(world.local_size, 1)
-        where = "host memory per rank"
+    free, where = world.free_memory()  # a GPU shared by several ranks: its share
     if need > 0.9 * free:
         raise InputError(f"algorithm.name: {cfg.algorithm.name} keeps {need / 2**30:.1f} GiB of per-client state "
                          f"per rank ({hi - lo} clients x {d} parameters), more than the {free / 2**30:.1f} GiB "
@@ -111,12 +106,31 @@ class _StopFlag:
 class Runner:
     """One run of ``cfg`` on ``world`` writing ``out_path`` (rank 0)."""
 
-    def __init__(self, cfg: Config, world: World, out_path: str, quiet: bool = False, resume: bool = False):
-        self.cfg, self.world, self.out_path, self.quiet = cfg, world, out_path, quiet
+    def __init__(self, cfg: Config, world: World, out_path: str, quiet: bool = False, resume: bool = False,
+                 overwrite: bool = False, inputs: tuple[str, ...] = (), label: str = ""):
+        self.cfg, self.world, self.out_path, self.quiet, self.label = cfg, world, out_path, quiet, label
         self.writer = None
         self._resumed = None
         self._want_resume = resume
-        agree(world, self._setup)
+        self.claim = None
+        agree(world, lambda: self._claim_output(overwrite, inputs))
+        try:
+            agree(world, self._setup)
+        except BaseException:  # set-up failed (here or on another rank): let go of the file
+            if self.writer is not None:
+                self.writer.finish("failed")
+            elif self.claim is not None:
+                self.claim.release(discard=True)
+            raise
+
+    def _claim_output(self, overwrite: bool, inputs: tuple[str, ...]) -> None:
+        """Rank 0 locks the result file before anything reads or writes it (results/hdf5.py)."""
+        if self.world.rank == 0:
+            from .results.hdf5 import claim
+
+            self.claim = claim(self.out_path, self.cfg.resume_digest(), inputs, overwrite)
+            if overwrite:  # a fresh run: an old checkpoint must not be resumed
+                shutil.rmtree(checkpoint.folder_for(self.out_path), ignore_errors=True)
 
     # ------------------------------------------------------------------ set-up
     def _setup(self) -> None:
@@ -126,7 +140,7 @@ class Runner:
 
         cfg, world = self.cfg, self.world
         task = build_task(cfg, world.device)
-        trainer = LocalTrainer(task, cfg.train, cfg.seed, cfg.task.model)
+        trainer = LocalTrainer(task, cfg.train, cfg.seed)
         part = None
         if ALGORITHMS.get(cfg.algorithm.name).obj.needs_participation:
             part = participation.build(cfg.availability, task.client_info(cfg.seed))
@@ -142,11 +156,15 @@ class Runner:
         self.metric_names = self._metric_names()
         self._train_subset = self._train_eval_subset()
         if world.rank == 0:
+            from .results import sidecars
             from .results.hdf5 import ResultWriter
 
+            extra = sidecars.build(cfg.runtime, self.out_path)
             resume_at = self._resumed[0] if self._resumed is not None else None
             self.writer = ResultWriter(self.out_path, cfg.to_yaml(), cfg.seed, world.size, self.metric_names,
-                                       task.m, cfg.runtime.log_availability, resume_at=resume_at)
+                                       task.m, cfg.runtime.log_availability, resume_at=resume_at,
+                                       claim_=self.claim, flush_s=cfg.runtime.flush_s)
+            self.writer.add_sidecars(extra)
             if resume_at is not None:
                 return
             self.writer.write_group("partition", {"samples": task.sizes.astype(np.int64),
@@ -190,7 +208,9 @@ class Runner:
         stop = _StopFlag()
         try:
             if start == 0:
-                self._evaluate(0, 0, t0)
+                row = self._evaluate(0, 0, t0)
+                if bar is not None:
+                    bar.evaluated(row)
             for t in range(start, cfg.rounds):
                 _inject_fault(world.rank, t)
                 n_active = self.algo.round(t)
@@ -200,7 +220,7 @@ class Runner:
                 if (t + 1) % cfg.eval_every == 0 or last:
                     row = self._evaluate(t + 1, n_active, t0)
                     if bar is not None:
-                        bar.set_postfix({k: f"{row[k]:.4f}" for k in ("test_acc", "test_loss") if k in row})
+                        bar.evaluated(row)
                 if bar is not None:
                     bar.update(1)
                 if last:
@@ -255,11 +275,10 @@ class Runner:
         return rounds_done
 
     def _progress(self, start: int):
-        if self.world.rank != 0 or self.quiet or not self.cfg.runtime.progress or not sys.stderr.isatty():
-            return None
-        from tqdm import tqdm
+        from . import progress
 
-        return tqdm(total=self.cfg.rounds, initial=start, unit="round", dynamic_ncols=True, file=sys.stderr)
+        enabled = self.world.rank == 0 and not self.quiet and self.cfg.runtime.progress
+        return progress.start(self.cfg.rounds, start, enabled, self.label)
 
     def _evaluate(self, rounds_done: int, n_active: int, t0: float) -> dict[str, float]:
         """Evaluate on rank 0; extra metrics and peak memory are collective (every rank)."""
@@ -307,9 +326,13 @@ def _is_peer_failure(e: Exception) -> bool:
                                    "Timeout", "Broken pipe", "peer"))
 
 
-def run(cfg: Config, world: World, out_path: str, quiet: bool = False, resume: bool = False) -> int:
-    """Run ``cfg``; return the exit code. Errors after set-up are reported with the rank."""
-    runner = Runner(cfg, world, out_path, quiet, resume)
+def run(cfg: Config, world: World, out_path: str, quiet: bool = False, resume: bool = False,
+        overwrite: bool = False, inputs: tuple[str, ...] = (), label: str = "") -> int:
+    """Run ``cfg``; return the exit code. Errors after set-up are reported with the rank.
+
+    ``overwrite`` lets the run replace a completed or foreign file at ``out_path``; ``inputs``
+    are the files it reads (never accepted as the output); ``label`` prefixes progress lines."""
+    runner = Runner(cfg, world, out_path, quiet, resume, overwrite, inputs, label)
     try:
         return runner.run()
     except KeyboardInterrupt:

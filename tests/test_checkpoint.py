@@ -83,8 +83,13 @@ def test_resume_errors(tmp_path):
     assert p.returncode == 2 and "--resume: no checkpoint at" in p.stderr
     fedmpi(["run", cfg, "--out", out, "--quiet", "--set", "rounds=9"],
            check=False, env={"FEDMPI_TEST_FAULT": "0:6:kill"})
+    p = fedmpi(["run", cfg, "--out", out, "--set", "train.lr=0.3"], check=False)  # the result file refuses first
+    assert p.returncode == 2 and "run of another experiment" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    os.rename(out, out + ".keep")  # without the result file, the checkpoint itself refuses
     p = fedmpi(["run", cfg, "--out", out, "--set", "train.lr=0.3"], check=False)
     assert p.returncode == 2 and "different config" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    assert not os.path.exists(out)  # and no empty file is left behind
+    os.rename(out + ".keep", out)
     with open(out + ".ckpt/manifest.json", "w") as fh:
         fh.write("{not json")
     p = fedmpi(["run", cfg, "--out", out], check=False)

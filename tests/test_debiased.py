@@ -45,7 +45,7 @@ def make(data: dict, part: Participation | None = None) -> algorithms.Algorithm:
     """The algorithm of config ``data`` in this process (one rank), on ``part`` or the config's sampler."""
     cfg = config.from_dict(data)
     task = build_task(cfg, CPU)
-    trainer = LocalTrainer(task, cfg.train, cfg.seed, cfg.task.model)
+    trainer = LocalTrainer(task, cfg.train, cfg.seed)
     part = part or participation.build(cfg.availability, task.client_info(cfg.seed))
     return algorithms.build(Context(cfg, World(), task, trainer, part))
 

@@ -28,7 +28,7 @@ def build(data: dict):
     """The algorithm of ``data`` (a config dict) on a single process, as the runner builds it."""
     cfg = config.from_dict(data)
     task = build_task(cfg, torch.device("cpu"))
-    trainer = LocalTrainer(task, cfg.train, cfg.seed, cfg.task.model)
+    trainer = LocalTrainer(task, cfg.train, cfg.seed)
     return algorithms.build(Context(cfg, World(), task, trainer, None))
 
 

@@ -22,7 +22,7 @@ CPU = torch.device("cpu")
 def trainer(**over):
     cfg = config.from_dict(synthetic_config(**over))
     task = build_task(cfg, CPU)
-    return cfg, task, LocalTrainer(task, cfg.train, cfg.seed, cfg.task.model, path="batched")
+    return cfg, task, LocalTrainer(task, cfg.train, cfg.seed, path="batched")
 
 
 @pytest.mark.parametrize("model", ["logreg", "mlp", "linear_svm"])
@@ -76,7 +76,7 @@ def _image_trainer(path: str, seed: int = 0, device: torch.device = CPU) -> Loca
                 offsets=np.arange(6) * 10, classes=10, label_hist=None, groups=None,
                 mean=torch.full((3,), 0.5, device=device), std=torch.full((3,), 0.25, device=device), image=True)
     cfg = config.from_dict({"task": {"clients": 5}, "train": {"batch_size": 4, "local_steps": 2, "lr": 0.1}})
-    return LocalTrainer(task, cfg.train, seed, "cinic_cnn", path=path)
+    return LocalTrainer(task, cfg.train, seed, path=path)
 
 
 def test_dropout_masks_follow_the_client_not_its_companions():
@@ -129,9 +129,13 @@ def test_lr_schedule():
 
 
 def test_auto_path_rule():
-    assert choose_path("auto", "logreg", CPU) == "batched"
-    assert choose_path("auto", "svhn_cnn", CPU) == "sequential"
-    assert choose_path("sequential", "logreg", CPU) == "sequential"
+    from fedmpi.models import build_model
+
+    assert choose_path("auto", build_model("logreg", (1, 8, 8), 10), CPU) == "batched"
+    assert choose_path("auto", build_model("svhn_cnn", (3, 8, 8), 10), CPU) == "batched"  # stacked conv layers
+    other_conv = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding="same"), torch.nn.Flatten())  # no stacked rule
+    assert choose_path("auto", other_conv, CPU) == "sequential"
+    assert choose_path("sequential", build_model("logreg", (1, 8, 8), 10), CPU) == "sequential"
 
 
 def test_evaluate_many_models_equals_one_by_one():

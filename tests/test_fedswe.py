@@ -52,7 +52,7 @@ def quadratic_cfg(name: str, u: list, x0: float = 0.0, eta_g: float = 1.0, lr: f
 def build(cfg: config.Config, part: Participation | None = None) -> algorithms.Algorithm:
     """The algorithm of ``cfg`` in this process (World() = one rank), on ``part`` or the config's kind."""
     task = build_task(cfg, CPU)
-    trainer = LocalTrainer(task, cfg.train, cfg.seed, cfg.task.model)
+    trainer = LocalTrainer(task, cfg.train, cfg.seed)
     if part is None:
         part = participation.build(cfg.availability, task.client_info(cfg.seed))
     return algorithms.build(Context(cfg, World(), task, trainer, part))

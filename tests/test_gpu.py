@@ -52,9 +52,24 @@ def test_dropout_keys_reach_the_model_on_cuda():
 def test_batched_training_on_cuda_does_not_depend_on_companions():
     cfg = config.from_dict(synthetic_config(task__model="mlp", task__hidden=32))
     task = build_task(cfg, CUDA)
-    tr = LocalTrainer(task, cfg.train, cfg.seed, cfg.task.model, path="batched")
+    tr = LocalTrainer(task, cfg.train, cfg.seed, path="batched")
     ids = np.array([0, 3, 4, 7, 11])
     x0 = tr.spec.flatten(task.model).to(CUDA).expand(len(ids), -1)
     together = tr.train(x0, ids, t=1)
     for k in range(len(ids)):
         assert torch.equal(tr.train(x0[k:k + 1], ids[k:k + 1], t=1)[0], together[k])
+
+
+def test_ranks_sharing_a_gpu_split_its_free_memory():
+    one, where1 = World(device=CUDA, ranks_on_device=1).free_memory()
+    two, where2 = World(device=CUDA, ranks_on_device=2).free_memory()
+    assert abs(two - one // 2) < 64 << 20  # free memory may move a little between the two reads
+    assert "shared by 2 ranks" in where2 and "shared" not in where1
+
+
+def test_local_ranks_beyond_the_gpu_count_bind_to_the_same_gpu():
+    from fedmpi.runtime.world import _gpu_identity
+
+    n = torch.cuda.device_count()
+    assert _gpu_identity(0) == _gpu_identity(n)
+    assert len({_gpu_identity(r) for r in range(n)}) == n

@@ -22,7 +22,7 @@ MOM, WD = 0.9, 0.1
 def trainer(path: str, **train):
     cfg = config.from_dict(synthetic_config(**{f"train.{k}": v for k, v in train.items()}))
     task = build_task(cfg, CPU)
-    return task, LocalTrainer(task, cfg.train, cfg.seed, cfg.task.model, path=path)
+    return task, LocalTrainer(task, cfg.train, cfg.seed, path=path)
 
 
 @pytest.mark.parametrize("path", ["batched", "sequential"])

@@ -33,7 +33,7 @@ def curved_build(name: str, u=U, a=A, part=None, s: int = S, lr: float = LR, eta
     task = build_task(cfg, CPU)
     task.train_y = torch.cat([task.train_y, torch.tensor(a, dtype=torch.float32)[:, None]], dim=1)
     task.loss = lambda out, y: 0.5 * (y[..., -1:] * (out - y[..., :-1]).pow(2)).sum(-1).mean()
-    trainer = LocalTrainer(task, cfg.train, cfg.seed, cfg.task.model)
+    trainer = LocalTrainer(task, cfg.train, cfg.seed)
     part = part or participation.build(cfg.availability, task.client_info(cfg.seed))
     return algorithms.build(Context(cfg, World(), task, trainer, part))
 

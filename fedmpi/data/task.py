@@ -38,6 +38,7 @@ import yaml
 from .. import rng
 from ..config import Config, DatasetParams, TaskConfig, opt
 from ..errors import InputError
+from ..models.losses import quadratic
 from ..participation.base import ClientInfo
 from ..registry import DATASETS
 
@@ -131,11 +132,6 @@ class ScalarModel(torch.nn.Module):
 
     def forward(self, inp: torch.Tensor) -> torch.Tensor:
         return self.x.expand(*inp.shape[:-1], self.x.shape[0])
-
-
-def quadratic_loss(out: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """F_i(x) = ||x - u_i||^2 / 2, averaged over the batch."""
-    return 0.5 * (out - u).pow(2).sum(-1).mean()
 
 
 @dataclass
@@ -234,7 +230,7 @@ def _quadratic(cfg: Config) -> Task:
     m, dim = u.shape
     ut = torch.tensor(u, dtype=torch.float32)
     dummy = torch.zeros(m, 1)
-    return Task(model=ScalarModel(dim, cfg.task.x0), loss=quadratic_loss,
+    return Task(model=ScalarModel(dim, cfg.task.x0), loss=quadratic,
                 train_x=dummy, train_y=ut, test_x=dummy, test_y=ut,
                 order=torch.arange(m), offsets=np.arange(m + 1), classes=0,
                 label_hist=None, groups=None)

@@ -10,7 +10,8 @@ Communication: only ACTIVE cross-rank edges move data. For each peer rank, both 
 from the (shared) active-edge mask, without talking, the same two lists: my clients with an
 active edge to that peer and its clients with an active edge to me, each in increasing client
 id. The rows to send are packed into one contiguous buffer (one slice per peer); one isend and
-one irecv per peer, ordered by peer rank, go out in a single ``batch_isend_irecv``. A warm-up
+one irecv per peer, ordered by peer rank, go out in a single ``batch_isend_irecv``
+(``World.send_recv_``, which stages through host memory when ranks share a GPU). A warm-up
 batch among all rank pairs sharing an edge (plus ring neighbours, so that every rank takes part)
 runs once at construction, as NCCL wants the first P2P call of a group to be collective. A
 single process makes no torch.distributed call at all.
@@ -43,7 +44,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..engine.reduce import preround
@@ -143,24 +143,16 @@ class Exchanger:
         if not plan.peers:
             return
         packed = x_local.index_select(0, torch.as_tensor(plan.send_rows, device=x_local.device))
-        ops = []
-        for p, s0, s1, r0, r1 in plan.peers:
-            ops += [dist.P2POp(dist.isend, packed[s0:s1], p), dist.P2POp(dist.irecv, recv[r0:r1], p)]
-        for work in dist.batch_isend_irecv(ops):
-            work.wait()
+        self.world.send_recv_(packed, recv, plan.peers)
         self.sent_rows += packed.shape[0]
         self.sent_ops += len(plan.peers)
 
     def _warm_up(self) -> None:
         r, n = self.world.rank, self.world.size
         partners = sorted((set(self.peers.tolist()) | {(r + 1) % n, (r - 1) % n}) - {r})
-        dev = self.world.device
-        ops = []
-        for p in partners:
-            ops += [dist.P2POp(dist.isend, torch.zeros(1, device=dev), p),
-                    dist.P2POp(dist.irecv, torch.empty(1, device=dev), p)]
-        for work in dist.batch_isend_irecv(ops):
-            work.wait()
+        k, dev = len(partners), self.world.device
+        self.world.send_recv_(torch.zeros(k, device=dev), torch.empty(k, device=dev),
+                              [(p, i, i + 1, i, i + 1) for i, p in enumerate(partners)])
 
     # ------------------------------------------------------------------ global views
     def gather_all(self, x_local: torch.Tensor) -> torch.Tensor | None:
@@ -171,11 +163,9 @@ class Exchanger:
         n_max = max(w.shard(self.m, r)[1] - w.shard(self.m, r)[0] for r in range(w.size))
         buf = x_local.new_zeros((n_max, x_local.shape[1]))
         buf[:self.n_local] = x_local
-        if w.rank != 0:
-            dist.gather(buf, dst=0)
+        parts = w.gather_to_server(buf)
+        if parts is None:
             return None
-        parts = [torch.empty_like(buf) for _ in range(w.size)]
-        dist.gather(buf, parts, dst=0)
         return torch.cat([parts[r][:w.shard(self.m, r)[1] - w.shard(self.m, r)[0]] for r in range(w.size)])
 
     def mean_and_consensus(self, x_local: torch.Tensor) -> tuple[torch.Tensor, float]:

@@ -1,18 +1,32 @@
 """Loss and accuracy of one or many flat models on a dataset, batched.
 
 ``evaluate(task, spec, models, x, y)`` evaluates k models (k, d) at once: each data batch
-goes through a ``vmap`` over the models, so k client models cost one pass over the data,
-not k Python-level passes. Sums are accumulated in float64 in a fixed batch order, so the
-numbers are identical wherever they are computed.
+goes through the stacked layers (``engine.layers``; a ``vmap`` over the models for other
+modules), so k client models cost one pass over the data, not k Python-level passes. Sums
+are accumulated in float64 in a fixed batch order, with one intra-op thread on CPU
+(``engine.threads``), so the numbers are identical wherever they are computed.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 from torch.func import functional_call, vmap
 
 from ..data.task import Task
+from ..models.losses import per_sample
+from .layers import StackedNet, conv_impl
 from .params import ParamSpec
+from .threads import one_thread
+
+_NETS: "weakref.WeakKeyDictionary[torch.nn.Module, StackedNet | None]" = weakref.WeakKeyDictionary()
+
+
+def _stacked(model: torch.nn.Module, device: torch.device) -> StackedNet | None:
+    if model not in _NETS:
+        _NETS[model] = StackedNet.compile(model, conv_impl(device))
+    return _NETS[model]
 
 
 @torch.no_grad()
@@ -22,24 +36,22 @@ def evaluate(task: Task, spec: ParamSpec, models: torch.Tensor, x: torch.Tensor,
     models = models.reshape(-1, spec.dim)
     k, n = models.shape[0], x.shape[0]
     params = spec.views(models)
+    net = _stacked(task.model, models.device)
+    each_sample = per_sample(task.loss)
     task.model.eval()
 
-    def one_model(p: dict, xb: torch.Tensor, yb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        out = functional_call(task.model, p, (xb,))
-        per_sample = vmap(lambda o, t: task.loss(o.unsqueeze(0), t.unsqueeze(0)))(out, yb)
-        if task.classes:
-            correct = (out.argmax(-1) == yb).sum()
-        else:
-            correct = torch.zeros((), device=out.device)
-        return per_sample.double().sum(), correct
+    def one_model(p: dict, xb: torch.Tensor) -> torch.Tensor:
+        return functional_call(task.model, p, (xb,))
 
-    many = vmap(one_model, in_dims=(0, None, None))
+    outputs = vmap(one_model, in_dims=(0, None))
     loss = torch.zeros(k, dtype=torch.float64, device=models.device)
     correct = torch.zeros(k, dtype=torch.float64, device=models.device)
-    for s in range(0, n, batch_size):
-        xb = task.inputs(x[s:s + batch_size])
-        lb, cb = many(params, xb, y[s:s + batch_size])
-        loss += lb
-        correct += cb.double()
+    with one_thread(models.device):
+        for s in range(0, n, batch_size):
+            xb, yb = task.inputs(x[s:s + batch_size]), y[s:s + batch_size]
+            out = net.forward(params, xb.expand(k, *xb.shape)) if net is not None else outputs(params, xb)
+            loss += each_sample(out, yb.expand(k, *yb.shape)).double().sum(1)
+            if task.classes:
+                correct += (out.argmax(-1) == yb).sum(1).double()
     task.model.train()
     return loss / n, (correct / n if task.classes else None)

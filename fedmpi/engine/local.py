@@ -5,8 +5,10 @@ momentum, weight decay, FedProx's proximal term, SCAFFOLD's correction) for ever
 client, starting from the rows of ``start`` (n, d), and returns the end models (n, d). Two
 paths compute the same thing:
 
-- batched: the clients' parameters are stacked and one ``vmap(grad(loss))`` call
-  (``torch.func``) computes every client's gradient per step;
+- batched: the clients' parameters are stacked and every step computes all their gradients
+  at once -- through the stacked layers of ``engine.layers`` (one ``baddbmm`` per Linear,
+  ordinary autograd; closed-form gradients for single-layer models), or, for a model with
+  other modules, one ``vmap(grad(loss))`` call (``torch.func``);
 - sequential: the reference loop over clients with ordinary autograd.
 
 Minibatches are drawn by index on the device from counter-based streams keyed by
@@ -14,7 +16,7 @@ Minibatches are drawn by index on the device from counter-based streams keyed by
 depend on which rank trains it or which other clients train with it. They are drawn
 uniformly with replacement (``full_gradient`` uses every local sample instead). Dropout
 masks come from the same kind of stream, (seed, "dropout", round, step) and the client id
-(``models.dropout``).
+(``models.dropout``). On CPU, training runs with one intra-op thread (``engine.threads``).
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ from .. import rng
 from ..config import TrainConfig
 from ..data.task import Task
 from ..models.dropout import KeyedDropout
+from ..models.losses import per_sample
+from .layers import StackedNet, conv_impl
 from .local_step import LocalStep
 from .params import ParamSpec
-
-_CONV_MODELS = ("svhn_cnn", "cifar_cnn", "cinic_cnn", "vgg11")
+from .threads import one_thread
 
 
 def lr_at(cfg: TrainConfig, t: int) -> float:
@@ -42,12 +45,13 @@ def lr_at(cfg: TrainConfig, t: int) -> float:
     return cfg.lr
 
 
-def choose_path(engine: str, model_name: str, device: torch.device) -> str:
-    """``auto``: batched, except conv nets on CPU, where vmapped convolutions lose to the loop
-    (measured in benchmarks/engine.py; see benchmarks/RESULTS.md)."""
+def choose_path(engine: str, model: torch.nn.Module, device: torch.device) -> str:
+    """``auto``: batched, except a model without stacked layers that has convolutions, on CPU,
+    where vmapped convolutions lose to the loop (benchmarks/engine.py, benchmarks/RESULTS.md)."""
     if engine != "auto":
         return engine
-    if model_name in _CONV_MODELS and device.type == "cpu":
+    if StackedNet.compile(model) is None and device.type == "cpu" and \
+            any(isinstance(mod, torch.nn.modules.conv._ConvNd) for mod in model.modules()):
         return "sequential"
     return "batched"
 
@@ -55,25 +59,31 @@ def choose_path(engine: str, model_name: str, device: torch.device) -> str:
 class LocalTrainer:
     """Local training of a rank's clients on ``task``; see the module docstring."""
 
-    def __init__(self, task: Task, cfg: TrainConfig, seed: int, model_name: str = "", path: str | None = None):
+    def __init__(self, task: Task, cfg: TrainConfig, seed: int, path: str | None = None, conv: str | None = None,
+                 stacked: bool = True):
+        """``path`` forces batched or sequential (default: ``choose_path``); ``conv`` picks the
+        stacked convolution (default: ``layers.conv_impl``); ``stacked=False`` makes the batched
+        path use vmap(grad) (the reference the stacked layers replace, for benchmarks)."""
         self.task = task
         self.cfg = cfg
         self.seed = seed
         self.spec = ParamSpec.of(task.model)
         self.device = task.train_x.device
-        self.path = path or choose_path(cfg.engine, model_name, self.device)
-        self._sizes = torch.as_tensor(task.sizes, device=self.device)
-        self._offsets = torch.as_tensor(task.offsets[:-1], device=self.device)
+        self.path = path or choose_path(cfg.engine, task.model, self.device)
+        self.net = StackedNet.compile(task.model, conv or conv_impl(self.device)) if stacked else None  # None: vmap
+        self._sizes = np.asarray(task.sizes, dtype=np.int64)  # host copies for the minibatch ids
+        self._offsets = np.asarray(task.offsets[:-1], dtype=np.int64)
+        self._order = task.order.cpu().numpy()
         model = task.model
         self._key_names = [f"{name}.key" for name, mod in model.named_modules() if isinstance(mod, KeyedDropout)]
+        each_sample = per_sample(task.loss)
 
         def loss_of(params: dict, keys: dict, xb: torch.Tensor, yb: torch.Tensor,
                     wb: torch.Tensor | None) -> torch.Tensor:
             out = functional_call(model, {**params, **keys}, (task.inputs(xb),))
             if wb is None:
                 return task.loss(out, yb)
-            per_sample = vmap(lambda o, y: task.loss(o.unsqueeze(0), y.unsqueeze(0)))(out, yb)
-            return (per_sample * wb).sum()
+            return (each_sample(out.unsqueeze(0), yb.unsqueeze(0))[0] * wb).sum()
 
         self._loss_of = loss_of
         self._grad = grad(loss_of)
@@ -82,21 +92,23 @@ class LocalTrainer:
 
     # ------------------------------------------------------------------ data
     def batch(self, clients: np.ndarray, t: int, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Inputs (n, b, ...), targets (n, b, ...) and sample weights (n, b) or None."""
-        cid = torch.as_tensor(clients, device=self.device)
-        sizes = self._sizes[cid]
+        """Inputs (n, b, ...), targets (n, b, ...) and sample weights (n, b) or None.
+
+        The sample ids are computed on the host (a few hundred integers: numpy is many times
+        cheaper than a chain of small device ops); only the data rows are gathered on the device."""
+        sizes = self._sizes[clients]
+        weights = None
         if self.cfg.full_gradient:
-            width = int(sizes.max().item())
-            j = torch.arange(width, device=self.device)
-            local = torch.minimum(j[None, :], (sizes - 1)[:, None])
-            weights = (j[None, :] < sizes[:, None]).float() / sizes[:, None].float()
+            j = np.arange(int(sizes.max()))
+            local = np.minimum(j[None, :], sizes[:, None] - 1)
+            w = (j[None, :] < sizes[:, None]).astype(np.float32) / sizes[:, None].astype(np.float32)
+            weights = torch.as_tensor(w, device=self.device)
         else:
             b = self.cfg.batch_size
             counters = clients.astype(np.int64)[:, None] * b + np.arange(b)[None, :]
-            u = torch.as_tensor(rng.uniform(rng.key(self.seed, "batch", t, step), counters), device=self.device)
-            local = torch.minimum((u * sizes[:, None]).long(), (sizes - 1)[:, None])
-            weights = None
-        ids = self.task.order[self._offsets[cid][:, None] + local].reshape(-1)
+            u = rng.uniform(rng.key(self.seed, "batch", t, step), counters)
+            local = np.minimum((u * sizes[:, None]).astype(np.int64), sizes[:, None] - 1)
+        ids = torch.as_tensor(self._order[self._offsets[clients][:, None] + local].reshape(-1), device=self.device)
         n, b = local.shape
         xb = self.task.train_x.index_select(0, ids).view(n, b, *self.task.train_x.shape[1:])
         yb = self.task.train_y.index_select(0, ids).view(n, b, *self.task.train_y.shape[1:])
@@ -123,7 +135,9 @@ class LocalTrainer:
         ``prox`` adds FedProx's mu (x - start) and ``correction`` (n, d) SCAFFOLD's c - c_i to
         every step's (clipped) gradient (``local_step``).
         """
-        return self.train_(start.detach().clone(), clients, t, lr_scale, steps, prox, correction)
+        with one_thread(self.device):
+            x = start.detach().clone()
+        return self.train_(x, clients, t, lr_scale, steps, prox, correction)
 
     def train_(self, x: torch.Tensor, clients: np.ndarray, t: int, lr_scale: torch.Tensor | None = None,
                steps: int | None = None, prox: float = 0.0, correction: torch.Tensor | None = None) -> torch.Tensor:
@@ -136,13 +150,17 @@ class LocalTrainer:
             lr = lr * lr_scale.to(self.device, torch.float32)
         self.task.model.train()
         chunk = self.chunk_size()
-        anchor = x.clone() if prox else None  # x_start of the proximal term
-        for a in range(0, n, chunk):  # a client's result does not depend on its chunk-mates
-            rows = slice(a, a + chunk)
-            rule = LocalStep(self.cfg, prox, None if anchor is None else {"": anchor[rows]},
-                             None if correction is None else {"": correction[rows]})
-            self._train_block(x[rows], clients[rows], t, lr[rows], steps, rule)
+        with one_thread(self.device):
+            anchor = x.clone() if prox else None  # x_start of the proximal term
+            for a in range(0, n, chunk):  # a client's result does not depend on its chunk-mates
+                rows = slice(a, a + chunk)
+                rule = LocalStep(self.cfg, prox, self._views(anchor, rows), self._views(correction, rows))
+                self._train_block(x[rows], clients[rows], t, lr[rows], steps, rule)
         return x
+
+    def _views(self, table: torch.Tensor | None, block: slice) -> dict[str, torch.Tensor] | None:
+        """{name: (n, *shape)} views of a block of (n, d) rows (None stays None)."""
+        return None if table is None else self.spec.views(table[block])
 
     def chunk_size(self) -> int:
         """Clients per batched call. Each client's step touches its parameters, gradients and
@@ -154,14 +172,19 @@ class LocalTrainer:
 
     def _train_block(self, x: torch.Tensor, clients: np.ndarray, t: int, lr: torch.Tensor,
                      steps: int | None, rule: LocalStep) -> None:
-        """Local steps (``rule``) on the rows of ``x`` in place."""
+        """Local steps (``rule``) on the rows of ``x`` in place, parameter by parameter (no (n, d)
+        gradient copy)."""
+        params = self.spec.views(x)
+        rates = {name: lr.view(-1, *[1] * (v.dim() - 1)) for name, v in params.items()}
         for step in range(self.cfg.local_steps if steps is None else steps):
             xb, yb, wb = self.batch(clients, t, step)
-            g = self.gradients(x, xb, yb, wb, self.dropout_keys(clients, t, step))
+            g = self.param_gradients(x, xb, yb, wb, self.dropout_keys(clients, t, step))
             if self.cfg.grad_clip is not None:
-                norms = g.norm(dim=1, keepdim=True)
-                g = g * torch.clamp(self.cfg.grad_clip / (norms + 1e-12), max=1.0)
-            x.sub_(lr[:, None] * rule.direction("", x, g))
+                norms = sum(v.flatten(1).pow(2).sum(1) for v in g.values()).sqrt()
+                scale = torch.clamp(self.cfg.grad_clip / (norms + 1e-12), max=1.0)
+                g = {name: v * scale.view(rates[name].shape) for name, v in g.items()}
+            for name, v in params.items():
+                v.addcmul_(rates[name], rule.direction(name, v, g[name]), value=-1.0)  # x - lr d, one fused pass
 
     def dropout_keys(self, clients: np.ndarray, t: int, step: int) -> dict[str, torch.Tensor]:
         """{'<layer>.key': (n,) int64} for the model's ``KeyedDropout`` layers: one key per client,
@@ -175,23 +198,30 @@ class LocalTrainer:
     def gradients(self, x: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor, wb: torch.Tensor | None,
                   keys: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         """Per-client gradients (n, d) at the rows of ``x`` (``keys``: see ``dropout_keys``)."""
+        return self.spec.cat(self.param_gradients(x, xb, yb, wb, keys), x.shape[0])
+
+    def param_gradients(self, x: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor, wb: torch.Tensor | None,
+                        keys: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """``gradients`` as {name: (n, *shape)}."""
         if keys is None:
             if self._key_names:
                 raise ValueError("gradients: this model has dropout; pass keys=dropout_keys(clients, t, step)")
             keys = {}
+        if self.path == "batched" and self.net is not None:
+            return self.net.gradients(self.task.loss, self.spec.views(x), self.task.inputs(xb), yb, wb, keys)
         if self.path == "batched":
-            if x.shape[0] == 1:  # a batch of one takes other kernels (other rounding): compute it as a pair
-                pair = self.gradients(x.expand(2, -1), xb.expand(2, *xb.shape[1:]), yb.expand(2, *yb.shape[1:]),
-                                      None if wb is None else wb.expand(2, -1), {n: k.expand(2) for n, k in keys.items()})
-                return pair[:1]
+            if x.shape[0] == 1:  # vmap over one client takes other kernels (other rounding): compute it as a pair
+                pair = self.param_gradients(x.expand(2, -1), xb.expand(2, *xb.shape[1:]), yb.expand(2, *yb.shape[1:]),
+                                            None if wb is None else wb.expand(2, -1),
+                                            {n: k.expand(2) for n, k in keys.items()})
+                return {name: v[:1] for name, v in pair.items()}
             params = self.spec.views(x)
-            g = (self._batched_grad(params, keys, xb, yb, wb) if wb is not None
-                 else self._batched_grad_nw(params, keys, xb, yb))
-            return self.spec.cat(g, x.shape[0])
+            return (self._batched_grad(params, keys, xb, yb, wb) if wb is not None
+                    else self._batched_grad_nw(params, keys, xb, yb))
         rows = []
         for i in range(x.shape[0]):
             p = x[i].clone().requires_grad_(True)
             loss = self._loss_of(self.spec.views(p), {n: k[i] for n, k in keys.items()}, xb[i], yb[i],
                                  None if wb is None else wb[i])
             rows.append(torch.autograd.grad(loss, p)[0])
-        return torch.stack(rows)
+        return self.spec.views(torch.stack(rows))

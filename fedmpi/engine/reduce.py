@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 
 from ..runtime import World
+from .threads import one_thread
 
 
 def reproducible_sum(world: World, rows: torch.Tensor, n_total: int, to_all: bool = False) -> torch.Tensor:
@@ -34,18 +35,28 @@ def reproducible_sum_blocks(world: World, make_rows: Callable[[slice], torch.Ten
 
     Two passes over the blocks (the global maximum first, then the exact sums), so only one
     block of float64 rows exists at a time: memory O(block x width) instead of O(n x width).
-    ``make_rows`` must be a pure function of its slice (it is called twice per block).
+    ``make_rows`` must be a pure function of its slice (it may be called twice per block, and
+    once on an empty slice for the width); rows that fit in one block are made only once.
     """
-    first = make_rows(slice(0, min(n_local, 1))).double()
-    width = first.shape[-1]
+    empty = make_rows(slice(0, 0))
+    width, device = empty.shape[-1], empty.device
     block = max(1, block_bytes // (8 * width))
-    biggest = torch.zeros(width, dtype=torch.float64, device=first.device)
-    for a in range(0, n_local, block):
-        torch.maximum(biggest, make_rows(slice(a, a + block)).double().abs().amax(0), out=biggest)
-    world.allreduce_max_(biggest)
-    total = torch.zeros(width, dtype=torch.float64, device=first.device)
-    for a in range(0, n_local, block):
-        total += preround(make_rows(slice(a, a + block)).double(), biggest, n_total).sum(0)
+    slices = [slice(a, a + block) for a in range(0, n_local, block)]
+    with one_thread(device):
+        kept = make_rows(slices[0]).double() if len(slices) == 1 else None  # one block: made once, used twice
+
+        def rows(s: slice) -> torch.Tensor:
+            return kept if kept is not None else make_rows(s).double()
+
+        biggest = torch.zeros(width, dtype=torch.float64, device=device)
+        for s in slices:  # max |row| as max(max, -min): exact, and no |rows| temporary
+            r = rows(s)
+            torch.maximum(biggest, r.amax(0), out=biggest)
+            torch.maximum(biggest, r.amin(0).neg_(), out=biggest)
+        world.allreduce_max_(biggest)
+        total = torch.zeros(width, dtype=torch.float64, device=device)
+        for s in slices:
+            total += preround(rows(s), biggest, n_total).sum(0)
     return world.allreduce_sum_(total) if to_all else world.sum_to_server_(total)
 
 

@@ -11,8 +11,9 @@ Initialisation is a pure function of ``seed``; torch's global RNG is never touch
 on conv/hidden layers, PyTorch's default uniform(+-1/sqrt(fan_in)) on the output layer, from a
 local ``torch.Generator``. A plug-in's module keeps its own initialisation (``init="own"``), run
 under a forked global RNG seeded with ``seed``. Models hold no persistent buffers, so
-``dict(model.named_parameters())`` describes them fully and they run under
-``torch.func.functional_call`` + ``vmap`` + ``grad`` over stacked parameters. Dropout is
+``dict(model.named_parameters())`` describes them fully: the engine trains many clients'
+copies at once through its stacked layers (``engine.layers``), or ``torch.func.functional_call``
++ ``vmap`` + ``grad`` for other modules. Losses: ``models.losses``. Dropout is
 ``models.dropout.KeyedDropout``: its mask comes from a per-client key the engine passes (a
 non-persistent buffer), not from torch's generator; ``nn.Dropout`` is refused.
 """
@@ -24,15 +25,14 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelParams, TaskConfig, opt
 from ..errors import InputError
 from ..registry import MODELS
+from .losses import Loss, cross_entropy, multiclass_hinge
 from .nets import ARCHS
 
-Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Factory = Callable[[tuple, int, TaskConfig], nn.Module]
 
 
@@ -93,18 +93,6 @@ def _init(model: nn.Module, gen: torch.Generator) -> None:
                 bound = 1.0 / math.sqrt(layer.weight[0].numel())
                 nn.init.uniform_(layer.weight, -bound, bound, generator=gen)
                 nn.init.uniform_(layer.bias, -bound, bound, generator=gen)
-
-
-def multiclass_hinge(logits: torch.Tensor, y: torch.Tensor, margin: float = 1.0) -> torch.Tensor:
-    """Mean over the batch of sum_{j != y} max(0, margin - z_y + z_j) / classes
-    (``F.multi_margin_loss`` semantics, written with vmap-friendly ops)."""
-    z_y = logits.gather(-1, y[..., None])
-    hinge = (margin - z_y + logits).clamp(min=0).sum(-1) - margin  # the j = y term is exactly margin
-    return hinge.mean() / logits.shape[-1]
-
-
-def cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits, y)
 
 
 def loss_fn(name: str) -> Loss:

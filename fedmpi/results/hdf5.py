@@ -4,15 +4,24 @@ Layout: root attributes ``config`` (resolved YAML), ``fedmpi_version``, ``world_
 ``seed``, ``status`` (running | completed | interrupted | failed), ``rounds_done``;
 ``/metrics/<name>`` 1-D chunked resizable datasets aligned with ``/metrics/round``;
 ``/availability/mask`` (rounds x m uint8) when requested; ``/final/params``; extra groups
-(``/partition``, ``/topology``) written once. The file is flushed after every evaluation,
-so a killed run leaves a file that opens, with ``status = running``.
+(``/partition``, ``/topology``) written once.
+
+Safety. A writer first *claims* its path (:func:`claim`): an exclusive ``flock`` on the file,
+taken before anything is written, so a second run on the same path exits 2 and leaves the
+first run's file alone; then the claim decides whether the existing content may be replaced
+(a completed or foreign file only with ``overwrite``). Rows are buffered in memory and written
+at most every ``flush_s`` seconds, at checkpoints and at the end: between two flushes the file
+on disk is not touched at all, so a run killed at any moment leaves the file as of its last
+flush, which opens, with ``status = running``.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import time
-from typing import Any
+from typing import Any, Iterable
 
 import h5py
 import numpy as np
@@ -21,21 +30,211 @@ from .. import __version__
 from ..errors import InputError
 
 STATUSES = ("running", "completed", "interrupted", "failed")
+_MASK_BUFFER_BYTES = 64 << 20  # flush early rather than hold more participation rows than this
 
+
+class OutputBusy(InputError):
+    """Another process holds the result file (exit 2; a sweep worker skips such a cell)."""
+
+
+# ----------------------------------------------------------------------------- claiming a path
+
+def _lock(fd: int, path: str) -> bool:
+    """Exclusive non-blocking flock; False on a file system without flock (nothing to enforce)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        raise OutputBusy(f"{path}: another run is writing this result file; wait for it to end "
+                         f"or choose another output") from None
+    except OSError as e:
+        if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            return False
+        raise
+
+
+def is_locked(path: str) -> bool:
+    """True while some process holds the result file's write lock (a run is writing it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def peek(path: str) -> tuple[str, dict[str, Any]]:
+    """What a path holds: ('missing' | 'empty' | 'foreign' | a status, root attributes).
+
+    Reads without any lock, so it works while a run writes the file."""
+    try:
+        if os.path.getsize(path) == 0:
+            return "empty", {}
+    except FileNotFoundError:
+        return "missing", {}
+    except OSError:
+        return "foreign", {}
+    try:
+        with h5py.File(path, "r", locking=False) as f:
+            if "metrics" not in f or "status" not in f.attrs:
+                return "foreign", {}
+            attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+    except (OSError, KeyError, ValueError):
+        return "foreign", {}
+    return str(attrs["status"]), attrs
+
+
+def _stored_digest(config_yaml: str) -> str | None:
+    """Resume digest of a stored config (None when it is no longer a valid config)."""
+    import yaml
+
+    from .. import config, log
+
+    try:
+        with log.muted():
+            return config.from_dict(yaml.safe_load(config_yaml) or {}).resume_digest()
+    except (InputError, yaml.YAMLError, TypeError, ValueError):
+        return None
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+class Claim:
+    """The exclusive right to write one result file: an open descriptor holding its flock.
+
+    ``previous`` is what the path held before ('missing', 'empty', a status, or 'foreign' when
+    ``overwrite`` allowed replacing it). Release with :meth:`release` (the writer does it)."""
+
+    def __init__(self, path: str, fd: int, created: bool, previous: str):
+        self.path, self.fd, self.created, self.previous = path, fd, created, previous
+
+    def release(self, discard: bool = False) -> None:
+        """Drop the lock; ``discard`` also removes a file this claim created (nothing was run)."""
+        if self.fd < 0:
+            return
+        if discard and self.created:
+            try:
+                if os.path.getsize(self.path) == 0:
+                    os.unlink(self.path)
+            except OSError:
+                pass
+        os.close(self.fd)
+        self.fd = -1
+
+
+def _open_for_claim(path: str) -> tuple[int, bool]:
+    """(descriptor, created) without truncating anything; (-1, False) when the file vanished."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644), True
+    except FileExistsError:
+        try:
+            return os.open(path, os.O_RDWR | os.O_CLOEXEC), False
+        except FileNotFoundError:
+            return -1, False
+        except OSError as e:
+            raise InputError(f"{path}: cannot write the result file ({e.strerror or e})") from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot write the result file ({e.strerror or e})") from None
+
+
+def _still_named(fd: int, path: str) -> bool:
+    """True when ``path`` still names the file open on ``fd``."""
+    try:
+        st, fst = os.stat(path), os.fstat(fd)
+    except FileNotFoundError:
+        return False
+    return (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
+
+
+def claim(path: str, digest: str, inputs: Iterable[str] = (), overwrite: bool = False) -> Claim:
+    """Lock ``path`` for writing a run whose ``Config.resume_digest()`` is ``digest``.
+
+    Nothing is written. Refused (InputError, exit 2): an empty path, a directory, a path that
+    is one of ``inputs`` (config, trace, graph files), a file another process is writing
+    (:class:`OutputBusy`, even with ``overwrite``); without ``overwrite`` also a completed run, a
+    file that is not a fedmpi result, and an unfinished run of another experiment. An unfinished
+    run of the same experiment (killed, interrupted, failed) may be resumed or restarted."""
+    if not path or not path.strip():
+        raise InputError("--out: empty result path")
+    if os.path.isdir(path):
+        raise InputError(f"{path}: is a directory, expected a result file path")
+    for inp in inputs:
+        if inp and os.path.exists(inp) and _same_file(path, inp):
+            raise InputError(f"{path}: is an input of this run ({inp}); choose another output path")
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    except OSError as e:
+        raise InputError(f"{path}: cannot write the result file ({e.strerror or e})") from None
+    for _ in range(5):  # the previous holder may unlink the file between our open and our flock
+        fd, created = _open_for_claim(path)
+        if fd < 0:
+            continue
+        try:
+            _lock(fd, path)
+        except OutputBusy:
+            os.close(fd)
+            raise
+        if _still_named(fd, path):
+            break
+        os.close(fd)
+    else:
+        raise InputError(f"{path}: the file keeps being replaced by another process; choose another output")
+    previous, attrs = ("missing", {}) if created else peek(path)
+    why = None
+    if previous in ("missing", "empty") or overwrite:
+        pass
+    elif previous == "completed":
+        why = "holds a completed run; use --overwrite to replace it, or another output path"
+    elif previous == "foreign":
+        why = "exists and is not a fedmpi result file; refusing to overwrite it (--overwrite to replace it)"
+    elif _stored_digest(str(attrs.get("config", ""))) != digest:
+        why = (f"holds an unfinished ({previous}) run of another experiment; use --overwrite to replace it, "
+               f"or another output path")
+    if why is not None:
+        os.close(fd)
+        raise InputError(f"{path}: {why}")
+    return Claim(path, fd, created, previous)
+
+
+# ----------------------------------------------------------------------------- writing
 
 class ResultWriter:
-    """Append-only writer of one run's result file."""
+    """Append-only writer of one run's result file (rank 0), on a path it has claimed.
+
+    Rows (:meth:`append`, :meth:`append_mask`) are buffered and written at most every
+    ``flush_s`` seconds, and always by :meth:`flush` (checkpoints) and :meth:`finish`."""
 
     def __init__(self, path: str, config_yaml: str, seed: int, world_size: int, metrics: list[str],
-                 m: int, log_mask: bool, resume_at: int | None = None):
-        folder = os.path.dirname(os.path.abspath(path))
+                 m: int, log_mask: bool, resume_at: int | None = None, claim_: Claim | None = None,
+                 flush_s: float = 0.0):
         self.path = path
+        self.claim = claim_
+        self.flush_s = flush_s
+        self._rows: list[dict[str, float]] = []
+        self._mask_rows: list[np.ndarray] = []
+        self._rounds_done = resume_at or 0
+        self._last_flush = time.monotonic()
+        self.sidecars: list = []
         if resume_at is not None:
             self._reopen(resume_at, world_size)
             return
         try:
-            os.makedirs(folder, exist_ok=True)
-            self.f = h5py.File(path, "w")
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            # the claim's flock guards the file; HDF5's own lock would conflict with it
+            self.f = h5py.File(path, "w", locking=False)
         except OSError as e:
             raise InputError(f"{path}: cannot write the result file ({e.strerror or e})") from None
         self.f.attrs["config"] = config_yaml
@@ -59,7 +258,7 @@ class ResultWriter:
     def _reopen(self, rounds_done: int, world_size: int) -> None:
         """Continue a file after a checkpoint: drop rows written after ``rounds_done``."""
         try:
-            self.f = h5py.File(self.path, "a")
+            self.f = h5py.File(self.path, "a", locking=False)
             g = self.f["metrics"]
             self.names = ["round"] + [n for n in g if n != "round"]
             keep = int(np.searchsorted(g["round"][:], rounds_done, side="right"))
@@ -80,28 +279,60 @@ class ResultWriter:
         self.f.attrs["world_size"] = world_size
         self.f.flush()
 
-    def append(self, row: dict[str, float], rounds_done: int) -> None:
-        """Add one evaluation row (every declared metric must be present) and flush."""
+    def rows(self) -> dict[str, np.ndarray]:
+        """The metric rows in the file plus the buffered ones (e.g. to rebuild a sidecar on resume)."""
         g = self.f["metrics"]
         n = g["round"].shape[0]
-        for name in self.names:
-            ds = g[name]
-            ds.resize((n + 1,))
-            ds[n] = row.get(name, np.nan)
-        self.f.attrs["rounds_done"] = rounds_done
-        self.f.flush()
+        return {k: np.concatenate([g[k][:n], np.array([r.get(k, np.nan) for r in self._rows])]) for k in self.names}
 
-    def flush(self) -> None:
-        self.f.flush()
+    def add_sidecars(self, sidecars: list) -> None:
+        """Also send every row to these (``results.sidecars``), starting from the rows kept so far."""
+        for s in sidecars:
+            s.start(self.names, self.rows())
+            self.sidecars.append(s)
+
+    def append(self, row: dict[str, float], rounds_done: int) -> None:
+        """Add one evaluation row (a declared metric missing from it is stored as NaN)."""
+        self._rows.append({k: row.get(k, np.nan) for k in self.names})
+        for s in self.sidecars:
+            s.row(self._rows[-1])
+        self._rounds_done = rounds_done
+        self._maybe_flush()
 
     def append_mask(self, ids: np.ndarray) -> None:
+        """Add one round of the participation mask (clients ``ids`` trained)."""
         if self.mask is None:
             return
-        n = self.mask.shape[0]
-        self.mask.resize((n + 1, self.mask.shape[1]))
         row = np.zeros(self.mask.shape[1], dtype=np.uint8)
         row[np.asarray(ids, dtype=np.int64)] = 1
-        self.mask[n] = row
+        self._mask_rows.append(row)
+        if len(self._mask_rows) * row.nbytes >= _MASK_BUFFER_BYTES:
+            self.flush()
+        else:
+            self._maybe_flush()
+
+    def _maybe_flush(self) -> None:
+        if time.monotonic() - self._last_flush >= self.flush_s:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the buffered rows and push everything to the file (then it is complete on disk)."""
+        if self._rows:
+            g = self.f["metrics"]
+            n, k = g["round"].shape[0], len(self._rows)
+            for name in self.names:
+                ds = g[name]
+                ds.resize((n + k,))
+                ds[n:] = np.array([r[name] for r in self._rows], dtype=ds.dtype)
+            self._rows.clear()
+        if self._mask_rows:
+            n, k = self.mask.shape[0], len(self._mask_rows)
+            self.mask.resize((n + k, self.mask.shape[1]))
+            self.mask[n:] = np.stack(self._mask_rows)
+            self._mask_rows.clear()
+        self.f.attrs["rounds_done"] = self._rounds_done
+        self.f.flush()
+        self._last_flush = time.monotonic()
 
     def write_group(self, name: str, arrays: dict[str, np.ndarray]) -> None:
         """A static group (e.g. /partition, /topology), written once."""
@@ -111,19 +342,31 @@ class ResultWriter:
         self.f.flush()
 
     def finish(self, status: str, final_params: np.ndarray | None = None, rounds_done: int | None = None) -> None:
-        if final_params is not None:
-            self.f.create_dataset("final/params", data=np.asarray(final_params, dtype=np.float32))
-        if rounds_done is not None:
-            self.f.attrs["rounds_done"] = rounds_done
-        self.f.attrs["status"] = status
-        self.f.flush()
-        self.f.close()
+        """Write what is buffered, the final model and ``status``; close and release the claim."""
+        try:
+            if rounds_done is not None:
+                self._rounds_done = rounds_done
+            self.flush()
+            if final_params is not None:
+                self.f.create_dataset("final/params", data=np.asarray(final_params, dtype=np.float32))
+            self.f.attrs["status"] = status
+            self.f.flush()
+            self.f.close()
+        finally:
+            for s in self.sidecars:
+                s.close()
+            if self.claim is not None:
+                self.claim.release()
 
+
+# ----------------------------------------------------------------------------- reading
 
 def open_result(path: str) -> h5py.File:
     """Open a result file for reading, also while a run is writing it (no file lock)."""
     if not os.path.exists(path):
         raise InputError(f"{path}: no such result file")
+    if os.path.isdir(path):
+        raise InputError(f"{path}: is a directory, expected a result file")
     for attempt in range(3):  # a running writer may be mid-flush: look again shortly
         try:
             f = h5py.File(path, "r", locking=False)
@@ -132,7 +375,7 @@ def open_result(path: str) -> h5py.File:
             if attempt == 2:
                 raise InputError(f"{path}: not a readable HDF5 result file") from None
             time.sleep(0.2)
-    if "metrics" not in f or "status" not in f.attrs:
+    if "metrics" not in f or "status" not in f.attrs or "round" not in f["metrics"]:
         f.close()
         raise InputError(f"{path}: not a fedmpi result file (no /metrics or status)")
     return f

@@ -1,8 +1,10 @@
 """``fedmpi plot``: a metric against rounds (or emulated delay) for one or several runs.
 
-Runs whose configs differ only by ``seed`` (and output path) form one curve: their mean
-with a +/- one standard deviation band, on a common x grid (interpolated when the x
-values differ, as ``sim_delay`` does between seeds).
+Runs of the same experiment (the same result-defining keys, ``reader.RESULT_SECTIONS``: they may
+differ in seed, rounds, evaluation, runtime or output) form one curve: their mean with a +/- one
+standard deviation band, on a common x grid (interpolated when the x values differ, as
+``sim_delay`` does between seeds). Labels name the keys that tell the curves apart by their
+full dotted names.
 """
 
 from __future__ import annotations
@@ -13,59 +15,50 @@ import numpy as np
 import yaml
 
 from ..errors import InputError
-from .hdf5 import read_metrics
+from .reader import load
+
+_MAX_LABEL_KEYS = 4
 
 
-def _group_key(config_yaml: str) -> tuple[str, dict]:
-    cfg = yaml.safe_load(config_yaml) or {}
-    cfg.pop("seed", None)
-    cfg.pop("output", None)
-    return yaml.safe_dump(cfg, sort_keys=True), cfg
-
-
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[prefix + k] = v
-    return out
-
-
-def _labels(configs: list[dict]) -> list[str]:
-    """'name (algorithm)' plus the keys whose values tell the groups apart (at most 3)."""
-    flats = [_flat(c) for c in configs]
-    keys = sorted({k for f in flats for k in f})
-    differ = [k for k in keys if k not in ("name", "algorithm.name", "rounds", "eval_every")
-              and len({repr(f.get(k)) for f in flats}) > 1]
+def _labels(experiments: list[dict]) -> list[str]:
+    """'name (algorithm)' plus the dotted keys whose values tell the curves apart."""
+    keys = sorted({k for e in experiments for k in e})
+    differ = [k for k in keys if k not in ("name", "algorithm.name")
+              and len({repr(e.get(k)) for e in experiments}) > 1]
     labels = []
-    for f in flats:
-        base = f"{f.get('name', 'run')} ({f.get('algorithm.name', '?')})"
-        extra = ", ".join(f"{k.rsplit('.', 1)[-1]}={f.get(k)}" for k in differ[:3])
-        labels.append(base + (f" {extra}" if extra else ""))
+    for e in experiments:
+        base = f"{e.get('name', 'run')} ({e.get('algorithm.name', '?')})"
+        extra = ", ".join(f"{k}={e.get(k)}" for k in differ[:_MAX_LABEL_KEYS])
+        more = f", +{len(differ) - _MAX_LABEL_KEYS} keys" if len(differ) > _MAX_LABEL_KEYS else ""
+        labels.append(base + (f" {extra}{more}" if extra else ""))
     return labels
 
 
 def load_curves(paths: list[str], metric: str, x: str) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray, int]]:
-    """(label, x grid, mean, std, number of seeds) per group of runs."""
-    groups: dict[str, tuple[str, list]] = {}
+    """(label, x grid, mean, std, number of runs) per experiment."""
+    groups: dict[str, tuple[dict, list]] = {}
     for p in paths:
-        metrics, attrs = read_metrics(p)
+        r = load(p)
         for name in (metric, x):
-            if name not in metrics:
-                have = ", ".join(sorted(metrics))
+            if name not in r.metrics:
+                have = ", ".join(sorted(r.metrics))
                 raise InputError(f"{p}: has no metric {name!r} (has: {have})")
-        key, cfg = _group_key(attrs.get("config", ""))
-        groups.setdefault(key, (cfg, []))[1].append((metrics[x].astype(float), metrics[metric].astype(float)))
+        exp = r.experiment()
+        key = yaml.safe_dump(exp, sort_keys=True)
+        label_keys = {"name": r.config.get("name", "run"), **exp}
+        groups.setdefault(key, (label_keys, []))[1].append((r.metrics[x].astype(float),
+                                                            r.metrics[metric].astype(float)))
     curves = []
     for label, (_, runs) in zip(_labels([g[0] for g in groups.values()]), groups.values()):
+        runs = [rn for rn in runs if len(rn[0])]
+        if not runs:
+            continue
         if all(len(r[0]) == len(runs[0][0]) and np.array_equal(r[0], runs[0][0]) for r in runs):
             grid = runs[0][0]
             ys = np.stack([r[1] for r in runs])
         else:
-            hi = min(r[0].max() for r in runs if len(r[0]))
-            lo = max(r[0].min() for r in runs if len(r[0]))
+            hi = min(r[0].max() for r in runs)
+            lo = max(r[0].min() for r in runs)
             grid = np.linspace(lo, hi, 200)
             ys = np.stack([np.interp(grid, r[0], r[1]) for r in runs])
         curves.append((label, grid, np.nanmean(ys, 0), np.nanstd(ys, 0), len(runs)))
@@ -82,7 +75,7 @@ def plot(paths: list[str], metric: str, out: str, x: str = "round", title: str |
     curves = load_curves(paths, metric, x)
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for label, grid, mean, std, n in curves:
-        line, = ax.plot(grid, mean, label=label + (f", {n} seeds" if n > 1 else ""))
+        line, = ax.plot(grid, mean, label=label + (f", {n} runs" if n > 1 else ""))
         if n > 1:
             ax.fill_between(grid, mean - std, mean + std, color=line.get_color(), alpha=0.25, linewidth=0)
     ax.set_xlabel({"round": "round", "sim_delay": "emulated delay"}.get(x, x))

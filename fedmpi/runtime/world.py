@@ -8,11 +8,15 @@ MPICH) and under ``srun``:
 - torch.distributed is initialised from the MPI world without user variables: rank 0
   picks a free TCP port, and host:port travels by ``MPI.bcast`` (``MASTER_ADDR`` /
   ``MASTER_PORT`` win when set);
-- backend ``nccl`` when CUDA is used, else ``gloo``; ``torch.cuda.set_device`` happens
-  before the first collective; every collective has ``runtime.timeout_s``, so a dead
-  rank ends the job instead of hanging it.
+- local rank r takes GPU r mod (GPUs it sees); ``choose_backend`` settles the backend from
+  the requested one and the ranks and GPUs per node (NCCL when every rank has a GPU of its
+  own, gloo with tensors staged through host memory when ranks share a GPU);
+  ``torch.cuda.set_device`` happens before the first collective; every collective has
+  ``runtime.timeout_s``, so a dead rank ends the job instead of hanging it.
 
-Tensors move with torch.distributed; mpi4py carries only small control data.
+Tensors move with torch.distributed, always through the methods below (collectives,
+``send_recv_``, ``gather_to_server``), which stage them through host memory when the backend
+cannot take CUDA tensors; mpi4py carries only small control data.
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ import ctypes
 import datetime
 import os
 import socket
+import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import numpy as np
+import psutil
 import torch
 import torch.distributed as dist
 
@@ -66,11 +72,81 @@ def keep_freed_memory() -> bool:
         return False
 
 
+def _test_staged() -> bool:
+    """Test hook: FEDMPI_TEST_STAGED=1 makes a multi-rank CPU world stage through host copies,
+    so the staged path runs (and is compared bitwise) on machines without a GPU."""
+    return os.environ.get("FEDMPI_TEST_STAGED") == "1"
+
+
 def _want_mpi() -> bool:
     flag = os.environ.get("FEDMPI_MPI")
     if flag is not None:
         return flag not in ("0", "", "false", "no")
     return launched_size() > 1
+
+
+@dataclass(frozen=True)
+class Backend:
+    """What a world runs on: device type, torch.distributed backend, host staging."""
+
+    device: str         # "cuda" or "cpu"
+    name: str           # "nccl" or "gloo"
+    staged: bool        # tensors cross ranks through host copies (gloo cannot send CUDA tensors)
+    notice: str = ""    # one line rank 0 prints when the choice is not the obvious one
+
+
+def choose_backend(backend: str, device: str, ranks_per_node: int, gpus_per_node: int) -> Backend:
+    """The device and backend for ``runtime.backend`` / ``runtime.device`` on nodes running
+    ``ranks_per_node`` ranks bound to ``gpus_per_node`` distinct GPUs (0: none visible).
+
+    Every rank of a job must get the same answer: pass the counts of the node that decides
+    (``deciding_node``). Raises InputError for a request that cannot work.
+
+    Why gloo with host staging when ranks share a GPU: NCCL refuses a communicator with two
+    ranks on one GPU ("duplicate GPU"). The alternative, NCCL among one GPU-owning rank per GPU
+    with the other ranks forwarding through it, needs a second communicator and a second hop
+    for every tensor. Gloo takes CUDA tensors only in broadcast and all_reduce (not in send,
+    recv, reduce or gather, per the torch.distributed backend table), so every tensor is copied
+    to host memory, communicated by gloo and copied back: one code path for every operation,
+    and the copies are exact, so results keep their bits. What it costs: a device-host round
+    trip per communication, a few model-sized tensors per round (not yet measured on a GPU).
+    """
+    if device == "cuda" and gpus_per_node == 0:
+        raise InputError("runtime.device: cuda requested but no CUDA device is available")
+    use_cuda = device == "cuda" or (device == "auto" and gpus_per_node > 0)
+    if not use_cuda:
+        if backend == "nccl":
+            raise InputError("runtime.backend: nccl needs CUDA devices; use gloo (or auto) on CPU")
+        return Backend("cpu", "gloo", False)
+    if ranks_per_node <= gpus_per_node:
+        if backend == "gloo":  # asked for: works, through host memory
+            return Backend("cuda", "gloo", True)
+        return Backend("cuda", "nccl", False)
+    shared = f"{ranks_per_node} ranks share {gpus_per_node} GPU{'s' if gpus_per_node > 1 else ''} on a node"
+    if backend == "nccl":
+        raise InputError(f"runtime.backend: nccl needs one GPU per rank, but {shared}; use auto or gloo, "
+                         f"or launch at most {gpus_per_node} rank{'s' if gpus_per_node > 1 else ''} per node")
+    return Backend("cuda", "gloo", True, f"notice: {shared}: using gloo with tensors staged through host "
+                                         f"memory (NCCL needs one GPU per rank)")
+
+
+def deciding_node(nodes: Sequence[tuple[int, int]]) -> tuple[int, int]:
+    """The (ranks, GPUs) of the node that decides the backend for all: one without GPUs, else
+    one with more ranks than GPUs, else the first."""
+    for bad in (lambda r, g: g == 0, lambda r, g: r > g):
+        for r, g in nodes:
+            if bad(r, g):
+                return r, g
+    return nodes[0]
+
+
+def _gpu_identity(local_rank: int) -> str:
+    """Which physical GPU local rank ``local_rank`` binds to (two ranks may see it by other indices)."""
+    index = local_rank % torch.cuda.device_count()
+    try:
+        return str(torch.cuda.get_device_properties(index).uuid)
+    except (AttributeError, RuntimeError):  # no uuid in this torch: visible-set and index
+        return f"{os.environ.get('CUDA_VISIBLE_DEVICES', '*')}/{index}"
 
 
 @dataclass
@@ -84,14 +160,21 @@ class World:
     device: torch.device = torch.device("cpu")
     backend: str = "none"
     comm: Any = None  # mpi4py communicator, or None for a single process without MPI
+    staged: bool = False  # tensors cross ranks through host copies (gloo + CUDA)
+    ranks_on_device: int = 1  # ranks of this node sharing this rank's GPU (1 on CPU)
 
     # ------------------------------------------------------------------ set-up
     @classmethod
     def create(cls, device: str = "auto", backend: str = "auto", timeout_s: float = 300.0,
                threads: int | None = None) -> "World":
+        """This process's world. Collective over the MPI job (mpi4py only, before any torch
+        collective); raises InputError, on every rank alike, for a device/backend that cannot work."""
         comm = None
         rank, size, local_rank, local_size = 0, 1, 0, 1
         keep_freed_memory()
+        looks_for_gpu = device != "cpu" and torch.cuda.is_available()
+        gpu_of = _gpu_identity if looks_for_gpu else (lambda r: None)
+        node_gpus = [gpu_of(0)]  # the GPU each rank of this node binds to, by local rank
         if _want_mpi():
             try:
                 from mpi4py import MPI
@@ -102,24 +185,27 @@ class World:
             rank, size = comm.Get_rank(), comm.Get_size()
             node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
             local_rank, local_size = node.Get_rank(), node.Get_size()
+            node_gpus = node.allgather(gpu_of(local_rank))
             node.Free()
-        use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
-        if device == "cuda" and not torch.cuda.is_available():
-            raise InputError("runtime.device: cuda requested but no CUDA device is available")
-        if use_cuda:
+        n_gpus = 0 if None in node_gpus else len(set(node_gpus))
+        nodes = comm.allgather((local_size, n_gpus)) if comm is not None else [(local_size, n_gpus)]
+        choice = choose_backend(backend, device, *deciding_node(nodes))
+        if _test_staged() and choice.device == "cpu":
+            choice = Backend("cpu", "gloo", True, "notice: FEDMPI_TEST_STAGED: tensors staged through host copies")
+        if choice.device == "cuda":
             torch.cuda.set_device(local_rank % torch.cuda.device_count())
             dev = torch.device("cuda", torch.cuda.current_device())
         else:
             dev = torch.device("cpu")
             cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
             torch.set_num_threads(threads or max(1, cores // local_size))
-        if backend == "auto":
-            backend = "nccl" if use_cuda else "gloo"
-        if backend == "nccl" and not use_cuda:
-            raise InputError("runtime.backend: nccl needs CUDA devices; use gloo (or auto) on CPU")
-        world = cls(rank, size, local_rank, local_size, dev, backend if size > 1 else "none", comm)
+        sharing = node_gpus.count(node_gpus[local_rank]) if choice.device == "cuda" else 1
+        world = cls(rank, size, local_rank, local_size, dev, choice.name if size > 1 else "none", comm,
+                    staged=choice.staged and size > 1, ranks_on_device=sharing)
         if size > 1:
-            world._init_torch_dist(backend, timeout_s)
+            if rank == 0 and choice.notice:
+                print(choice.notice, file=sys.stderr)
+            world._init_torch_dist(choice.name, timeout_s)
         return world
 
     def _init_torch_dist(self, backend: str, timeout_s: float) -> None:
@@ -166,35 +252,96 @@ class World:
     def is_server(self) -> bool:
         return self.rank == 0
 
-    # ------------------------------------------------------------------ collectives
+    # ------------------------------------------------------------------ memory
+    def free_memory(self) -> tuple[int, str]:
+        """(bytes this rank may plan to use, where): its GPU's free memory split among the
+        ranks sharing that GPU, or the host's available memory split among the node's ranks."""
+        if self.device.type == "cuda":
+            free = torch.cuda.mem_get_info(self.device)[0] // self.ranks_on_device
+            shared = f" shared by {self.ranks_on_device} ranks" if self.ranks_on_device > 1 else ""
+            return free, f"GPU {self.device}{shared}"
+        return psutil.virtual_memory().available // max(self.local_size, 1), "host memory per rank"
+
+    # ------------------------------------------------------------------ communication
+    # Every method here is collective over all ranks unless it says otherwise, and a no-op
+    # (no torch.distributed call) in a single process. Tensors travel through ``_through_host``.
+
+    def _through_host(self, t: torch.Tensor, op: Callable[[torch.Tensor], object],
+                      copy_back: bool = True) -> torch.Tensor:
+        """Run the communication ``op`` on ``t``; when staged, on a host copy of ``t`` whose
+        result is copied back into ``t`` (if ``copy_back``). Returns ``t``."""
+        if not self.staged:
+            op(t)
+            return t
+        host = t.to("cpu", copy=True)
+        op(host)
+        if copy_back:
+            t.copy_(host)
+        return t
+
     def sum_to_server_(self, t: torch.Tensor) -> torch.Tensor:
         """In-place sum over ranks into rank 0 (other ranks' buffers are unspecified after)."""
         if self.size > 1:
-            dist.reduce(t, dst=0, op=dist.ReduceOp.SUM)
+            self._through_host(t, lambda h: dist.reduce(h, dst=0, op=dist.ReduceOp.SUM), copy_back=self.rank == 0)
         return t
 
     def broadcast_(self, t: torch.Tensor, src: int = 0) -> torch.Tensor:
+        """Rank ``src``'s ``t`` into every rank's ``t``."""
         if self.size > 1:
-            dist.broadcast(t, src=src)
+            self._through_host(t, lambda h: dist.broadcast(h, src=src), copy_back=self.rank != src)
         return t
 
     def allreduce_sum_(self, t: torch.Tensor) -> torch.Tensor:
         if self.size > 1:
-            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+            self._through_host(t, lambda h: dist.all_reduce(h, op=dist.ReduceOp.SUM))
         return t
 
     def allreduce_max_(self, t: torch.Tensor) -> torch.Tensor:
         if self.size > 1:
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            self._through_host(t, lambda h: dist.all_reduce(h, op=dist.ReduceOp.MAX))
         return t
 
     def max_float(self, x: float) -> float:
         """Maximum of a float over ranks (control data: via torch to keep one channel)."""
         if self.size == 1:
             return x
-        t = torch.tensor([x], dtype=torch.float64, device=self.device)
+        t = torch.tensor([x], dtype=torch.float64, device="cpu" if self.staged else self.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t.item())
+
+    def gather_to_server(self, t: torch.Tensor) -> list[torch.Tensor] | None:
+        """Every rank's ``t`` (same shape and dtype everywhere), in rank order, on rank 0 (on
+        ``t``'s device); None on the other ranks."""
+        if self.size == 1:
+            return [t]
+        host = t.to("cpu", copy=True) if self.staged else t
+        if self.rank != 0:
+            dist.gather(host, dst=0)
+            return None
+        parts = [torch.empty_like(host) for _ in range(self.size)]
+        dist.gather(host, parts, dst=0)
+        return [p.to(t.device) for p in parts]
+
+    def send_recv_(self, send: torch.Tensor, recv: torch.Tensor,
+                   peers: Sequence[tuple[int, int, int, int, int]]) -> None:
+        """Point-to-point rows with several peers in one ``batch_isend_irecv``, waited for.
+
+        For each ``(peer, s0, s1, r0, r1)``: rows ``send[s0:s1]`` go to ``peer`` and its rows
+        land in ``recv[r0:r1]``. Not collective: only the listed peers take part, each listing
+        this rank with matching row counts, and each pair ordered the same on both sides.
+        """
+        if not peers:
+            return
+        out = send.to("cpu", copy=True) if self.staged else send
+        into = torch.empty(recv.shape, dtype=recv.dtype) if self.staged else recv
+        ops = []
+        for p, s0, s1, r0, r1 in peers:
+            ops += [dist.P2POp(dist.isend, out[s0:s1], p), dist.P2POp(dist.irecv, into[r0:r1], p)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        if self.staged:
+            for _, _, _, r0, r1 in peers:
+                recv[r0:r1].copy_(into[r0:r1])
 
     def allgather_obj(self, obj: Any) -> list:
         return [obj] if self.comm is None else self.comm.allgather(obj)

@@ -49,7 +49,8 @@ def run(world: World) -> dict | None:
         return None
     return {"final": final.cpu().numpy(), "intra_mask": intra, "intra_term": term_all.cpu().numpy(),
             "mean": mean.cpu().numpy(), "consensus": consensus,
-            "loop_rows": np.array([s[0] for s in stats]), "quiet": np.array([s[1] for s in stats])}
+            "loop_rows": np.array([s[0] for s in stats]), "quiet": np.array([s[1] for s in stats]),
+            "staged": world.staged}
 
 
 if __name__ == "__main__":

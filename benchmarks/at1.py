@@ -1,0 +1,215 @@
+"""The anchor task: fedmpi against a hand-written per-client PyTorch loop, in one run.
+
+    python benchmarks/at1.py [--rounds 200] [--repeat 1] [--device cpu|cuda] [--loop-threads 1]
+
+Anchor task: Fashion-MNIST (``/usr/share/datasets/fashion-mnist``), 1000 IID clients x 60
+images, a cohort of 50 clients drawn uniformly per round, 6 local SGD steps of batch 10,
+lr 0.1, logistic regression, FedAvg, 200 rounds.
+
+- fedmpi: the real CLI, ``fedmpi run`` on 1 rank and ``mpiexec -n 2 fedmpi run`` on 2 ranks
+  (subprocesses); ms/round from the result file's ``wall_time`` between the evaluation
+  before round 1 and the one after the last round (start-up excluded, one evaluation included).
+- the loop: the same data, partition and initial model (fedmpi's ``build_task``); every round
+  draws the cohort with numpy, and each client copies the global model, makes its own
+  ``torch.optim.SGD``, runs 6 steps on its own pre-normalised tensors, and the server averages
+  the client models (FedAvg with equal weights: IID shards of equal size).
+- the quadratic task with ``eval_every: 1`` (6 clients, stationary p = 0.5, 5 local steps):
+  rounds/s of ``fedmpi run``, and in one process the share of the evaluation and the result
+  file in a round.
+
+Each cycle runs fedmpi 1 rank, fedmpi 2 ranks, then the loop, and prints the ratios of that
+cycle, so both sides of a ratio saw about the same machine load (printed with each line).
+Both final test accuracies are printed; they should agree within 0.01.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import h5py
+import numpy as np
+import torch
+import torch.nn.functional as F
+import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import machine, mpiexec  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FMNIST = "/usr/share/datasets/fashion-mnist"
+
+
+def anchor(rounds: int, device: str) -> dict:
+    return {"name": "at1", "seed": 0, "rounds": rounds, "eval_every": rounds,
+            "task": {"dataset": "fmnist", "root": FMNIST, "clients": 1000, "partition": {"kind": "iid"},
+                     "model": "logreg"},
+            "train": {"local_steps": 6, "batch_size": 10, "lr": 0.1},
+            "algorithm": {"name": "fedavg_active"},
+            "availability": {"kind": "cohort", "size": 50},
+            "evaluation": {"train": False},
+            "runtime": {"progress": False, "device": device}}
+
+
+def quadratic(rounds: int, device: str) -> dict:
+    return {"name": "at1-quadratic", "seed": 0, "rounds": rounds, "eval_every": 1,
+            "task": {"dataset": "quadratic", "model": "scalar", "clients": 6, "u": [0, 20, 40, 60, 80, 100]},
+            "train": {"local_steps": 5, "batch_size": 1, "lr": 0.1},
+            "algorithm": {"name": "fedavg_active"},
+            "availability": {"kind": "stationary", "base": {"kind": "fixed", "values": [0.5]}},
+            "runtime": {"progress": False, "device": device}}
+
+
+def load() -> str:
+    return "load %.1f" % os.getloadavg()[0]
+
+
+def run_fedmpi(cfg: dict, ranks: int, tmp: str) -> tuple[float, float | None]:
+    """(ms/round, final test accuracy) of ``fedmpi run`` on ``ranks`` ranks."""
+    path = os.path.join(tmp, f"{cfg['name']}.yaml")
+    out = os.path.join(tmp, f"{cfg['name']}-{ranks}.h5")
+    with open(path, "w") as fh:
+        yaml.safe_dump(cfg, fh)
+    cmd = (mpiexec(ranks) if ranks > 1 else []) + [sys.executable, "-m", "fedmpi", "run", path, "--out", out, "--quiet"]
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    subprocess.run(cmd, check=True, env=env, cwd=ROOT)
+    with h5py.File(out, "r") as f:
+        wall, rounds = f["metrics/wall_time"][:], f["metrics/round"][:]
+        acc = float(f["metrics/test_acc"][-1]) if "test_acc" in f["metrics"] else None
+    return 1000 * (wall[-1] - wall[0]) / (rounds[-1] - rounds[0]), acc
+
+
+def per_client_loop(cfg_dict: dict, threads: int) -> tuple[float, float]:
+    """(ms/round, final test accuracy) of the hand-written loop on the anchor task."""
+    from fedmpi import config
+    from fedmpi.data.task import build_task
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    cfg = config.from_dict(cfg_dict)
+    dev = torch.device(cfg.runtime.device if cfg.runtime.device != "auto" else "cpu")
+    task = build_task(cfg, dev)
+    xs, ys = [], []  # each client's samples, normalised once (the usual per-client dataset)
+    for c in range(task.m):
+        ids = task.order[task.offsets[c]:task.offsets[c + 1]]
+        xs.append(task.inputs(task.train_x[ids]).contiguous())
+        ys.append(task.train_y[ids])
+    server = copy.deepcopy(task.model)
+    rng = np.random.default_rng(cfg.seed)
+    gen = torch.Generator(device=dev).manual_seed(cfg.seed)
+    tr = cfg.train
+    sync()
+    start = time.perf_counter()
+    for _ in range(cfg.rounds):
+        cohort = rng.choice(task.m, cfg.availability.size, replace=False)
+        total = [torch.zeros_like(p) for p in server.parameters()]
+        for c in cohort:
+            model = copy.deepcopy(server)
+            opt = torch.optim.SGD(model.parameters(), lr=tr.lr)
+            for _ in range(tr.local_steps):
+                idx = torch.randint(0, len(ys[c]), (tr.batch_size,), generator=gen, device=dev)
+                opt.zero_grad()
+                F.cross_entropy(model(xs[c][idx]), ys[c][idx]).backward()
+                opt.step()
+            with torch.no_grad():
+                for s, p in zip(total, model.parameters()):
+                    s += p
+        with torch.no_grad():
+            for p, s in zip(server.parameters(), total):
+                p.copy_(s / len(cohort))
+    sync()
+    ms = 1000 * (time.perf_counter() - start) / cfg.rounds
+    with torch.no_grad():
+        acc = float((server(task.inputs(task.test_x)).argmax(1) == task.test_y).float().mean())
+    torch.set_num_threads(before)
+    return ms, acc
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def quadratic_breakdown(cfg_dict: dict, tmp: str) -> dict[str, float]:
+    """ms per round, in one process, of: the round alone; the round + evaluation (no file);
+    the round + evaluation + result-file row (what ``fedmpi run`` does)."""
+    from fedmpi import config
+    from fedmpi.engine.evaluate import evaluate
+    from fedmpi.runner import Runner
+    from fedmpi.runtime import World
+
+    cfg = config.from_dict(cfg_dict)
+    world = World.create(cfg.runtime.device)
+    runner = Runner(cfg, world, os.path.join(tmp, "breakdown.h5"), quiet=True)
+    algo, task, spec = runner.algo, runner.task, runner.spec
+    n = cfg.rounds
+    t0 = time.perf_counter()
+    out = {}
+    t = time.perf_counter()
+    for r in range(n):
+        algo.round(r)
+    out["round"] = 1000 * (time.perf_counter() - t) / n
+    t = time.perf_counter()
+    for r in range(n, 2 * n):
+        algo.round(r)
+        for model in algo.eval_models().values():
+            evaluate(task, spec, model, task.test_x, task.test_y)
+    out["round + evaluation"] = 1000 * (time.perf_counter() - t) / n
+    t = time.perf_counter()
+    for r in range(2 * n, 3 * n):
+        algo.round(r)
+        runner._evaluate(r + 1, 0, t0)
+    out["round + evaluation + file row"] = 1000 * (time.perf_counter() - t) / n
+    runner.writer.finish("completed")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=200)
+    ap.add_argument("--repeat", type=int, default=1, help="cycles of (1 rank, 2 ranks, loop)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--loop-threads", type=int, default=1,
+                    help="torch threads of the loop (1: its fastest on a small shared CPU)")
+    ap.add_argument("--quadratic-rounds", type=int, default=2000)
+    ap.add_argument("--skip-anchor", action="store_true")
+    args = ap.parse_args()
+    if not os.path.exists(os.path.join(FMNIST, "train-images-idx3-ubyte.gz")) and not args.skip_anchor:
+        sys.exit(f"at1.py: Fashion-MNIST not found under {FMNIST} (Debian: apt install dataset-fashion-mnist)")
+    two_ranks = args.device == "cpu" or torch.cuda.device_count() >= 2  # NCCL: one GPU per rank
+    print(f"# at1 on {machine()}, device {args.device}, {load()}", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        if not args.skip_anchor:
+            cfg = anchor(args.rounds, args.device)
+            print(f"{'cycle':>5} {'fedmpi 1 rank':>14} {'fedmpi 2 ranks':>15} {'loop':>9} {'loop/1 rank':>12} "
+                  f"{'loop/2 ranks':>13} {'2 vs 1':>7}   acc 1 / 2 / loop   load", flush=True)
+            ratios1, ratios2 = [], []
+            for cycle in range(args.repeat):
+                one, acc1 = run_fedmpi(cfg, 1, tmp)
+                two, acc2 = run_fedmpi(cfg, 2, tmp) if two_ranks else (float("nan"), None)
+                loop, acc_loop = per_client_loop(cfg, args.loop_threads)
+                ratios1.append(loop / one)
+                ratios2.append(loop / two)
+                accs = " / ".join("-" if a is None else f"{a:.4f}" for a in (acc1, acc2, acc_loop))
+                print(f"{cycle:>5} {one:>11.1f} ms {two:>12.1f} ms {loop:>6.1f} ms {loop / one:>11.1f}x "
+                      f"{loop / two:>12.1f}x {one / two:>6.2f}x   {accs}   {load()}", flush=True)
+                if abs(acc1 - acc_loop) > 0.01:
+                    print(f"      WARNING: accuracies differ by {abs(acc1 - acc_loop):.4f} (> 0.01)")
+            if args.repeat > 1:
+                print(f"median loop/1 rank {statistics.median(ratios1):.1f}x, "
+                      f"loop/2 ranks {statistics.median(ratios2):.1f}x")
+        q = quadratic(args.quadratic_rounds, args.device)
+        ms, _ = run_fedmpi(q, 1, tmp)
+        print(f"quadratic, 6 clients, eval_every 1: fedmpi run {1000 / ms:.0f} rounds/s ({ms:.2f} ms/round), {load()}")
+        parts = quadratic_breakdown(quadratic(min(args.quadratic_rounds, 1000), args.device), tmp)
+        print("  in one process: " + ", ".join(f"{k} {v:.2f} ms" for k, v in parts.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main()

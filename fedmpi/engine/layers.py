@@ -1,0 +1,287 @@
+"""Stacked layers: n clients' copies of one model evaluated at once, with ordinary autograd.
+
+A model built from the layers below -- nested ``nn.Sequential`` of ``Linear``, ``Conv2d``,
+``MaxPool2d``, ``Flatten``, elementwise activations, ``KeyedDropout`` and the quadratic task's
+``ScalarModel`` -- compiles into a ``StackedNet``. Its forward takes every parameter stacked
+over clients, (n, *shape), and the clients' minibatches (n, b, *sample), and computes all the
+outputs (n, b, *out) in a few large tensor ops: a Linear layer is one ``baddbmm``, a pool or
+an activation one call on the n*b samples. Autograd on the sum of the clients' losses then
+gives every client's gradient in one backward pass (client i's loss depends only on its own
+parameters, so the gradient of the sum splits into the per-client gradients). This replaces
+``vmap(grad(functional_call))``, whose transform overhead dominated small models (measured
+in benchmarks/RESULTS.md); vmap stays the reference and the fallback for any other module
+(``StackedNet.compile`` returns None).
+
+A model whose only parametrised layer is its last one (logreg, linear SVM, the quadratic
+task) skips autograd: its ``Loss`` gives the gradient with respect to the outputs in closed
+form, and the layer turns it into parameter gradients with one ``bmm`` (``StackedNet.gradients``).
+
+Bit-level contract, which makes a client's result independent of its batch-mates and of the
+number of ranks: no stacked op may mix clients' rows in its arithmetic. Measured on CPU:
+``bmm``/``baddbmm`` computes each client's product alone with one intra-op thread, but with
+several threads MKL splits products differently for other batch sizes, so the engine does its
+CPU arithmetic under ``threads.one_thread`` (CPU parallelism comes from ranks). Convolutions
+have three implementations (``conv_impl``):
+
+- ``loop``: one ``F.conv2d`` per client -- exactly the sequential engine's call, so the same
+  bits; the CPU default (oneDNN's grouped convolution picks other kernels for other numbers of
+  groups, measured: results change with n; im2col + bmm is exact per client but 2-4x slower);
+- ``grouped``: one convolution with groups = n (the CUDA default; cuDNN may round differently
+  with other batch-mates, as README's determinism section says for GPUs);
+- ``unfold``: im2col (``F.unfold``) + one batched matmul.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..data.task import ScalarModel
+from ..models.dropout import KeyedDropout
+from ..models.losses import Loss, per_client, per_sample
+
+Tensor = torch.Tensor
+Params = dict[str, Tensor]
+CONV_IMPLS = ("loop", "grouped", "unfold")
+
+# modules that act on each element alone, whatever the shape: applied to the stacked tensor as they are
+_ELEMENTWISE = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Softplus,
+                nn.Hardtanh, nn.Mish, nn.Identity)
+
+
+def conv_impl(device: torch.device) -> str:
+    """Default convolution implementation on ``device`` (see the module docstring)."""
+    return "grouped" if device.type == "cuda" else "loop"
+
+
+def _shift(dim: int) -> int:
+    """A per-sample-batch dim index -> the same dim of the client-stacked tensor."""
+    return dim + 1 if dim >= 0 else dim
+
+
+class _Layer:
+    """One stacked layer: ``forward(params, x, keys)`` on x (n, b, ...); ``keys`` None = eval mode."""
+
+    params: tuple[str, ...] = ()
+
+    def forward(self, p: Params, x: Tensor, keys: Params | None) -> Tensor:
+        raise NotImplementedError
+
+    def grads(self, p: Params, x: Tensor, dout: Tensor) -> Params | None:
+        """Parameter gradients from this layer's input ``x`` and d loss/d output (closed form),
+        or None when the layer has none."""
+        return None
+
+
+class _LinearFn(torch.autograd.Function):
+    """h (n, B, in) @ w (n, out, in)^T + b (n, out) with a backward of explicit batched products,
+    so that the weight gradient comes out in the weight's own (contiguous) layout: autograd
+    through ``baddbmm`` returns it transposed, and the SGD update on a transposed gradient ran
+    2.5x slower (a 100-client MLP layer)."""
+
+    @staticmethod
+    def forward(h: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+        wt = w.transpose(1, 2)
+        return torch.baddbmm(b.unsqueeze(1), h, wt) if b is not None else torch.bmm(h, wt)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        h, w, b = inputs
+        ctx.save_for_backward(h, w)
+        ctx.has_bias = b is not None
+
+    @staticmethod
+    def backward(ctx, dout: Tensor):
+        h, w = ctx.saved_tensors
+        gh = torch.bmm(dout, w) if ctx.needs_input_grad[0] else None
+        gw = torch.bmm(dout.transpose(1, 2), h) if ctx.needs_input_grad[1] else None
+        gb = dout.sum(1) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return gh, gw, gb
+
+
+class _Linear(_Layer):
+    def __init__(self, prefix: str, mod: nn.Linear):
+        self.w = prefix + "weight"
+        self.b = prefix + "bias" if mod.bias is not None else None
+        self.params = (self.w,) + ((self.b,) if self.b else ())
+
+    def forward(self, p: Params, x: Tensor, keys: Params | None) -> Tensor:
+        w = p[self.w]  # (n, out, in)
+        h = x.reshape(x.shape[0], -1, x.shape[-1])
+        out = _LinearFn.apply(h, w, p[self.b] if self.b else None)
+        return out.view(*x.shape[:-1], w.shape[1])
+
+    def grads(self, p: Params, x: Tensor, dout: Tensor) -> Params:
+        n = x.shape[0]
+        h = x.reshape(n, -1, x.shape[-1])
+        d = dout.reshape(n, -1, dout.shape[-1])
+        g = {self.w: torch.bmm(d.transpose(1, 2), h)}  # as in _LinearFn.backward
+        if self.b:
+            g[self.b] = d.sum(1)
+        return g
+
+
+class _Conv2d(_Layer):
+    def __init__(self, prefix: str, mod: nn.Conv2d, impl: str):
+        self.w = prefix + "weight"
+        self.b = prefix + "bias" if mod.bias is not None else None
+        self.params = (self.w,) + ((self.b,) if self.b else ())
+        self.mod, self.impl = mod, impl
+
+    def forward(self, p: Params, x: Tensor, keys: Params | None) -> Tensor:
+        w, b = p[self.w], (p[self.b] if self.b else None)
+        mod, n = self.mod, x.shape[0]
+        if self.impl == "loop":
+            return torch.stack([F.conv2d(x[i], w[i], None if b is None else b[i], mod.stride, mod.padding,
+                                         mod.dilation) for i in range(n)])
+        bs, c, hh, ww = x.shape[1:]
+        if self.impl == "grouped":  # clients become channel groups: (b, n*C, H, W)
+            xi = x.transpose(0, 1).reshape(bs, n * c, hh, ww)
+            out = F.conv2d(xi, w.reshape(-1, *w.shape[2:]), None if b is None else b.reshape(-1),
+                           mod.stride, mod.padding, mod.dilation, groups=n)
+            return out.view(bs, n, w.shape[1], *out.shape[2:]).transpose(0, 1)
+        # unfold: im2col, then (out, C*kh*kw) @ (C*kh*kw, L) for every image of every client
+        cols = F.unfold(x.reshape(n * bs, c, hh, ww), mod.kernel_size, mod.dilation, mod.padding, mod.stride)
+        out = torch.matmul(w.reshape(n, 1, w.shape[1], -1), cols.view(n, bs, *cols.shape[1:]))
+        if b is not None:
+            out = out + b.view(n, 1, -1, 1)
+        size = [(s + 2 * pad - dil * (k - 1) - 1) // st + 1
+                for s, pad, dil, k, st in zip((hh, ww), mod.padding, mod.dilation, mod.kernel_size, mod.stride)]
+        return out.view(n, bs, w.shape[1], *size)
+
+
+class _MaxPool2d(_Layer):
+    def __init__(self, mod: nn.MaxPool2d):
+        self.mod = mod
+
+    def forward(self, p: Params, x: Tensor, keys: Params | None) -> Tensor:
+        m = self.mod
+        y = F.max_pool2d(x.reshape(-1, *x.shape[2:]), m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode)
+        return y.view(*x.shape[:2], *y.shape[1:])
+
+
+class _Flatten(_Layer):
+    def __init__(self, mod: nn.Flatten):
+        self.start, self.end = _shift(mod.start_dim), _shift(mod.end_dim)
+
+    def forward(self, p: Params, x: Tensor, keys: Params | None) -> Tensor:
+        return x.flatten(self.start, self.end)
+
+
+class _Elementwise(_Layer):
+    def __init__(self, mod: nn.Module):
+        self.mod = mod
+
+    def forward(self, p: Params, x: Tensor, keys: Params | None) -> Tensor:
+        return self.mod(x)
+
+
+class _KeyedDropout(_Layer):
+    def __init__(self, prefix: str, mod: KeyedDropout):
+        self.key, self.mod = prefix + "key", mod
+
+    def forward(self, p: Params, x: Tensor, keys: Params | None) -> Tensor:
+        if keys is None or self.mod.p == 0.0:
+            return x
+        return self.mod.drop(x, keys[self.key])
+
+
+class _Scalar(_Layer):
+    """The quadratic task's model: the parameter vector itself, one copy per sample."""
+
+    def __init__(self, prefix: str):
+        self.x = prefix + "x"
+        self.params = (self.x,)
+
+    def forward(self, p: Params, inp: Tensor, keys: Params | None) -> Tensor:
+        v = p[self.x]  # (n, dim)
+        return v.view(v.shape[0], *[1] * (inp.dim() - 2), v.shape[1]).expand(*inp.shape[:-1], v.shape[1])
+
+    def grads(self, p: Params, inp: Tensor, dout: Tensor) -> Params:
+        return {self.x: dout.reshape(dout.shape[0], -1, dout.shape[-1]).sum(1)}
+
+
+def _rule(mod: nn.Module, prefix: str, conv: str) -> _Layer | None:
+    if isinstance(mod, nn.Linear):
+        return _Linear(prefix, mod)
+    if isinstance(mod, nn.Conv2d):
+        if mod.groups != 1 or mod.padding_mode != "zeros" or isinstance(mod.padding, str):
+            return None
+        return _Conv2d(prefix, mod, conv)
+    if isinstance(mod, nn.MaxPool2d):
+        return None if mod.return_indices else _MaxPool2d(mod)
+    if isinstance(mod, nn.Flatten):
+        return _Flatten(mod)
+    if isinstance(mod, KeyedDropout):
+        return _KeyedDropout(prefix, mod)
+    if isinstance(mod, ScalarModel):
+        return _Scalar(prefix)
+    if isinstance(mod, _ELEMENTWISE) and not any(True for _ in mod.parameters()):
+        return _Elementwise(mod)
+    return None
+
+
+def _collect(mod: nn.Module, prefix: str, conv: str, out: list[_Layer]) -> bool:
+    if isinstance(mod, nn.Sequential) and type(mod).forward is nn.Sequential.forward:
+        # every child as Sequential.forward runs it (named_children would skip a repeated module)
+        return all(_collect(child, f"{prefix}{name}.", conv, out) for name, child in mod._modules.items())
+    layer = _rule(mod, prefix, conv)
+    if layer is not None:
+        out.append(layer)
+    return layer is not None
+
+
+class StackedNet:
+    """A model compiled into stacked layers; see the module docstring."""
+
+    def __init__(self, layers: list[_Layer]):
+        self.layers = layers
+        *body, last = layers
+        # closed-form gradients: only the last layer has parameters, and it knows its gradients
+        self._head = not any(layer.params for layer in body) and type(last).grads is not _Layer.grads
+
+    @classmethod
+    def compile(cls, model: nn.Module, conv: str = "loop") -> "StackedNet | None":
+        """The stacked form of ``model``, or None when a module has no stacked rule (or the
+        rules would not use every parameter exactly once)."""
+        if conv not in CONV_IMPLS:
+            raise ValueError(f"conv must be one of {CONV_IMPLS}, got {conv!r}")
+        layers: list[_Layer] = []
+        if not _collect(model, "", conv, layers) or not layers:
+            return None
+        used = [name for layer in layers for name in layer.params]
+        if sorted(used) != sorted(name for name, _ in model.named_parameters()):
+            return None
+        return cls(layers)
+
+    def forward(self, params: Params, x: Tensor, keys: Params | None = None) -> Tensor:
+        """Outputs (n, b, ...) of the n clients' models ``params`` {name: (n, *shape)} on their
+        inputs ``x`` (n, b, ...). ``keys``: dropout keys {'<layer>.key': (n,)} in training,
+        None for evaluation (dropout off)."""
+        for layer in self.layers:
+            x = layer.forward(params, x, keys)
+        return x
+
+    def closed_form(self, loss) -> bool:
+        """True when the gradients skip autograd: only the last layer has parameters, and the
+        loss gives its output gradient in closed form."""
+        return self._head and isinstance(loss, Loss) and loss.has_output_grad
+
+    def gradients(self, loss, params: Params, x: Tensor, y: Tensor, weights: Tensor | None,
+                  keys: Params | None) -> Params:
+        """Every client's gradient {name: (n, *shape)} of its minibatch loss (the mean, or the
+        ``weights`` (n, b) weighted sum) at ``params``; ``keys`` as in ``forward``."""
+        if self.closed_form(loss):
+            with torch.no_grad():
+                h = x
+                for layer in self.layers[:-1]:
+                    h = layer.forward(params, h, keys)
+                out = self.layers[-1].forward(params, h, keys)
+                return self.layers[-1].grads(params, h, loss.output_grad(out, y, weights))
+        leaves = {name: v.detach().requires_grad_(True) for name, v in params.items()}
+        with torch.enable_grad():
+            out = self.forward(leaves, x, keys)
+            losses = per_client(loss)(out, y) if weights is None else (per_sample(loss)(out, y) * weights).sum(-1)
+            grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
+        return dict(zip(leaves, grads))

@@ -1,0 +1,81 @@
+"""``fedmpi export RUN.h5 ... --csv``: the metric rows of result files as CSV.
+
+Without ``--out`` each ``X.h5`` gets ``X.csv`` next to it (the same file ``runtime.csv`` writes
+during a run). ``--out FILE`` (or ``-`` for stdout) writes one long table of all runs instead:
+columns ``file``, ``seed``, the config keys that differ between the runs, then ``round`` and
+the metrics (empty where a run lacks one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+from typing import TextIO
+
+from ..errors import InputError
+from .reader import Result, load
+from .sidecars import csv_path, csv_value
+
+
+def write_one(r: Result, fh: TextIO) -> None:
+    w = csv.writer(fh, lineterminator="\n")
+    names = list(r.metrics)
+    w.writerow(names)
+    for i in range(len(r.metrics["round"])):
+        w.writerow([csv_value(k, r.metrics[k][i]) for k in names])
+
+
+def write_long(runs: list[Result], fh: TextIO) -> None:
+    flats = [r.flat_config() for r in runs]
+    keys = list(dict.fromkeys(k for f in flats for k in f))
+    differ = [k for k in keys if k not in ("seed", "output") and len({repr(f.get(k)) for f in flats}) > 1]
+    names = list(dict.fromkeys(k for r in runs for k in r.metrics))
+    w = csv.writer(fh, lineterminator="\n")
+    w.writerow(["file", "seed", *differ, *names])
+    for r, f in zip(runs, flats):
+        fixed = [r.path, r.seed, *(f.get(k, "") for k in differ)]
+        for i in range(len(r.metrics["round"])):
+            w.writerow([*fixed, *(csv_value(k, r.metrics[k][i]) if k in r.metrics else "" for k in names)])
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = "Export the metric rows of result files (CSV)."
+    parser.add_argument("files", nargs="+", help="result files")
+    parser.add_argument("--csv", action="store_true", default=True, help="CSV (the only format; the default)")
+    parser.add_argument("--out", help="one CSV of all runs here ('-' = stdout); default: X.csv next to each X.h5")
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    runs = [load(p) for p in args.files]
+    if args.out is not None and not args.out.strip():
+        raise InputError("--out: empty path")
+    if args.out == "-":
+        write_long(runs, sys.stdout)
+        return 0
+    if args.out is not None:
+        if any(_same(args.out, p) for p in args.files):
+            raise InputError(f"--out: {args.out} is one of the result files")
+        try:
+            with open(args.out, "w", newline="", encoding="utf-8") as fh:
+                write_long(runs, fh)
+        except OSError as e:
+            raise InputError(f"{args.out}: cannot write ({e.strerror or e})") from None
+        print(args.out)
+        return 0
+    for r in runs:
+        target = csv_path(r.path)
+        if _same(target, r.path):
+            raise InputError(f"{r.path}: its CSV name would be the result file itself")
+        try:
+            with open(target, "w", newline="", encoding="utf-8") as fh:
+                write_one(r, fh)
+        except OSError as e:
+            raise InputError(f"{target}: cannot write ({e.strerror or e})") from None
+        print(target)
+    return 0
+
+
+def _same(a: str, b: str) -> bool:
+    return os.path.abspath(a) == os.path.abspath(b)

@@ -1,0 +1,408 @@
+"""``fedmpi table``: one number per run, mean +/- std over seeds, rows and columns by config keys.
+
+    fedmpi table configs/unavailability/fmnist_sine.sweep.yaml          # the sweep's own table spec
+    fedmpi table runs/x/ --rows algorithm.name --metric test_acc --last 5 --scale 100 --format latex
+
+Per run a metric is reduced to one number: the mean of its last K evaluations (``last``), the
+value in force at an x (``at``: the last evaluation with x <= that value, x = round by default,
+or ``sim_delay``...), the mean over a window of x (``window: [lo, hi]``), or the best value
+(``best: max|min``). Runs are grouped by the row and column keys; a group's cell is the mean
++/- standard deviation (numpy's, ddof = 0) of its runs' numbers, one run per seed. Runs of one
+group must not differ in any other result-defining key (reader.RESULT_SECTIONS): such a table
+would silently average different experiments, so it is refused, naming the key.
+
+A sweep's ``table:`` section holds the same settings (rows, cols, metrics with per-metric
+last/at/window/best, scale, digits, label, bold); command-line options replace them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import math
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError
+from .reader import Result, is_result_key, load
+
+FORMATS = ("md", "csv", "latex")
+_METRIC_KEYS = ("metric", "last", "at", "window", "best", "x", "scale", "digits", "label", "bold")
+_TABLE_KEYS = ("rows", "cols", "metrics", "format")
+
+
+@dataclass
+class MetricSpec:
+    """How one column's number is taken from a run."""
+
+    metric: str
+    last: int | None = None
+    at: float | None = None
+    window: tuple[float, float] | None = None
+    best: str | None = None
+    x: str = "round"
+    scale: float = 1.0
+    digits: int = 4
+    label: str | None = None
+    bold: str | None = None
+
+    @property
+    def title(self) -> str:
+        if self.label:
+            return self.label
+        how = (f"at {self.x} {self.at:g}" if self.at is not None else f"{self.best}" if self.best
+               else f"last {self.last}" if self.last and self.last > 1 else "")
+        return f"{self.metric} ({how})" if how else self.metric
+
+    def value(self, r: Result) -> float | None:
+        """This run's number (None when the run has no such metric)."""
+        if self.metric not in r.metrics:
+            return None
+        if self.x not in r.metrics:
+            raise InputError(f"{r.path}: has no metric {self.x!r} for the x axis (has: {', '.join(sorted(r.metrics))})")
+        y, x = r.metrics[self.metric].astype(float), r.metrics[self.x].astype(float)
+        if self.window is not None:
+            keep = (x >= self.window[0]) & (x <= self.window[1])
+            y, x = y[keep], x[keep]
+        if y.size == 0:
+            return math.nan
+        if self.at is not None:
+            before = np.flatnonzero(x <= self.at)
+            return float(y[before[-1]]) * self.scale if before.size else math.nan
+        if self.best is not None:
+            return float(np.nanmax(y) if self.best == "max" else np.nanmin(y)) * self.scale
+        k = self.last if self.last is not None else (y.size if self.window is not None else 1)
+        return float(np.mean(y[-k:])) * self.scale
+
+
+def metric_spec(data: Any, where: str) -> MetricSpec:
+    """A MetricSpec from a sweep's table entry (a metric name or a mapping)."""
+    if isinstance(data, str):
+        data = {"metric": data}
+    if not isinstance(data, dict) or not isinstance(data.get("metric"), str):
+        raise InputError(f"{where}: must be a metric name or a mapping with 'metric', got {data!r}")
+    for k in data:
+        if k not in _METRIC_KEYS:
+            raise InputError(f"{where}.{k}: unknown key (allowed: {', '.join(_METRIC_KEYS)})")
+    s = MetricSpec(data["metric"])
+    try:
+        if data.get("last") is not None:
+            s.last = int(data["last"])
+            if s.last < 1 or isinstance(data["last"], bool):
+                raise ValueError
+        if data.get("at") is not None:
+            s.at = float(data["at"])
+        if data.get("window") is not None:
+            lo, hi = (float(v) for v in data["window"])
+            s.window = (lo, hi)
+        s.scale = float(data.get("scale", 1.0))
+        s.digits = int(data.get("digits", 4))
+    except (TypeError, ValueError):
+        raise InputError(f"{where}: last must be an integer >= 1, at/scale numbers, window [lo, hi], "
+                         f"digits an integer; got {data!r}") from None
+    for k, allowed in (("best", ("max", "min")), ("bold", ("max", "min"))):
+        v = data.get(k)
+        if v is not None and v not in allowed:
+            raise InputError(f"{where}.{k}: must be max or min, got {v!r}")
+    s.best, s.bold = data.get("best"), data.get("bold")
+    if sum(v is not None for v in (s.last, s.at, s.best)) > 1:
+        raise InputError(f"{where}: give one of last, at, best")
+    s.x = str(data.get("x", "round"))
+    s.label = None if data.get("label") is None else str(data["label"])
+    return s
+
+
+# ----------------------------------------------------------------------------- inputs
+
+@dataclass
+class Run:
+    result: Result
+    keys: dict[str, Any]     # flat config plus 'variant' (sweep cells)
+
+
+def _is_sweep(path: str) -> bool:
+    return path.endswith((".yaml", ".yml")) and os.path.isfile(path)
+
+
+def gather(inputs: list[str], partial: bool = False, folder: str | None = None) -> tuple[list[Run], dict, bool]:
+    """The runs of files, folders (every .h5 below) and sweep files; the table spec of a
+    single sweep; whether runs came from a sweep (keeps the cells' order)."""
+    runs: list[Run] = []
+    spec: dict = {}
+    from_sweep = False
+    skipped = 0
+    for inp in inputs:
+        if _is_sweep(inp):
+            from ..sweep import cell_state, load as load_sweep
+
+            sweep = load_sweep(inp, folder)
+            spec = sweep.table if len(inputs) == 1 else {}
+            from_sweep = True
+            for c in sweep.cells:
+                if cell_state(c)[0] == "outdated":
+                    print(f"fedmpi table: left out {c.path}: its config is no longer that of the sweep's cell",
+                          file=sys.stderr)
+                elif os.path.exists(c.path):
+                    runs.append(Run(load(c.path), {"variant": c.variant}))
+        elif os.path.isdir(inp):
+            files = sorted(glob.glob(os.path.join(inp, "**", "*.h5"), recursive=True))
+            if not files:
+                raise InputError(f"{inp}: no .h5 result files in this folder")
+            runs += [Run(load(f), {}) for f in files]
+        else:
+            runs.append(Run(load(inp), {}))
+    kept = []
+    for r in runs:
+        if r.result.status != "completed" and not partial:
+            skipped += 1
+            continue
+        r.keys = {**r.result.flat_config(), **r.keys}
+        kept.append(r)
+    if skipped:
+        print(f"fedmpi table: left out {skipped} runs that are not completed (--partial includes them)",
+              file=sys.stderr)
+    return kept, spec, from_sweep
+
+
+# ----------------------------------------------------------------------------- the table
+
+def _order(values: list[tuple], keep_order: bool) -> list[tuple]:
+    uniq = list(dict.fromkeys(values))
+    if keep_order:
+        return uniq
+    return sorted(uniq, key=lambda t: tuple((0, v, "") if isinstance(v, (int, float)) and not isinstance(v, bool)
+                                            else (1, 0, str(v)) for v in t))
+
+
+def _fmt(v: Any) -> str:
+    return "-" if v is None else str(v)
+
+
+@dataclass
+class Table:
+    row_keys: list[str]
+    headers: list[str]                        # one per (metric, column group)
+    rows: list[tuple]                         # row key values
+    cells: list[list[list[float]]]            # [row][column] -> the runs' numbers
+    specs: list[MetricSpec]                   # per column
+
+    def stats(self, i: int, j: int) -> tuple[float, float, int] | None:
+        xs = [x for x in self.cells[i][j] if x is not None and not math.isnan(x)]
+        if not xs:
+            return None
+        a = np.asarray(xs, dtype=float)
+        return float(a.mean()), float(a.std()), len(xs)
+
+
+def build(runs: list[Run], rows: list[str], cols: list[str], specs: list[MetricSpec], keep_order: bool) -> Table:
+    """Group ``runs`` by ``rows`` x ``cols`` and reduce each run with every spec."""
+    if not runs:
+        raise InputError("table: no completed runs to tabulate")
+    for key in rows + cols:
+        if not any(key in r.keys for r in runs):
+            raise InputError(f"--rows/--cols: {key}: not a config key of these runs")
+    groups: dict[tuple[tuple, tuple], list[Run]] = {}
+    for r in runs:
+        rk = tuple(r.keys.get(k) for k in rows)
+        ck = tuple(r.keys.get(k) for k in cols)
+        groups.setdefault((rk, ck), []).append(r)
+    grouped = set(rows) | set(cols) | {"seed"}
+    for (rk, ck), members in groups.items():
+        _check_same_experiment(members, grouped, rk + ck)
+    row_vals = _order([g[0] for g in groups], keep_order)
+    col_vals = _order([g[1] for g in groups], keep_order)
+    headers, col_specs, col_of = [], [], []
+    for s in specs:
+        for cv in col_vals:
+            where = ", ".join(f"{k}={_fmt(v)}" for k, v in zip(cols, cv))
+            headers.append(f"{s.title} [{where}]" if where else s.title)
+            col_specs.append(s)
+            col_of.append(cv)
+    cells = [[[s.value(r.result) for r in groups.get((rv, cv), [])] for s, cv in zip(col_specs, col_of)]
+             for rv in row_vals]
+    return Table(rows, headers, row_vals, cells, col_specs)
+
+
+def _check_same_experiment(members: list[Run], grouped: set[str], where: tuple) -> None:
+    ref = members[0].result.experiment()
+    seeds: dict[Any, str] = {}
+    for r in members:
+        exp = r.result.experiment()
+        for k in sorted(set(ref) | set(exp)):
+            if k not in grouped and repr(ref.get(k)) != repr(exp.get(k)):
+                raise InputError(f"table: {members[0].result.path} and {r.result.path} fall into one cell "
+                                 f"({', '.join(map(_fmt, where)) or 'all runs'}) but differ in {k} "
+                                 f"({ref.get(k)!r} vs {exp.get(k)!r}); add it to --rows or --cols")
+        if r.result.seed in seeds:
+            raise InputError(f"table: {seeds[r.result.seed]} and {r.result.path} are the same experiment "
+                             f"and seed ({r.result.seed}); give each run once")
+        seeds[r.result.seed] = r.result.path
+
+
+# ----------------------------------------------------------------------------- output
+
+def _number(x: float, digits: int) -> str:
+    return f"{x:.{digits}f}"
+
+
+def _best_cells(t: Table) -> set[tuple[int, int]]:
+    out = set()
+    for j, s in enumerate(t.specs):
+        if s.bold is None:
+            continue
+        vals = [(st[0], i) for i in range(len(t.rows)) if (st := t.stats(i, j)) is not None]
+        if vals:
+            best = (max if s.bold == "max" else min)(vals)[0]
+            out |= {(i, j) for v, i in vals if v == best}
+    return out
+
+
+def _text_cells(t: Table, pm: str, math_: str, bold) -> list[list[str]]:
+    """Cell texts: 'mean<pm>std' (just the mean for one run) inside ``math_`` ('$' for LaTeX),
+    ``bold`` around the best of a column with ``bold:``, ' (n=K)' where fewer runs than elsewhere."""
+    full = max((len(t.cells[i][j]) for i in range(len(t.rows)) for j in range(len(t.headers))), default=0)
+    best = _best_cells(t)
+    out = []
+    for i in range(len(t.rows)):
+        line = []
+        for j, s in enumerate(t.specs):
+            st = t.stats(i, j)
+            if st is None:
+                line.append("-")
+                continue
+            mean, std, n = st
+            text = _number(mean, s.digits) + (f"{pm}{_number(std, s.digits)}" if n > 1 else "")
+            text = math_ + (bold(text) if (i, j) in best else text) + math_
+            line.append(text + (f" (n={n})" if n < full else ""))
+        out.append(line)
+    return out
+
+
+def markdown(t: Table) -> str:
+    head = [*t.row_keys, *t.headers]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for rv, cells in zip(t.rows, _text_cells(t, " +/- ", "", lambda s: f"**{s}**")):
+        lines.append("| " + " | ".join([*map(_fmt, rv), *cells]) + " |")
+    return "\n".join(lines)
+
+
+_TEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "_": r"\_", "#": r"\#", "$": r"\$",
+        "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+
+
+def _tex(s: str) -> str:
+    return "".join(_TEX.get(ch, ch) for ch in s)
+
+
+def latex(t: Table) -> str:
+    head = [*t.row_keys, *t.headers]
+    lines = [r"\begin{tabular}{" + "l" * len(t.row_keys) + "c" * len(t.headers) + "}", r"\hline",
+             " & ".join(_tex(h) for h in head) + r" \\", r"\hline"]
+    for rv, cells in zip(t.rows, _text_cells(t, r" \pm ", "$", lambda s: r"\mathbf{" + s + "}")):
+        lines.append(" & ".join([*(_tex(_fmt(v)) for v in rv), *cells]) + r" \\")
+    lines += [r"\hline", r"\end{tabular}"]
+    return "\n".join(lines)
+
+
+def csv_text(t: Table) -> str:
+    import csv
+    import io
+
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow([*t.row_keys, *(f"{h} {part}" for h in t.headers for part in ("mean", "std", "n"))])
+    for i, rv in enumerate(t.rows):
+        vals: list[Any] = []
+        for j in range(len(t.headers)):
+            st = t.stats(i, j)
+            vals += ["", "", 0] if st is None else [repr(st[0]), repr(st[1]), st[2]]
+        w.writerow([*map(_fmt, rv), *vals])
+    return buf.getvalue().rstrip("\n")
+
+
+def render(t: Table, fmt: str) -> str:
+    return {"md": markdown, "csv": csv_text, "latex": latex}[fmt](t)
+
+
+# ----------------------------------------------------------------------------- CLI
+
+def _keys(text: str | list | None) -> list[str] | None:
+    if text is None:
+        return None
+    if isinstance(text, list):
+        return [str(k) for k in text]
+    return [k.strip() for k in str(text).split(",") if k.strip()]
+
+
+def _default_rows(runs: list[Run], cols: list[str], from_sweep: bool) -> list[str]:
+    if from_sweep and any(r.keys.get("variant") for r in runs):
+        return ["variant"]
+    flat = [r.keys for r in runs]
+    keys = list(dict.fromkeys(k for f in flat for k in f))
+    return [k for k in keys if is_result_key(k) and k not in cols
+            and len({repr(f.get(k)) for f in flat}) > 1]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("Mean +/- std over seeds of a metric, one row per value of the --rows keys. "
+                          "Inputs: result files, folders (every .h5 below) or a sweep file (its cells and "
+                          "its table: section).")
+    parser.add_argument("inputs", nargs="+", help="result files, folders, or a sweep file")
+    parser.add_argument("--rows", help="comma-separated config keys (or 'variant' for a sweep's variants); "
+                                       "default: the sweep's variants, else the result keys that differ")
+    parser.add_argument("--cols", help="comma-separated config keys whose values make column groups")
+    parser.add_argument("--metric", action="append", help="metric (repeatable; default test_acc, else test_loss)")
+    how = parser.add_mutually_exclusive_group()
+    how.add_argument("--last", type=int, help="mean of the last K evaluations of each run (default 1)")
+    how.add_argument("--at", type=float, help="value in force at this x (the last evaluation with x <= AT)")
+    how.add_argument("--best", choices=("max", "min"), help="best value of each run")
+    parser.add_argument("--x", default=None, help="x axis of --at (round, sim_delay, ...; default round)")
+    parser.add_argument("--scale", type=float, help="multiply values (100 for percent)")
+    parser.add_argument("--digits", type=int, help="decimals shown (default 4)")
+    parser.add_argument("--format", choices=FORMATS, help="md (default), csv or latex")
+    parser.add_argument("--partial", action="store_true", help="also use runs that are not completed")
+    parser.add_argument("--folder", help="result folder of a sweep that was run with fedmpi sweep --out FOLDER")
+
+
+def _specs(args: argparse.Namespace, spec: dict, runs: list[Run]) -> list[MetricSpec]:
+    cli = {k: v for k, v in (("last", args.last), ("at", args.at), ("best", args.best), ("x", args.x),
+                             ("scale", args.scale), ("digits", args.digits)) if v is not None}
+    if args.metric:
+        return [metric_spec({"metric": m, **cli}, f"--metric {m}") for m in args.metric]
+    entries = spec.get("metrics")
+    if entries is None:
+        first = runs[0].result.metrics if runs else {}
+        entries = ["test_acc" if "test_acc" in first else "test_loss"]
+    if not isinstance(entries, list) or not entries:
+        raise InputError("table.metrics: must be a non-empty list")
+    out = []
+    for i, e in enumerate(entries):
+        e = {"metric": e} if isinstance(e, str) else dict(e) if isinstance(e, dict) else e
+        if isinstance(e, dict) and cli:
+            if {"last", "at", "best"} & set(cli):
+                for k in ("last", "at", "best"):
+                    e.pop(k, None)
+            e.update(cli)
+        out.append(metric_spec(e, f"table.metrics[{i}]"))
+    return out
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    runs, spec, from_sweep = gather(args.inputs, args.partial, args.folder)
+    for k in spec:
+        if k not in _TABLE_KEYS:
+            raise InputError(f"table.{k}: unknown key (allowed: {', '.join(_TABLE_KEYS)})")
+    cols = _keys(args.cols) if args.cols is not None else (_keys(spec.get("cols")) or [])
+    rows = _keys(args.rows) if args.rows is not None else _keys(spec.get("rows"))
+    if rows is None:
+        rows = _default_rows(runs, cols, from_sweep)
+    fmt = args.format or spec.get("format", "md")
+    if fmt not in FORMATS:
+        raise InputError(f"table.format: must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    table = build(runs, rows, cols, _specs(args, spec, runs), keep_order=from_sweep)
+    print(render(table, fmt))
+    return 0

@@ -1,0 +1,90 @@
+"""The command line itself: one error prefix, quiet broken pipes, fast start-up, info/plot on many files."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from fake_results import fake_result
+from fedmpi.cli import main
+
+ROUNDS = [0, 5, 10]
+
+
+def _py(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+
+
+@pytest.mark.parametrize("args, line", [
+    (["run"], "fedmpi: error: run: the following arguments are required: config"),
+    (["table"], "fedmpi: error: table: the following arguments are required: inputs"),
+    (["sweep", "x.yaml", "-j", "0"], "fedmpi: error: --jobs: must be >= 1, got 0"),
+])
+def test_one_error_prefix(capsys, args, line):
+    assert main(args) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [line]
+
+
+def test_unknown_command_one_line(capsys):
+    assert main(["bogus"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fedmpi: error: argument command: invalid choice: 'bogus'")
+    assert err[0].count("fedmpi") == 1
+
+
+def test_broken_pipe_is_quiet(tmp_path):
+    f = fake_result(tmp_path / "a.h5", {"round": ROUNDS, "test_acc": [0.1, 0.2, 0.3]})
+    proc = subprocess.Popen([sys.executable, "-m", "fedmpi", "info", f], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=ROOT))
+    proc.stdout.close()  # the reader is gone before fedmpi writes (as `| head` after its lines)
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0 and err == ""
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["info", "FILE"], ["table", "FILE"], ["export", "FILE", "--out", "-"],
+                                  ["sweep", "SWEEP", "--print-array-size"], ["sweep", "SWEEP", "--list"]])
+def test_commands_on_result_files_do_not_import_torch(tmp_path, argv):
+    f = fake_result(tmp_path / "a.h5", {"round": ROUNDS, "test_acc": [0.1, 0.2, 0.3]})
+    sweep = tmp_path / "s.sweep.yaml"
+    sweep.write_text(f"base: {ROOT}/configs/quickstart.yaml\nout: {tmp_path}\ngrid: {{seed: [0, 1]}}\n")
+    argv = [{"FILE": f, "SWEEP": str(sweep)}.get(a, a) for a in argv]
+    p = _py("import sys\nfrom fedmpi.cli import main\n"
+            f"try:\n    code = main({argv!r})\nexcept SystemExit as e:\n    code = e.code\n"
+            "print('torch' in sys.modules, 'matplotlib' in sys.modules, code)")
+    assert p.stdout.strip().splitlines()[-1] == "False False 0", p.stderr
+
+
+def test_info_compares_several_files(tmp_path, capsys):
+    a = fake_result(tmp_path / "a.h5", {"round": ROUNDS, "test_acc": [0.1, 0.2, 0.3]}, algorithm__name="mifa")
+    b = fake_result(tmp_path / "b.h5", {"round": ROUNDS, "test_acc": [0.1, 0.2, 0.4]}, status="running",
+                    algorithm__name="fedvarp", train__lr=0.5)
+    assert main(["info", a, b]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["file", a, b] and lines[1].split() == ["status", "completed", "running"]
+    start = lines.index("differing config keys:")
+    differing = lines[start + 1:lines.index("last metrics:")]
+    assert [ln.split()[0] for ln in differing] == ["train.lr", "algorithm.name"]
+    assert differing[1].split() == ["algorithm.name", "mifa", "fedvarp"]
+    assert any(ln.split() == ["test_acc", "0.3", "0.4"] for ln in lines)
+    assert "same in all files:" in lines and "  task.dataset: synthetic" in lines
+    assert main(["info", a, b, "--no-config"]) == 0
+    assert "same in all files:" not in capsys.readouterr().out
+
+
+def test_plot_groups_by_result_keys_only(tmp_path):
+    from fedmpi.results.plot import load_curves
+
+    runs = [fake_result(tmp_path / "a.h5", {"round": ROUNDS, "test_acc": [0.1, 0.2, 0.3]}, seed=0),
+            fake_result(tmp_path / "b.h5", {"round": ROUNDS, "test_acc": [0.1, 0.2, 0.5]}, seed=1,
+                        runtime={"checkpoint_every": 7}, evaluation={"train": False}, rounds=10, eval_every=5),
+            fake_result(tmp_path / "c.h5", {"round": ROUNDS, "test_acc": [0.1, 0.2, 0.9]}, seed=0,
+                        algorithm__name="mifa", train__lr=0.5)]
+    curves = load_curves(runs, "test_acc", "round")
+    assert [(c[0], c[4]) for c in curves] == [("synth (fedavg_active) train.lr=0.1", 2),
+                                              ("synth (mifa) train.lr=0.5", 1)]
+    assert curves[0][2][-1] == pytest.approx(0.4) and curves[0][3][-1] == pytest.approx(0.1)
