@@ -55,7 +55,8 @@ def main() -> None:
     params = {}
     for name in CASES:
         cfg = config.from_dict(merged(name), launched_size())
-        path = os.path.join(out, f"{mode if mode != 'resume' else 'interrupt'}-{name}.h5")
+        # full runs on each world size write their own file (a completed result file is never overwritten)
+        path = os.path.join(out, f"full{world.size}-{name}.h5" if mode == "full" else f"interrupt-{name}.h5")
         if mode == "interrupt":
             os.environ["FEDMPI_TEST_FAULT"] = "0:2:usr1"
         try:
