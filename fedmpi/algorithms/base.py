@@ -175,7 +175,8 @@ class ServerAlgorithm(Algorithm):
 
     def local_training(self, t: int, local: np.ndarray, start: torch.Tensor) -> torch.Tensor:
         """End models of the local active clients after their local steps from ``start``
-        (default: ``ctx.trainer.train`` with ``lr_scale``; SCAFFOLD adds its correction here)."""
+        (default: ``ctx.trainer.train`` with ``lr_scale``; FedProx adds its proximal term here,
+        SCAFFOLD its correction)."""
         return self.ctx.trainer.train(start, local, t, lr_scale=self.lr_scale(t, local))
 
     def contribution(self, t: int, active: np.ndarray, local: np.ndarray,
