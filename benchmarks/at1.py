@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import os
 import statistics
 import subprocess
@@ -42,6 +43,7 @@ import yaml
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import machine, mpiexec  # noqa: E402
 
+_RUNS = itertools.count()
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FMNIST = "/usr/share/datasets/fashion-mnist"
 
@@ -71,9 +73,9 @@ def load() -> str:
 
 
 def run_fedmpi(cfg: dict, ranks: int, tmp: str) -> tuple[float, float | None]:
-    """(ms/round, final test accuracy) of ``fedmpi run`` on ``ranks`` ranks."""
+    """(ms/round, final test accuracy) of ``fedmpi run`` on ``ranks`` ranks (a fresh result file)."""
     path = os.path.join(tmp, f"{cfg['name']}.yaml")
-    out = os.path.join(tmp, f"{cfg['name']}-{ranks}.h5")
+    out = os.path.join(tmp, f"{cfg['name']}-{ranks}-{next(_RUNS)}.h5")
     with open(path, "w") as fh:
         yaml.safe_dump(cfg, fh)
     cmd = (mpiexec(ranks) if ranks > 1 else []) + [sys.executable, "-m", "fedmpi", "run", path, "--out", out, "--quiet"]
@@ -137,37 +139,42 @@ def sync() -> None:
 
 
 def quadratic_breakdown(cfg_dict: dict, tmp: str) -> dict[str, float]:
-    """ms per round, in one process, of: the round alone; the round + evaluation (no file);
-    the round + evaluation + result-file row (what ``fedmpi run`` does)."""
-    from fedmpi import config
-    from fedmpi.engine.evaluate import evaluate
+    """ms per round, in one process, of each part of a ``fedmpi run`` round with ``eval_every: 1``:
+    the round itself, the model evaluation, the result-file row (HDF5 append + flush), the
+    peak-memory probe, and the rest of the runner's evaluation step."""
+    from fedmpi import config, runner as runner_mod
+    from fedmpi.engine import evaluate as evaluate_mod
     from fedmpi.runner import Runner
     from fedmpi.runtime import World
 
     cfg = config.from_dict(cfg_dict)
     world = World.create(cfg.runtime.device)
     runner = Runner(cfg, world, os.path.join(tmp, "breakdown.h5"), quiet=True)
-    algo, task, spec = runner.algo, runner.task, runner.spec
+    spent = {"round": 0.0, "evaluation": 0.0, "file row": 0.0, "peak memory": 0.0}
+
+    def clocked(name, fn):
+        def wrapper(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name] += time.perf_counter() - t
+        return wrapper
+
+    runner.writer.append = clocked("file row", runner.writer.append)
+    runner_mod.peak_rss_mb = clocked("peak memory", runner_mod.peak_rss_mb)
+    evaluate_mod.evaluate = clocked("evaluation", evaluate_mod.evaluate)
     n = cfg.rounds
     t0 = time.perf_counter()
-    out = {}
-    t = time.perf_counter()
     for r in range(n):
-        algo.round(r)
-    out["round"] = 1000 * (time.perf_counter() - t) / n
-    t = time.perf_counter()
-    for r in range(n, 2 * n):
-        algo.round(r)
-        for model in algo.eval_models().values():
-            evaluate(task, spec, model, task.test_x, task.test_y)
-    out["round + evaluation"] = 1000 * (time.perf_counter() - t) / n
-    t = time.perf_counter()
-    for r in range(2 * n, 3 * n):
-        algo.round(r)
+        t = time.perf_counter()
+        runner.algo.round(r)
+        spent["round"] += time.perf_counter() - t
         runner._evaluate(r + 1, 0, t0)
-    out["round + evaluation + file row"] = 1000 * (time.perf_counter() - t) / n
+    total = time.perf_counter() - t0
     runner.writer.finish("completed")
-    return out
+    spent["rest of the evaluation step"] = total - sum(spent.values())
+    return {k: 1000 * v / n for k, v in spent.items()}
 
 
 def main() -> None:
@@ -208,7 +215,9 @@ def main() -> None:
         ms, _ = run_fedmpi(q, 1, tmp)
         print(f"quadratic, 6 clients, eval_every 1: fedmpi run {1000 / ms:.0f} rounds/s ({ms:.2f} ms/round), {load()}")
         parts = quadratic_breakdown(quadratic(min(args.quadratic_rounds, 1000), args.device), tmp)
-        print("  in one process: " + ", ".join(f"{k} {v:.2f} ms" for k, v in parts.items()), flush=True)
+        total = sum(parts.values())
+        print(f"  in one process: {1000 / total:.0f} rounds/s = " +
+              " + ".join(f"{k} {v:.2f} ms ({100 * v / total:.0f}%)" for k, v in parts.items()), flush=True)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,11 @@ State protocol (``Algorithm.state_dict``): tensors only (loaded with
 - anything else: identical on every rank (saved once, by rank 0).
 
 Nothing else is needed: all randomness comes from counter-based streams keyed by the round.
+
+The manifest is trusted only after checks: its own SHA-256 (``manifest_sha256``, over every
+other field, the config digest included), a schema (field names, types, ranges; shards that
+tile [0, m) in rank order; file names as written), each shard's SHA-256, and each shard's
+``client/`` rows against its range. Any mismatch is exit 2 naming the file and the field.
 """
 
 from __future__ import annotations
@@ -22,11 +27,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 
 import torch
 
-from . import __version__
+from . import __version__, yamlio
 from .errors import InputError
 from .runtime import World
 
@@ -43,6 +49,9 @@ def _fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+_TMP = re.compile(r".*\.tmp-[0-9]+")  # _atomic_write's temporary names
 
 
 def _atomic_write(path: str, write) -> None:
@@ -78,51 +87,137 @@ def save(world: World, folder: str, rounds_done: int, digest: str, m: int,
     lo, hi = world.shard(m)
     entry = {"rank": world.rank, "lo": lo, "hi": hi, "file": f"round-{rounds_done:08d}/{name}",
              "sha256": _sha256(os.path.join(sub, name))}
-    entries = world.allgather_obj(entry)
+    entries = world.allgather_obj(entry)  # every rank has renamed its shard: no write is in flight
     if world.rank == 0:
         manifest = {"round": rounds_done, "config_digest": digest, "world_size": world.size, "m": m,
                     "fedmpi_version": __version__, "shards": entries}
+        manifest["manifest_sha256"] = _manifest_sha256(manifest)
         _atomic_write(os.path.join(folder, MANIFEST), lambda fh: fh.write(json.dumps(manifest, indent=1).encode()))
-        for old in os.listdir(folder):  # keep only the committed checkpoint
-            if old.startswith("round-") and old != f"round-{rounds_done:08d}":
-                shutil.rmtree(os.path.join(folder, old), ignore_errors=True)
+        _remove_stale(folder, f"round-{rounds_done:08d}")
     world.barrier()
 
 
+def _remove_stale(folder: str, keep: str) -> None:
+    """After a commit: drop older checkpoints and temporary files a killed writer left behind."""
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if name.startswith("round-") and name != keep:
+            shutil.rmtree(path, ignore_errors=True)
+        elif _TMP.fullmatch(name):
+            os.unlink(path)
+    for name in os.listdir(os.path.join(folder, keep)):
+        if _TMP.fullmatch(name):
+            os.unlink(os.path.join(folder, keep, name))
+
+
+# ----------------------------------------------------------------------------- manifest
+
+def _manifest_sha256(manifest: dict) -> str:
+    """SHA-256 of every field but ``manifest_sha256``, in a canonical JSON form."""
+    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_FIELDS = {"round": int, "config_digest": str, "world_size": int, "m": int, "fedmpi_version": str,
+           "shards": list, "manifest_sha256": str}
+_SHARD_FIELDS = {"rank": int, "lo": int, "hi": int, "file": str, "sha256": str}
+
+
+def _fields(obj: object, spec: dict[str, type], where: str) -> None:
+    """``obj`` is a mapping with exactly the fields of ``spec``, of those types."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where or 'top level'}: must be an object")
+    for k in obj:
+        if k not in spec:
+            raise ValueError(f"{where}{k}: unknown field")
+    for k, tp in spec.items():
+        if k not in obj:
+            raise ValueError(f"{where}{k}: missing")
+        v = obj[k]
+        if isinstance(v, bool) or not isinstance(v, tp):
+            raise ValueError(f"{where}{k}: must be {'an integer' if tp is int else 'a ' + tp.__name__}, "
+                             f"got {json.dumps(v)[:40]}")
+        if tp is int and not 0 <= v < 2**62:
+            raise ValueError(f"{where}{k}: must be in [0, 2^62), got {v}")
+
+
+def _check_manifest(man: object) -> None:
+    """Raise ValueError("field: problem") unless ``man`` is a manifest as ``save`` writes it."""
+    _fields(man, _FIELDS, "")
+    if man["manifest_sha256"] != _manifest_sha256(man):
+        raise ValueError("manifest_sha256: does not match the manifest (edited or damaged)")
+    for k in ("world_size", "m"):
+        if man[k] < 1:
+            raise ValueError(f"{k}: must be >= 1, got {man[k]}")
+    shards = man["shards"]
+    if len(shards) != man["world_size"]:
+        raise ValueError(f"shards: {len(shards)} entries for world_size {man['world_size']}")
+    hi = 0
+    for r, e in enumerate(shards):
+        where = f"shards[{r}]."
+        _fields(e, _SHARD_FIELDS, where)
+        expected = {"rank": r, "lo": hi, "file": f"round-{man['round']:08d}/shard-{r:05d}.pt"}
+        for k, v in expected.items():
+            if e[k] != v:
+                raise ValueError(f"{where}{k}: must be {v!r}, got {e[k]!r}")
+        if not e["lo"] <= e["hi"] <= man["m"]:
+            raise ValueError(f"{where}hi: must be in [{e['lo']}, m = {man['m']}], got {e['hi']}")
+        if not _HEX64.fullmatch(e["sha256"]):
+            raise ValueError(f"{where}sha256: must be 64 hex digits")
+        hi = e["hi"]
+    if hi != man["m"]:
+        raise ValueError(f"shards[{len(shards) - 1}].hi: the shards end at client {hi}, not m = {man['m']}")
+
+
 def read_manifest(folder: str) -> dict | None:
+    """The committed manifest, checked (``_check_manifest``), or None when there is none."""
     path = os.path.join(folder, MANIFEST)
     if not os.path.exists(path):
         return None
+    fix = "delete the folder to start afresh"
     try:
-        with open(path, encoding="utf-8") as fh:
-            man = json.load(fh)
-        assert isinstance(man["round"], int) and isinstance(man["shards"], list)
-        return man
-    except (OSError, ValueError, KeyError, AssertionError, TypeError):
-        raise InputError(f"{path}: corrupt checkpoint manifest (delete the folder to start afresh)") from None
+        man = yamlio.loads_json(yamlio.read_text(path, "checkpoint manifest", 16 * 2**20), path)
+    except InputError as e:  # unreadable, too big, not JSON, nested too deep, repeated keys
+        detail = str(e).removeprefix(f"{path}: ")
+        raise InputError(f"{path}: corrupt checkpoint manifest: {detail} ({fix})") from None
+    try:
+        _check_manifest(man)
+    except ValueError as e:
+        raise InputError(f"{path}: checkpoint manifest field {e} ({fix})") from None
+    return man
 
 
-def load(world: World, folder: str, digest: str, m: int) -> tuple[int, dict[str, torch.Tensor]] | None:
-    """The last committed checkpoint, re-sharded for this rank: (rounds_done, state) or None."""
+def load(world: World, folder: str, digest: str, m: int,
+         rounds: int | None = None) -> tuple[int, dict[str, torch.Tensor]] | None:
+    """The last committed checkpoint, re-sharded for this rank: (rounds_done, state) or None.
+
+    ``rounds``: the run's length; a checkpoint beyond it is refused rather than silently ending.
+    """
     man = read_manifest(folder)
     if man is None:
         return None
-    if man.get("config_digest") != digest:
+    if man["config_digest"] != digest:
         raise InputError(f"{folder}: checkpoint was made with a different config (resume needs the same "
                          f"task, train, algorithm, availability, topology, sporadicity and seed)")
-    if man.get("m") != m:
-        raise InputError(f"{folder}: checkpoint has {man.get('m')} clients, the config {m}")
+    if man["m"] != m:
+        raise InputError(f"{folder}: checkpoint has {man['m']} clients, the config {m}")
+    if rounds is not None and man["round"] > rounds:
+        raise InputError(f"{folder}: checkpoint is at round {man['round']}, beyond rounds = {rounds} "
+                         f"(raise rounds to continue, or delete the folder to start afresh)")
     lo, hi = world.shard(m)
     client_rows: dict[str, list[torch.Tensor]] = {}
     state: dict[str, torch.Tensor] = {}
-    for e in sorted(man["shards"], key=lambda e: e["lo"]):  # every shard: union/ entries may be anywhere
+    row_shapes = None  # client/ key -> (dtype, shape of one row), the same in every shard
+    for e in man["shards"]:  # every shard: union/ entries may be anywhere
         path = os.path.join(folder, e["file"])
-        if not os.path.exists(path) or _sha256(path) != e["sha256"]:
-            raise InputError(f"{path}: checkpoint shard missing or corrupt")
-        try:
-            part = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # rows read on demand
-        except Exception:
-            raise InputError(f"{path}: checkpoint shard unreadable") from None
+        part = _read_shard(path, e)
+        shapes = {k: (v.dtype, tuple(v.shape[1:])) for k, v in part.items() if k.startswith("client/")}
+        if row_shapes is not None and shapes != row_shapes:
+            k = sorted(k for k in set(shapes) | set(row_shapes) if shapes.get(k) != row_shapes.get(k))[0]
+            raise InputError(f"{path}: key {k}: missing, or rows of another shape or type than in "
+                             f"{man['shards'][0]['file']}")
+        row_shapes = shapes
         for k, v in part.items():
             if k.startswith("client/"):
                 a, b = max(lo, e["lo"]), min(hi, e["hi"])
@@ -135,3 +230,24 @@ def load(world: World, folder: str, digest: str, m: int) -> tuple[int, dict[str,
     for k, rows in client_rows.items():
         state[k] = torch.cat(rows)
     return man["round"], state
+
+
+def _read_shard(path: str, entry: dict) -> dict[str, torch.Tensor]:
+    """One shard file, checked against its manifest entry (hash, tensors only, row counts)."""
+    if not os.path.exists(path) or _sha256(path) != entry["sha256"]:
+        raise InputError(f"{path}: checkpoint shard missing or corrupt (sha256 differs from the manifest)")
+    try:
+        part = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # rows read on demand
+    except Exception:
+        raise InputError(f"{path}: checkpoint shard unreadable") from None
+    if not isinstance(part, dict):
+        raise InputError(f"{path}: checkpoint shard is not a mapping of tensors")
+    rows = entry["hi"] - entry["lo"]
+    for k, v in part.items():
+        if not isinstance(k, str) or not isinstance(v, torch.Tensor):
+            raise InputError(f"{path}: key {str(k)[:40]}: checkpoint shards hold only named tensors")
+        if k.startswith("client/") and (v.dim() == 0 or v.shape[0] != rows):
+            got = "a scalar" if v.dim() == 0 else f"{v.shape[0]} rows"
+            raise InputError(f"{path}: key {k}: {got}, the manifest's client range "
+                             f"[{entry['lo']}, {entry['hi']}) has {rows}")
+    return part

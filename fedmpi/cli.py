@@ -1,7 +1,7 @@
 """Command line: ``fedmpi run | sweep | table | info | plot | export | pi | ...`` (INTERFACES.md).
 
 Exit codes: 0 done; 2 bad input, with ONE line on stderr naming the key or file; 3
-interrupted (checkpointed); 1 anything else.
+interrupted (checkpointed); 4 diverged (a loss or the model became NaN/inf); 1 anything else.
 
 Start-up stays fast: this module imports nothing heavy, and only the module of the command
 being run is imported (``fedmpi --help`` and ``fedmpi info`` never load torch).
@@ -201,5 +201,23 @@ def main(argv: list[str] | None = None) -> int:
         return 3
 
 
+def _record_exit(code: int) -> None:
+    """Rank 0 writes its exit code to ``$FEDMPI_EXIT_FILE`` (set by launch/fedmpi-launch): some
+    launchers report another code when the ranks were interrupted (Open MPI's mpiexec sent
+    SIGTERM returns 1 although every rank checkpointed and exited 3)."""
+    path = os.environ.get("FEDMPI_EXIT_FILE")
+    if path and _env_rank() == 0:
+        try:
+            with open(path, "w") as fh:
+                fh.write(f"{code}\n")
+        except OSError:
+            pass
+
+
 def entry() -> None:
-    sys.exit(main())
+    code = 1
+    try:
+        code = main()
+    finally:
+        _record_exit(code)
+    sys.exit(code)

@@ -18,6 +18,7 @@ import dataclasses
 import hashlib
 import logging
 import math
+import reprlib
 import types
 import typing
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 
-from . import registry
+from . import registry, yamlio
 from .errors import InputError
 from .registry import Registry
 
@@ -191,7 +192,7 @@ class RuntimeConfig:
     backend: Literal["auto", "nccl", "gloo"] = opt(
         "auto", "torch.distributed backend; auto = nccl when every rank has its own GPU, else gloo")
     device: Literal["auto", "cpu", "cuda"] = opt("auto", "auto = cuda:local_rank when available")
-    threads: Optional[int] = opt(None, "torch CPU threads per rank; null = cores / local ranks", ge=1)
+    threads: Optional[int] = opt(None, "torch CPU threads per rank; null = cores / local ranks", ge=1, le=1024)
     timeout_s: float = opt(300.0, "collective timeout: a dead rank ends the job after this", gt=0)
     checkpoint_every: int = opt(0, "rounds between checkpoints; 0 = off", ge=0)
     log_availability: bool = opt(False, "store the per-round participation mask")
@@ -272,7 +273,7 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     if origin is Literal:
         if value in typing.get_args(tp):
             return value
-        raise InputError(f"{path}: must be {_type_name(tp)}, got {value!r}")
+        raise InputError(f"{path}: must be {_type_name(tp)}, got {_show(value)}")
     if origin in (Union, types.UnionType):
         args = typing.get_args(tp)
         if value is None and type(None) in args:
@@ -284,7 +285,7 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
                 return _coerce(value, a, path)
             except InputError:
                 pass
-        raise InputError(f"{path}: must be {_type_name(tp)}, got {value!r}")
+        raise InputError(f"{path}: must be {_type_name(tp)}, got {_show(value)}")
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, path)
     if tp is bool:
@@ -298,7 +299,7 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if not math.isfinite(value):
-                raise InputError(f"{path}: must be a finite number, got {value!r}")
+                raise InputError(f"{path}: must be a finite number, got {_show(value)}")
             return float(value)
     elif tp is str:
         if isinstance(value, str):
@@ -306,7 +307,16 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     elif tp is list or typing.get_origin(tp) is list:
         if isinstance(value, list):
             return value
-    raise InputError(f"{path}: must be {_type_name(tp)}, got {value!r}")
+    raise InputError(f"{path}: must be {_type_name(tp)}, got {_show(value)}")
+
+
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict, _REPR.maxstring, _REPR.maxlong = 3, 6, 4, 60, 40
+
+
+def _show(value: Any) -> str:
+    """A bounded repr for messages (an expanded list or a huge number is not printed whole)."""
+    return _REPR.repr(value)
 
 
 def _check_bounds(value: Any, meta: dict, path: str, raw: Any = None) -> None:
@@ -316,7 +326,9 @@ def _check_bounds(value: Any, meta: dict, path: str, raw: Any = None) -> None:
                         ("le", lambda v, b: v <= b, "<="), ("lt", lambda v, b: v < b, "<")):
         b = meta.get(k)
         if b is not None and not ok(value, b):
-            raise InputError(f"{path}: must be {word} {b}, got {value if raw is None else raw!r}")
+            raise InputError(f"{path}: must be {word} {b}, got {_show(value if raw is None else raw)}")
+    if isinstance(value, int) and meta.get("le") is None and abs(value) >= 2**63:  # int64 in numpy and torch
+        raise InputError(f"{path}: must be < 2^63, got {_show(value)}")
 
 
 def _join(path: str, key: str) -> str:
@@ -327,7 +339,7 @@ def _build(cls: type, data: Any, path: str) -> Any:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise InputError(f"{path or 'config'}: must be a mapping of keys, got {data!r}")
+        raise InputError(f"{path or 'config'}: must be a mapping of keys, got {_show(data)}")
     if _selectors(cls):
         cls, data = _select(cls, data, path)
     hints = typing.get_type_hints(cls)
@@ -424,10 +436,7 @@ def parse_override(item: str) -> tuple[str, Any]:
     k, v = item.split("=", 1)
     if not k.strip():
         raise InputError(f"--set {item}: empty key")
-    try:
-        return k.strip(), yaml.safe_load(v) if v.strip() else None
-    except yaml.YAMLError:
-        raise InputError(f"--set {k}: value {v!r} is not valid YAML") from None
+    return k.strip(), yamlio.loads(v, f"--set {k.strip()}") if v.strip() else None
 
 
 def load(path: str | None = None, overrides: list[str] | None = None, world_size: int = 1,
@@ -436,19 +445,7 @@ def load(path: str | None = None, overrides: list[str] | None = None, world_size
     value, as a sweep cell's), validate everything."""
     data: Any = {}
     if path is not None:
-        try:
-            with open(path, encoding="utf-8") as fh:
-                data = yaml.safe_load(fh)
-        except FileNotFoundError:
-            raise InputError(f"{path}: config file not found") from None
-        except IsADirectoryError:
-            raise InputError(f"{path}: is a directory, expected a YAML file") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise InputError(f"{path}: cannot read config ({e.__class__.__name__})") from None
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f" at line {mark.line + 1}" if mark is not None else ""
-            raise InputError(f"{path}: malformed YAML{where}") from None
+        data = yamlio.load_file(path, "config file")  # YAML 1.2 numbers, duplicate keys and bombs refused
         if data is None:
             data = {}
         if not isinstance(data, dict):

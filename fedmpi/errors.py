@@ -17,3 +17,9 @@ class Interrupted(Exception):
     """The run was stopped by a signal after writing a checkpoint. Exit code 3."""
 
     exit_code = 3
+
+
+class Diverged(Exception):
+    """A loss or the model became NaN or infinite; the last good checkpoint is kept. Exit code 4."""
+
+    exit_code = 4

@@ -23,8 +23,8 @@ import psutil
 import torch
 
 from .config import Config
-from . import checkpoint
-from .errors import InputError, Interrupted
+from . import checkpoint, guards
+from .errors import Diverged, InputError, Interrupted
 from .registry import ALGORITHMS
 from .runtime import World
 
@@ -48,17 +48,25 @@ def agree(world: World, fn: Callable[[], object]) -> object:
     return out
 
 
-def _check_memory(cfg: Config, world: World, m: int, d: int) -> None:
-    """Refuse up front, with the estimate, an O(m d) algorithm state that cannot fit."""
+def _check_memory(cfg: Config, world: World, task, d: int, path: str) -> None:
+    """Refuse up front, with the estimate, an O(m d) algorithm state or a local step (batch x
+    model) that cannot fit."""
     from .algorithms.base import memory_estimate
 
-    lo, hi = world.shard(m)
+    lo, hi = world.shard(task.m)
     need = memory_estimate(cfg.algorithm.name, hi - lo, d)
     free, where = world.free_memory()  # a GPU shared by several ranks: its share
     if need > 0.9 * free:
         raise InputError(f"algorithm.name: {cfg.algorithm.name} keeps {need / 2**30:.1f} GiB of per-client state "
                          f"per rank ({hi - lo} clients x {d} parameters), more than the {free / 2**30:.1f} GiB "
                          f"{where} available; use more ranks or fewer clients")
+    batch = int(task.sizes.max()) if cfg.train.full_gradient else cfg.train.batch_size
+    step = guards.step_bytes(task, batch, hi - lo, path)
+    if need + step > 0.9 * free:
+        key = "train.full_gradient" if cfg.train.full_gradient else "train.batch_size"
+        raise InputError(f"{key}: a local step of {min(guards.MIN_CHUNK, hi - lo)} clients x {batch} samples needs "
+                         f"{step / 2**30:.1f} GiB, more than the {free / 2**30:.1f} GiB {where} available"
+                         + (f" besides {need / 2**30:.1f} GiB of per-client state" if need else ""))
 
 
 def _inject_fault(rank: int, t: int) -> None:
@@ -146,10 +154,11 @@ class Runner:
             part = participation.build(cfg.availability, task.client_info(cfg.seed))
         self.task = task
         self.part = part
-        _check_memory(cfg, world, task.m, trainer.spec.dim)
+        _check_memory(cfg, world, task, trainer.spec.dim, trainer.path)
         self.algo = algorithms.build(algorithms.Context(cfg, world, task, trainer, part))
         folder = checkpoint.folder_for(self.out_path)
-        self._resumed = checkpoint.load(world, folder, cfg.resume_digest(), task.m)
+        self._resumed = checkpoint.load(world, folder, cfg.resume_digest(), task.m, cfg.rounds)
+        self._last_checkpoint = None if self._resumed is None else self._resumed[0]
         if self._resumed is None and self._want_resume:
             raise InputError(f"--resume: no checkpoint at {folder}")
         self.spec = trainer.spec
@@ -219,6 +228,7 @@ class Runner:
                 last = t == cfg.rounds - 1 or self.algo.done()
                 if (t + 1) % cfg.eval_every == 0 or last:
                     row = self._evaluate(t + 1, n_active, t0)
+                    self._stop_if_diverged(row, t + 1)
                     if bar is not None:
                         bar.evaluated(row)
                 if bar is not None:
@@ -236,6 +246,9 @@ class Runner:
             status = "completed"
         except KeyboardInterrupt:
             status = "interrupted"
+            raise
+        except Diverged:
+            status = "diverged"
             raise
         finally:
             stop.restore()
@@ -256,8 +269,20 @@ class Runner:
     def _checkpoint(self, rounds_done: int, t0: float) -> None:
         if self.writer is not None:
             self.writer.flush()  # the file must hold every row up to the checkpoint (e.g. mask rows)
+        state = self._state(t0)
+        bad = guards.nonfinite(state)  # a diverged state must not replace the last good checkpoint
+        self._stop_if_diverged(None, rounds_done, f"state {bad!r} is not finite" if bad else None)
         checkpoint.save(self.world, checkpoint.folder_for(self.out_path), rounds_done, self.cfg.resume_digest(),
-                        self.task.m, self._state(t0))
+                        self.task.m, state)
+        self._last_checkpoint = rounds_done
+
+    def _stop_if_diverged(self, row: dict | None, rounds_done: int, finding: str | None = None) -> None:
+        """Collective: raise Diverged on every rank when a loss, a model (rank 0, after an
+        evaluation) or ``finding`` is not finite."""
+        if row is not None and self.world.rank == 0:
+            finding = guards.nonfinite_eval(row, self.algo.eval_models())
+        guards.stop_if_diverged(self.world, finding, rounds_done, self._last_checkpoint,
+                                checkpoint.folder_for(self.out_path))
 
     def _resume_point(self) -> int:
         """Rounds already done by a committed checkpoint (0 when starting afresh)."""
@@ -326,6 +351,15 @@ def _is_peer_failure(e: Exception) -> bool:
                                    "Timeout", "Broken pipe", "peer"))
 
 
+def _say(line: str) -> None:
+    """A line on stderr. A launcher that was killed closes our stderr; that must not turn exit 3
+    into a BrokenPipeError (the rest of the output goes to /dev/null)."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())
+
+
 def run(cfg: Config, world: World, out_path: str, quiet: bool = False, resume: bool = False,
         overwrite: bool = False, inputs: tuple[str, ...] = (), label: str = "") -> int:
     """Run ``cfg``; return the exit code. Errors after set-up are reported with the rank.
@@ -337,9 +371,10 @@ def run(cfg: Config, world: World, out_path: str, quiet: bool = False, resume: b
         return runner.run()
     except KeyboardInterrupt:
         return 3
-    except Interrupted as e:
+    except (Interrupted, Diverged) as e:
+        world.barrier()  # rank 0 has marked the file: now every rank may exit (srun --kill-on-bad-exit)
         if world.rank == 0:
-            print(f"fedmpi: interrupted: {e}", file=sys.stderr)
+            _say(f"fedmpi: {'interrupted' if isinstance(e, Interrupted) else 'diverged'}: {e}")
         return e.exit_code
     except Exception as e:  # a failure on one rank must end the whole job, reported once
         if _is_peer_failure(e):  # a consequence of another rank's death: that rank reports its own error

@@ -42,7 +42,7 @@ from typing import Any
 
 import yaml
 
-from . import log
+from . import log, yamlio
 from .errors import InputError
 from .results.paths import assignments, value_text
 
@@ -114,16 +114,7 @@ def _flat_overrides(data: Any, where: str) -> dict[str, Any]:
 def load(path: str, out: str | None = None, validate: bool = True) -> Sweep:
     """Read and check a sweep file; every cell's config is validated too (exit 2 naming the cell)
     unless ``validate`` is false (listings that need only the cells' overrides and paths)."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
-    except FileNotFoundError:
-        raise InputError(f"{path}: sweep file not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"{path}: cannot read the sweep file ({e.__class__.__name__})") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        raise InputError(f"{path}: malformed YAML{f' at line {mark.line + 1}' if mark else ''}") from None
+    data = yamlio.load_file(path, "sweep file")  # 1e-3 is a number; duplicate keys, bombs refused
     if not isinstance(data, dict):
         raise InputError(f"{path}: top level must be a mapping with base, set, variants, grid")
     for k in data:
@@ -275,7 +266,7 @@ def run_cell(sweep: Sweep, cell: Cell, quiet: bool = False, threads: int | None 
     label = f"[{cell.index + 1}/{len(sweep.cells)} {cell.name}]"
     start = time.monotonic()
     code = execute(cfg, cell.path, quiet=quiet, inputs=(sweep.file, *input_files(cfg, sweep.base)), label=label)
-    how = {0: "completed", 3: "interrupted"}.get(code, "failed")
+    how = {0: "completed", 3: "interrupted", 4: "diverged"}.get(code, "failed")
     _say(quiet, f"{label} {how} in {time.monotonic() - start:.1f} s: {cell.path}")
     return code
 

@@ -119,3 +119,156 @@ def test_resharding_client_rows(tmp_path):
         fh.write(b"XXXX")
     with pytest.raises(InputError, match="missing or corrupt"):
         checkpoint.load(World(), folder, "abc", m)
+
+
+# ----------------------------------------------------------------------------- manifest integrity
+
+def _saved(tmp_path, m=10, rounds=12):
+    folder = str(tmp_path / "ck")
+    state = {"client/table": torch.arange(m * 2, dtype=torch.float32).view(m, 2), "x": torch.zeros(2)}
+    checkpoint.save(World(), folder, rounds, "abc", m, state)
+    return folder, os.path.join(folder, "manifest.json")
+
+
+def _rewrite(path, man, reseal=True):
+    if reseal:  # a manifest whose checksum was recomputed: the schema must still catch it
+        man["manifest_sha256"] = checkpoint._manifest_sha256(man)
+    with open(path, "w") as fh:
+        json.dump(man, fh)
+
+
+@pytest.mark.parametrize("edit, field", [
+    ({"round": 9999}, "manifest_sha256: does not match"), ({"round": -5}, "round: must be in [0, 2^62)"),
+    ({"m": 11}, "manifest_sha256: does not match"), ({"config_digest": "abc "}, "manifest_sha256: does not match")])
+def test_edited_manifest_fields_are_refused(tmp_path, edit, field):
+    """An edited round gave exit 0 and a silently wrong result (the checksum covered only the shards)."""
+    folder, path = _saved(tmp_path)
+    man = json.load(open(path))
+    man.update(edit)
+    _rewrite(path, man, reseal=False)
+    with pytest.raises(InputError) as e:
+        checkpoint.load(World(), folder, "abc", 10)
+    assert str(e.value).startswith(f"{path}: checkpoint manifest field {field}"), str(e.value)
+
+
+@pytest.mark.parametrize("change, field", [
+    (lambda man: man["shards"][0].pop("file"), "shards[0].file: missing"),
+    (lambda man: man["shards"][0].update(lo="0"), "shards[0].lo: must be an integer"),
+    (lambda man: man.update(shards=[1, 2]), "shards: 2 entries for world_size 1"),
+    (lambda man: man.update(shards=[1], world_size=1), "shards[0].: must be an object"),
+    (lambda man: man.update(round=-5), "round: must be in [0, 2^62)"),
+    (lambda man: man.update(round=True), "round: must be an integer"),
+    (lambda man: man.update(extra=1), "extra: unknown field"),
+    (lambda man: man.pop("config_digest"), "config_digest: missing"),
+    (lambda man: man["shards"][0].update(hi=7), "shards[0].hi: the shards end at client 7, not m = 10"),
+    (lambda man: man["shards"][0].update(hi=11), "shards[0].hi: must be in [0, m = 10]"),
+    (lambda man: man["shards"][0].update(file="../../etc/passwd"), "shards[0].file: must be 'round-00000012/"),
+    (lambda man: man["shards"][0].update(sha256="xyz"), "shards[0].sha256: must be 64 hex digits"),
+    (lambda man: man["shards"][0].update(rank=3), "shards[0].rank: must be 0"),
+])
+def test_manifest_schema(tmp_path, change, field):
+    folder, path = _saved(tmp_path)
+    man = json.load(open(path))
+    change(man)
+    _rewrite(path, man)
+    with pytest.raises(InputError) as e:
+        checkpoint.load(World(), folder, "abc", 10)
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: checkpoint manifest field {field}") and "\n" not in msg, msg
+
+
+def test_manifest_checksum_missing_or_not_json(tmp_path):
+    folder, path = _saved(tmp_path)
+    man = json.load(open(path))
+    del man["manifest_sha256"]
+    _rewrite(path, man, reseal=False)
+    with pytest.raises(InputError, match="field manifest_sha256: missing"):
+        checkpoint.load(World(), folder, "abc", 10)
+    with open(path, "w") as fh:
+        fh.write("[" * 10000 + "]" * 10000)
+    with pytest.raises(InputError, match="corrupt checkpoint manifest: JSON nested 10000 levels deep"):
+        checkpoint.load(World(), folder, "abc", 10)
+
+
+def _replace_shard(folder, path, tensors):
+    """A shard with other content whose hash the manifest agrees with (checksums recomputed)."""
+    shard = os.path.join(folder, "round-00000012", "shard-00000.pt")
+    torch.save(tensors, shard)
+    man = json.load(open(path))
+    man["shards"][0]["sha256"] = checkpoint._sha256(shard)
+    _rewrite(path, man)
+    return shard
+
+
+@pytest.mark.parametrize("tensors, msg", [
+    ({"client/table": torch.zeros(7, 2), "x": torch.zeros(2)}, "key client/table: 7 rows, the manifest's client range [0, 10) has 10"),
+    ({"client/table": torch.tensor(1.0)}, "key client/table: a scalar"),
+    ({"client/table": 5}, "checkpoint shards hold only named tensors"),
+    ([torch.zeros(3)], "not a mapping of tensors"),
+])
+def test_shard_rows_checked_against_manifest(tmp_path, tensors, msg):
+    """A shard with a matching hash but the wrong row count ended in an IndexError traceback."""
+    folder, path = _saved(tmp_path)
+    shard = _replace_shard(folder, path, tensors)
+    with pytest.raises(InputError) as e:
+        checkpoint.load(World(), folder, "abc", 10)
+    assert str(e.value).startswith(f"{shard}: ") and msg in str(e.value), str(e.value)
+
+
+def test_shards_must_agree_on_client_keys(tmp_path):
+    folder = str(tmp_path / "ck")
+    for r in range(2):  # two ranks' shards written one after the other (allgather of a 1-rank world)
+        w = World(rank=r, size=2)
+        lo, hi = w.shard(10)
+        state = {"client/a": torch.zeros(hi - lo, 3)}
+        if r == 0:
+            state["client/b"] = torch.zeros(hi - lo)
+        sub = os.path.join(folder, "round-00000012")
+        os.makedirs(sub, exist_ok=True)
+        torch.save(state, os.path.join(sub, f"shard-{r:05d}.pt"))
+    shards = [{"rank": r, "lo": World(rank=r, size=2).shard(10)[0], "hi": World(rank=r, size=2).shard(10)[1],
+               "file": f"round-00000012/shard-{r:05d}.pt",
+               "sha256": checkpoint._sha256(os.path.join(folder, f"round-00000012/shard-{r:05d}.pt"))}
+              for r in range(2)]
+    man = {"round": 12, "config_digest": "abc", "world_size": 2, "m": 10, "fedmpi_version": "x", "shards": shards}
+    _rewrite(os.path.join(folder, "manifest.json"), man)
+    with pytest.raises(InputError, match=r"shard-00001.pt: key client/b: missing, or rows of another shape"):
+        checkpoint.load(World(), folder, "abc", 10)
+
+
+def test_checkpoint_beyond_rounds_is_refused(tmp_path):
+    folder, _ = _saved(tmp_path)
+    assert checkpoint.load(World(), folder, "abc", 10, rounds=12)[0] == 12
+    with pytest.raises(InputError, match="checkpoint is at round 12, beyond rounds = 11"):
+        checkpoint.load(World(), folder, "abc", 10, rounds=11)
+
+
+def test_stale_temporary_files_cleaned_at_next_checkpoint(tmp_path):
+    """kill -9 during a write left *.tmp-PID files in .ckpt/ for ever."""
+    folder, _ = _saved(tmp_path)
+    stale = [os.path.join(folder, "manifest.json.tmp-424242"),
+             os.path.join(folder, "round-00000016", "shard-00000.pt.tmp-424242"),
+             os.path.join(folder, "round-00000012", "shard-00000.pt.tmp-1")]
+    for p in stale:
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        open(p, "wb").write(b"partial")
+    keep = os.path.join(folder, "notes.txt")
+    open(keep, "w").write("mine")
+    checkpoint.save(World(), folder, 16, "abc", 10, {"client/table": torch.zeros(10, 2)})
+    assert not any(os.path.exists(p) for p in stale) and os.path.exists(keep)
+    assert sorted(os.listdir(folder)) == ["manifest.json", "notes.txt", "round-00000016"]
+    assert checkpoint.load(World(), folder, "abc", 10)[0] == 16
+
+
+def test_edited_round_through_the_cli(tmp_path):
+    """The campaign's case end to end: "round": 9999 in a real run's manifest is exit 2, one line."""
+    cfg = ck_config(tmp_path, rounds=9)
+    out = str(tmp_path / "r.h5")
+    fedmpi(["run", cfg, "--out", out, "--quiet"], check=False, env={"FEDMPI_TEST_FAULT": "0:6:kill"})
+    path = out + ".ckpt/manifest.json"
+    man = json.load(open(path))
+    man["round"] = 9999
+    json.dump(man, open(path, "w"))
+    p = fedmpi(["run", cfg, "--out", out], check=False)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert f"{path}: checkpoint manifest field manifest_sha256" in p.stderr

@@ -15,7 +15,8 @@ from fedmpi import config
 from fedmpi.data.task import ScalarModel, Task, build_task
 from fedmpi.engine.layers import CONV_IMPLS, StackedNet
 from fedmpi.engine.local import LocalTrainer
-from fedmpi.models import MODELS, build_model, loss_fn
+from fedmpi.models import MLPParams, build_model, loss_fn
+from fedmpi.models.nets import ARCHS
 from fedmpi.models.dropout import KeyedDropout
 from fedmpi.models.losses import cross_entropy, multiclass_hinge, quadratic
 
@@ -29,12 +30,12 @@ def stacked_params(models: list[nn.Module]) -> dict[str, torch.Tensor]:
 
 
 def models_and_data(name: str, n: int = 3, b: int = 2, shape=IMG):
-    models = [build_model(name, shape, 10, hidden=32, seed=s) for s in range(n)]
+    models = [build_model(name, shape, 10, seed=s, params=MLPParams(hidden=32)) for s in range(n)]
     gen = torch.Generator().manual_seed(0)
     return models, torch.randn(n, b, *shape, generator=gen), torch.randint(0, 10, (n, b), generator=gen)
 
 
-@pytest.mark.parametrize("name", [m for m in MODELS if m != "vgg11"])
+@pytest.mark.parametrize("name", [m for m in ARCHS if m != "vgg11"])
 @pytest.mark.parametrize("conv", CONV_IMPLS)
 def test_stacked_forward_and_gradients_equal_each_clients_module(name, conv):
     models, x, y = models_and_data(name)

@@ -312,3 +312,63 @@ def test_unknown_dataset_and_standard_root(monkeypatch):
     assert readers.standard_root("fmnist") == FMNIST_ROOT
     monkeypatch.setenv("FEDMPI_DATA", "/data")
     assert readers.standard_root("cifar10") == "/data/cifar10"
+
+
+# ----------------------------------------------------------------------------- size limits
+
+def test_idx_header_dims_that_overflow_int64(tmp_path, rng, cache):
+    """2^22 x 2^21 x 2^21 bytes wraps to 0 in int64: the empty body passed the size check and
+    failed in reshape."""
+    root = tmp_path / "fm"
+    write_idx(root, rng)
+    path = root / "train-images-idx3-ubyte.gz"
+    path.write_bytes(gzip.compress(bytes([0, 0, 8, 3]) + struct.pack(">3I", 2**22, 2**21, 2**21)))
+    with pytest.raises(InputError) as e:
+        load("fmnist", str(root), cache)
+    assert "header announces" in one_line(e, path)
+
+
+def test_gzip_bomb_is_refused_without_inflating_it(tmp_path, rng, cache):
+    """A gzip bomb was refused only after decompressing all of it into memory (3 GB, 53 s)."""
+    import tracemalloc
+    import zlib
+
+    root = tmp_path / "fm"
+    write_idx(root, rng)
+    path = root / "train-images-idx3-ubyte.gz"
+    z = zlib.compressobj(1, zlib.DEFLATED, 31)  # gzip container
+    with open(path, "wb") as fh:
+        fh.write(z.compress(idx_bytes(np.zeros((12, 28, 28)))))
+        zeros = bytes(1 << 20)
+        for _ in range(256):  # 256 MiB more than the header announces
+            fh.write(z.compress(zeros))
+        fh.write(z.flush())
+    assert path.stat().st_size < 2 << 20
+    tracemalloc.start()
+    try:
+        with pytest.raises(InputError) as e:
+            load("fmnist", str(root), cache)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "holds more than the 9424 bytes its header announces (decompressed)" in one_line(e, path)
+    assert peak < 32 << 20, f"{peak / 2**20:.0f} MiB held while refusing a gzip bomb"
+
+
+def test_cifar_batch_size_limit(tmp_path, rng, cache, monkeypatch):
+    folder = tmp_path / "cifar-10-batches-py"
+    write_cifar(folder, rng)
+    monkeypatch.setattr(readers, "MAX_PICKLE_BYTES", 1000)
+    with pytest.raises(InputError) as e:
+        load("cifar10", str(folder), cache)
+    assert "holds more than the 1000 bytes allowed" in one_line(e, folder / "data_batch_1")
+
+
+def test_train_and_test_images_of_different_shapes(tmp_path, rng, cache):
+    """They failed only in the first evaluation."""
+    root = tmp_path / "fm"
+    write_idx(root, rng)
+    (root / "t10k-images-idx3-ubyte.gz").write_bytes(gzip.compress(idx_bytes(np.zeros((5, 32, 32)))))
+    with pytest.raises(InputError) as e:
+        load("fmnist", str(root), cache)
+    assert "test images are 1x32x32, training images 1x28x28" in one_line(e, root)

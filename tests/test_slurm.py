@@ -20,20 +20,24 @@ def _shim(folder, name: str, body: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
-@pytest.mark.parametrize("template", ["single_node_gpus.sbatch", "cpu_ranks.sbatch"])
-def test_usr1_checkpoints_and_requeues(tmp_path, template):
+@pytest.mark.parametrize("template, srun_code", [("single_node_gpus.sbatch", ""), ("cpu_ranks.sbatch", ""),
+                                                 ("multi_node.sbatch", "137")])
+def test_usr1_checkpoints_and_requeues(tmp_path, template, srun_code):
+    """srun_code: what srun reports when a task failed; 137 is srun's answer when --kill-on-bad-exit
+    killed a task that had not exited yet: the template must still see rank 0's 3 and requeue."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     # srun stand-in: drop srun's own options, run the command (one task), forward signals to it
     _shim(bin_dir, "srun", 'while [[ "$1" == --* ]]; do shift; done\n"$@" &\nchild=$!\n'
                            'trap \'kill -USR1 $child\' USR1\ntrap \'kill -TERM $child\' TERM\n'
-                           'while true; do code=0; wait $child || code=$?; kill -0 $child 2>/dev/null || exit $code; done\n')
+                           'while true; do code=0; wait $child || code=$?; kill -0 $child 2>/dev/null || break; done\n'
+                           f'[[ $code -ne 0 && -n "{srun_code}" ]] && code={srun_code or 0}\nexit $code\n')
     _shim(bin_dir, "scontrol", f'echo "$@" >> {tmp_path}/scontrol.log\n')
     out = tmp_path / "r.h5"
     cfg = write_config(tmp_path / "c.yaml", synthetic_config(output=str(out), rounds=100000, eval_every=2,
                                                               runtime={"progress": False}))
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.path.dirname(sys.executable)}{os.pathsep}"
-               f"{os.environ['PATH']}", SLURM_JOB_ID="4242", PYTHONPATH=ROOT)
+               f"{os.environ['PATH']}", SLURM_JOB_ID="4242", SLURM_SUBMIT_DIR=ROOT, PYTHONPATH=ROOT)
     proc = subprocess.Popen(["bash", os.path.join(ROOT, "slurm", template), cfg, "--quiet"], cwd=tmp_path,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_rows(out, 2)
@@ -44,3 +48,4 @@ def test_usr1_checkpoints_and_requeues(tmp_path, template):
     assert os.path.exists(str(out) + ".ckpt/manifest.json")
     with h5py.File(out, "r") as f:
         assert f.attrs["status"] == "interrupted"
+    assert not os.path.exists(tmp_path / "runs" / ".fedmpi-exit-4242")  # the launcher removes it

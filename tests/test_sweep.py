@@ -213,7 +213,7 @@ def test_slurm_array_template(tmp_path):
     cell = sweep.load(path).cells[1]
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.path.dirname(sys.executable)}{os.pathsep}"
                f"{os.environ['PATH']}", SLURM_JOB_ID="77", SLURM_ARRAY_JOB_ID="70", SLURM_ARRAY_TASK_ID="1",
-               PYTHONPATH=ROOT)
+               SLURM_SUBMIT_DIR=ROOT, PYTHONPATH=ROOT)
     proc = subprocess.Popen(["bash", os.path.join(ROOT, "slurm", "sweep_array.sbatch"), path], cwd=tmp_path,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     from conftest import wait_for_rows

@@ -92,13 +92,13 @@ BAD = [
     ("ids.txt", "", "auto", "empty trace"),
     ("m.txt", "1 0 1\n", "matrix", "3 entries, expected task.clients = 4"),
     ("m.txt", "1 0 2 1\n", "matrix", "0 or 1"),
-    ("iv.json", "{not json", "auto", "malformed intervals trace"),
+    ("iv.json", "{not json", "auto", "malformed JSON"),
     ("iv.json", '{"0": [[3, 1]]}', "auto", "ends before it starts"),
     ("iv.json", '{"7": [[0, 1]]}', "auto", "client id 7 outside [0, 4)"),
     ("iv.json", '{"0": [[0, 1.5]]}', "auto", "expected an integer round"),
     ("iv.json", '[[0, 1]]', "intervals", "expected a mapping"),
     ("iv.json", '{"0": {"active": [0], "inactive": [1, 2, 3]}}', "auto", "'active'/'inactive'"),
-    ("iv.pkl", "garbage", "auto", "malformed intervals trace"),
+    ("iv.pkl", "garbage", "auto", "malformed JSON"),
 ]
 
 

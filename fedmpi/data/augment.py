@@ -16,6 +16,13 @@ OPS = ("crop", "flip")
 MODES = ("per_image", "per_batch")
 
 
+def require_images(ops: list[str], image: bool, sample_shape: tuple[int, ...]) -> None:
+    """``train.augment`` on data that are not images is an error, not a silent no-op."""
+    if ops and not image:
+        raise InputError(f"train.augment: {', '.join(ops)} need image data; this task's samples are "
+                         f"{'x'.join(map(str, sample_shape)) or 'scalars'} features (leave train.augment empty)")
+
+
 def augment(x: torch.Tensor, ops: list[str], mode: str, u: torch.Tensor, pad: int = 4) -> torch.Tensor:
     """Augment ``x`` (n_clients, b, C, H, W) with ``ops`` (subset of crop, flip).
 

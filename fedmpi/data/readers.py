@@ -6,12 +6,19 @@ folder, under ``cache_dir``, ``$FEDMPI_CACHE`` or ``~/.cache/fedmpi``); the cach
 fingerprint of the source files (paths, sizes, mtimes) and is rebuilt when they change or
 when it is unreadable. Every problem with the source files raises a one-line
 ``InputError`` that starts with the offending path and names the expected layout.
+
+Sizes are checked before data is read or inflated: gzip files are decompressed as a stream
+that stops at the size the format allows (an IDX file's header, ``MAX_PICKLE_BYTES`` for a
+CIFAR-10 batch), so a gzip bomb costs no more memory than a genuine file; an IDX header that
+promises more than half the available memory is refused; training and test images must have
+one shape.
 """
 
 from __future__ import annotations
 
 import gzip
 import hashlib
+import math
 import os
 import pickle
 import struct
@@ -22,11 +29,13 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+import psutil
 
 from .. import safepickle
 from ..errors import InputError
 
 CACHE_VERSION = 1
+MAX_PICKLE_BYTES = 256 * 2**20  # a CIFAR-10 batch is 31 MB
 
 
 @dataclass
@@ -86,6 +95,11 @@ def load(dataset: str, root: str | None = None, cache_dir: str | None = None) ->
     arrays = _read_cache(cache, fingerprint)
     if arrays is None:
         arrays = fmt.read(root, sources)
+        train, test = arrays["x_train"].shape[1:], arrays["x_test"].shape[1:]
+        if train != test:
+            shape = lambda s: "x".join(map(str, s))  # noqa: E731
+            raise InputError(f"{root}: test images are {shape(test)}, training images {shape(train)}; "
+                             f"they must have one shape ({fmt.layout})")
         _write_cache(cache, fingerprint, arrays)
     return ImageData(x_train=arrays["x_train"], y_train=arrays["y_train"], x_test=arrays["x_test"],
                      y_test=arrays["y_test"], classes=int(arrays["classes"]), mean=fmt.mean, std=fmt.std)
@@ -141,18 +155,26 @@ def _write_cache(path: str, fingerprint: str, arrays: dict, keys: tuple[str, ...
 
 # ----------------------------------------------------------------------------- helpers
 
-def _read_bytes(path: str, layout: str) -> bytes:
-    """File contents, gunzipped when the file is gzip (detected by its magic bytes)."""
+def _read_bytes(path: str, layout: str, limit: int | Callable[[bytes], int], head: int = 0) -> bytes:
+    """File contents, gunzipped on the fly when the file is gzip (detected by its magic bytes).
+
+    More than ``limit`` bytes -- or, when ``limit`` is a function, than ``limit(first head
+    bytes)`` -- is refused before reading or inflating past the limit (plus one byte)."""
     try:
-        with open(path, "rb") as fh:
-            data = fh.read()
+        with open(path, "rb") as raw:
+            gz = raw.read(2) == b"\x1f\x8b"
+            raw.seek(0)
+            with (gzip.GzipFile(fileobj=raw) if gz else raw) as fh:  # GzipFile inflates only what read() asks
+                data = fh.read(head)
+                cap = limit(data) if callable(limit) else limit
+                data += fh.read(cap + 1 - len(data))
+    except (EOFError, zlib.error, gzip.BadGzipFile):
+        raise InputError(f"{path}: corrupt or truncated gzip ({layout})") from None
     except OSError as e:
         raise InputError(f"{path}: cannot read ({e.strerror or e.__class__.__name__}) ({layout})") from None
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error):
-            raise InputError(f"{path}: corrupt or truncated gzip ({layout})") from None
+    if len(data) > cap:
+        raise InputError(f"{path}: holds more than the {cap} bytes {'its header announces' if callable(limit) else 'allowed'}"
+                         f"{' (decompressed)' if gz else ''} ({layout})")
     return data
 
 
@@ -191,12 +213,22 @@ def _idx_sources(root: str) -> list[str]:
 
 def _idx_array(path: str, ndim: int) -> np.ndarray:
     """Parse one IDX file of unsigned bytes with ``ndim`` dimensions."""
-    data = _read_bytes(path, _IDX_LAYOUT)
-    if len(data) < 4 + 4 * ndim or data[:3] != b"\x00\x00\x08" or data[3] != ndim:
-        raise InputError(f"{path}: not an IDX file of {ndim}-D unsigned bytes (bad magic number; {_IDX_LAYOUT})")
-    dims = struct.unpack(f">{ndim}I", data[4:4 + 4 * ndim])
-    body = memoryview(data)[4 + 4 * ndim:]
-    if len(body) != int(np.prod(dims)):
+    head = 4 + 4 * ndim
+
+    def size(header: bytes) -> int:  # the whole file's size as the header announces it
+        if len(header) < head or header[:3] != b"\x00\x00\x08" or header[3] != ndim:
+            raise InputError(f"{path}: not an IDX file of {ndim}-D unsigned bytes (bad magic number; {_IDX_LAYOUT})")
+        need = math.prod(struct.unpack(f">{ndim}I", header[4:head]))  # exact: no int64 wrap-around
+        free = psutil.virtual_memory().available
+        if need > free // 2:
+            raise InputError(f"{path}: header announces {need / 2**30:.1f} GiB of images, more than half of the "
+                             f"{free / 2**30:.1f} GiB available ({_IDX_LAYOUT})")
+        return head + need
+
+    data = _read_bytes(path, _IDX_LAYOUT, size, head)
+    dims = struct.unpack(f">{ndim}I", data[4:head])
+    body = memoryview(data)[head:]
+    if len(body) != math.prod(dims):
         raise InputError(f"{path}: truncated or oversized IDX file (header says {'x'.join(map(str, dims))}, "
                          f"{len(body)} data bytes; {_IDX_LAYOUT})")
     return np.frombuffer(body, dtype=np.uint8).reshape(dims)
@@ -252,8 +284,9 @@ def restricted_load(data: bytes) -> object:
 
 
 def _cifar_batch(path: str) -> tuple[np.ndarray, np.ndarray]:
+    data = _read_bytes(path, _CIFAR_LAYOUT, MAX_PICKLE_BYTES)
     try:
-        obj = restricted_load(_read_bytes(path, _CIFAR_LAYOUT))
+        obj = restricted_load(data)
     except pickle.UnpicklingError as e:
         msg = str(e) if str(e).startswith("refused") else "truncated or corrupt pickle"
         raise InputError(f"{path}: {msg} ({_CIFAR_LAYOUT})") from None

@@ -140,7 +140,7 @@ class SyntheticConfig:
     test_samples: int = opt(2000, "test samples of the synthetic set", ge=1)
     features: int = opt(32, "input features (flat vectors)", ge=1)
     classes: int = opt(10, "number of classes (one Gaussian per class)", ge=2)
-    separation: float = opt(1.0, "distance scale between class means (larger = easier)", gt=0)
+    separation: float = opt(1.0, "distance scale between class means (larger = easier)", gt=0, le=1e6)
 
 
 @dataclass

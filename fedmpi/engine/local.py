@@ -29,7 +29,9 @@ from torch.func import functional_call, grad, vmap
 
 from .. import rng
 from ..config import TrainConfig
+from ..data.augment import require_images
 from ..data.task import Task
+from ..models import has_conv
 from ..models.dropout import KeyedDropout
 from ..models.losses import per_sample
 from .layers import StackedNet, conv_impl
@@ -50,8 +52,7 @@ def choose_path(engine: str, model: torch.nn.Module, device: torch.device) -> st
     where vmapped convolutions lose to the loop (benchmarks/engine.py, benchmarks/RESULTS.md)."""
     if engine != "auto":
         return engine
-    if StackedNet.compile(model) is None and device.type == "cpu" and \
-            any(isinstance(mod, torch.nn.modules.conv._ConvNd) for mod in model.modules()):
+    if StackedNet.compile(model) is None and device.type == "cpu" and has_conv(model):
         return "sequential"
     return "batched"
 
@@ -70,6 +71,7 @@ class LocalTrainer:
         self.spec = ParamSpec.of(task.model)
         self.device = task.train_x.device
         self.path = path or choose_path(cfg.engine, task.model, self.device)
+        require_images(list(cfg.augment), task.image, tuple(task.train_x.shape[1:]))
         self.net = StackedNet.compile(task.model, conv or conv_impl(self.device)) if stacked else None  # None: vmap
         self._sizes = np.asarray(task.sizes, dtype=np.int64)  # host copies for the minibatch ids
         self._offsets = np.asarray(task.offsets[:-1], dtype=np.int64)
@@ -145,7 +147,8 @@ class LocalTrainer:
         n = x.shape[0]
         if n == 0:
             return x
-        lr = torch.full((n,), lr_at(self.cfg, t), dtype=torch.float32, device=self.device)
+        # via float64: a learning rate beyond float32 becomes inf (the run then diverges, exit 4), not an error
+        lr = torch.full((n,), lr_at(self.cfg, t), dtype=torch.float64, device=self.device).float()
         if lr_scale is not None:
             lr = lr * lr_scale.to(self.device, torch.float32)
         self.task.model.train()

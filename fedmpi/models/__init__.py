@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+import psutil
 import torch
 from torch import nn
 
@@ -59,6 +60,7 @@ def build_model(name: str, in_shape: tuple[int, ...], classes: int, seed: int = 
     if entry.options["init"] == "fedmpi":
         with torch.device("meta"):  # no allocation, no default init drawing from the global RNG
             model = entry.obj(shape, int(classes), params)
+        _check_size(name, model)
         model.to_empty(device="cpu")
         _init(model, torch.Generator().manual_seed(int(seed)))
     else:
@@ -82,6 +84,16 @@ def _check_trainable(name: str, model: nn.Module) -> None:
                          f"generator; use fedmpi.models.dropout.KeyedDropout")
 
 
+def _check_size(name: str, model: nn.Module) -> None:
+    """Refuse, before allocating, a model larger than half the available memory (task.hidden:
+    10**5 makes a 40 GB mlp, which would be an OOM kill or a DefaultCPUAllocator traceback)."""
+    n = sum(p.numel() for p in model.parameters())
+    need, free = 4 * n, psutil.virtual_memory().available
+    if need > free // 2:
+        raise InputError(f"task.model: {name} has {n} parameters here ({need / 2**30:.1f} GiB), more than half "
+                         f"of the {free / 2**30:.1f} GiB available (check task.hidden)")
+
+
 def _init(model: nn.Module, gen: torch.Generator) -> None:
     layers = [mod for mod in model.modules() if isinstance(mod, (nn.Linear, nn.Conv2d))]
     with torch.no_grad():
@@ -96,7 +108,8 @@ def _init(model: nn.Module, gen: torch.Generator) -> None:
 
 
 def loss_fn(name: str) -> Loss:
-    """Training loss of model ``name``: (logits (b, classes), y (b,) int64) -> scalar mean."""
+    """Training loss of model ``name``: (logits (..., b, classes), y (..., b) int64) -> the mean
+    over b, leading (client) dims kept for a ``Loss`` (``models.losses``)."""
     return MODELS.get(name).options["loss"] or cross_entropy
 
 

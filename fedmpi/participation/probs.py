@@ -50,10 +50,12 @@ def class_weights(cfg: BaseProbConfig, seed: int, classes: int) -> np.ndarray:
     if cfg.phi_max is None:
         cap = np.where(np.arange(classes) < classes / 2, 1.0, 0.5)
     else:
-        cap = np.asarray(cfg.phi_max, dtype=np.float64)
-        if cap.shape != (classes,) or not np.all((cap >= 0) & (cap <= 1)):
-            raise InputError(f"availability.base.phi_max: needs {classes} values (one per class) "
-                             f"in [0, 1], got {cfg.phi_max!r}")
+        vals = cfg.phi_max  # checked as Python values first: ['a', 'b'] or [[1], 2] must not reach numpy
+        if len(vals) != classes or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1 for v in vals):
+            raise InputError(f"availability.base.phi_max: needs {classes} numbers (one per class) "
+                             f"in [0, 1], got {str(vals)[:80]}")
+        cap = np.asarray(vals, dtype=np.float64)
     return rng.generator(seed, "base_prob_phi").uniform(0.0, 1.0, size=classes) * cap
 
 

@@ -26,6 +26,9 @@ row has m entries of 0/1 and m > 2) a 0/1 row; a string there is read as a trace
 ``auto`` one id list among the rows makes every row an id list.
 
 Rounds beyond the trace's length wrap around: round t replays round t mod length.
+Limits: a text, JSON or pickle trace file is at most ``MAX_TRACE_BYTES`` (checked before reading;
+``.npy`` matrices are not limited), JSON nests at most ``yamlio.MAX_DEPTH`` levels, and every
+client id is checked against [0, m) before it becomes a 64-bit integer.
 Every problem raises a one-line ``InputError`` starting with ``availability.trace: <path>:``
 (``availability.schedule:`` for inline rounds).
 """
@@ -33,18 +36,18 @@ Every problem raises a one-line ``InputError`` starting with ``availability.trac
 from __future__ import annotations
 
 import io
-import json
 import os
 from typing import Any, Callable
 
 import numpy as np
 
 from ..config import AvailabilityConfig
-from .. import safepickle
+from .. import safepickle, yamlio
 from ..errors import InputError
 from .base import ClientInfo, Participation, register
 
 _KEY = "availability.trace"
+MAX_TRACE_BYTES = 1 << 30
 
 
 class Trace(Participation):
@@ -78,13 +81,13 @@ class _Fail(Exception):
 
 def _ids_from_tokens(tokens: list[str], m: int, where: str) -> np.ndarray:
     try:
-        ids = np.array([int(x) for x in tokens], dtype=np.int64)
+        ids = [int(x) for x in tokens]
     except ValueError:
         raise _Fail(f"{where}: expected integer client ids, got {' '.join(tokens)[:60]!r}") from None
-    bad = ids[(ids < 0) | (ids >= m)]
-    if bad.size:
-        raise _Fail(f"{where}: client id {bad[0]} outside [0, {m}) (task.clients = {m})")
-    return np.unique(ids)
+    bad = next((i for i in ids if not 0 <= i < m), None)  # before numpy: 10**23 does not fit int64
+    if bad is not None:
+        raise _Fail(f"{where}: client id {str(bad)[:30]} outside [0, {m}) (task.clients = {m})")
+    return np.unique(np.array(ids, dtype=np.int64))
 
 
 def _tokens(line: str) -> list[str]:
@@ -150,7 +153,7 @@ def parse_intervals(obj: Any, m: int) -> tuple[np.ndarray, int]:
         except (TypeError, ValueError):
             raise _Fail(f"key {key!r}: expected an integer client id") from None
         if not 0 <= c < m:
-            raise _Fail(f"client id {c} outside [0, {m}) (task.clients = {m})")
+            raise _Fail(f"client id {str(c)[:30]} outside [0, {m}) (task.clients = {m})")
         if isinstance(spec, dict):  # FedScale layout
             on, off = spec.get("active", []), spec.get("inactive", [])
             lists = isinstance(on, (list, tuple)) and isinstance(off, (list, tuple))
@@ -200,6 +203,12 @@ def load_trace(path: str, fmt: str, m: int, seed: int = 0) -> Trace:
     """Read and validate a trace file; InputError ``availability.trace: <path>: ...`` on any problem."""
     try:
         with open(path, "rb") as fh:
+            npy = fh.read(6) == b"\x93NUMPY" or path.lower().endswith(".npy")
+            size = os.fstat(fh.fileno()).st_size
+            if size > MAX_TRACE_BYTES and not npy:
+                raise InputError(f"{_KEY}: {path}: {size / 2**20:.0f} MiB, more than the "
+                                 f"{MAX_TRACE_BYTES >> 20} MiB a text, JSON or pickle trace may have")
+            fh.seek(0)
             data = fh.read()
     except FileNotFoundError:
         raise InputError(f"{_KEY}: {path}: file not found "
@@ -212,7 +221,7 @@ def load_trace(path: str, fmt: str, m: int, seed: int = 0) -> Trace:
         if fmt == "matrix" and data.startswith(b"\x93NUMPY"):
             return Trace.from_rounds(m, seed, _check_matrix(np.load(io.BytesIO(data), allow_pickle=False), m))
         if fmt == "intervals":
-            obj = _unpickle(data) if data.startswith(b"\x80") else json.loads(data)
+            obj = _unpickle(data) if data.startswith(b"\x80") else yamlio.loads_json(data, f"{_KEY}: {path}")
             return Trace.from_intervals(m, seed, *parse_intervals(obj, m))
         if binary:
             raise _Fail(f"binary file, expected a text {fmt} trace")

@@ -29,7 +29,7 @@ import numpy as np
 from .. import __version__
 from ..errors import InputError
 
-STATUSES = ("running", "completed", "interrupted", "failed")
+STATUSES = ("running", "completed", "interrupted", "failed", "diverged")
 _MASK_BUFFER_BYTES = 64 << 20  # flush early rather than hold more participation rows than this
 
 
@@ -382,10 +382,31 @@ def open_result(path: str) -> h5py.File:
 
 
 def read_metrics(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """All metric arrays (cut to the length of ``round``) and the root attributes."""
+    """All metric arrays (cut to the length of ``round``) and the root attributes.
+
+    A damaged file (unreadable blocks, a metric that is not a 1-D numeric dataset, odd
+    attributes) is an ``InputError`` naming the file and the part, never a traceback."""
     with open_result(path) as f:
-        g = f["metrics"]
-        n = g["round"].shape[0]
-        metrics = {k: g[k][: n] for k in g if g[k].shape[0] >= n}
-        attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+        try:
+            g = f["metrics"]
+            if not isinstance(g, h5py.Group) or not isinstance(g.get("round"), h5py.Dataset):
+                raise InputError(f"{path}: damaged result file (/metrics/round is missing)")
+            for k in g:
+                ds = g[k]
+                if not isinstance(ds, h5py.Dataset) or ds.ndim != 1 or ds.dtype.kind not in "iuf":
+                    raise InputError(f"{path}: damaged result file (/metrics/{k} is not a 1-D numeric dataset)")
+            n = g["round"].shape[0]
+            metrics = {k: g[k][: n] for k in g if g[k].shape[0] >= n}
+            attrs = {k: _attr(v) for k, v in f.attrs.items()}
+        except (OSError, KeyError, ValueError, TypeError, RuntimeError) as e:
+            raise InputError(f"{path}: damaged result file ({e.__class__.__name__}: {str(e)[:80]})") from None
     return metrics, attrs
+
+
+def _attr(v: Any) -> Any:
+    """An attribute as text or a Python scalar (bytes decoded; odd values shown, not trusted)."""
+    if isinstance(v, bytes):
+        return v.decode("utf-8", errors="replace")
+    if isinstance(v, np.generic):
+        return v.item() if not isinstance(v, np.void) else repr(v)[:80]
+    return v if isinstance(v, (str, int, float)) else repr(v)[:80]

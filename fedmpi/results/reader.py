@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import numpy as np
-import yaml
 
+from .. import yamlio
+from ..errors import InputError
 from .hdf5 import read_metrics
 
 RESULT_SECTIONS = ("task", "train", "algorithm", "availability", "topology", "sporadicity")
@@ -81,9 +82,9 @@ class Result:
 def load(path: str) -> Result:
     """Read a result file (also one a run is still writing). Bad files raise InputError."""
     metrics, attrs = read_metrics(path)
-    try:
-        config = yaml.safe_load(str(attrs.get("config", ""))) or {}
-    except yaml.YAMLError:
+    try:  # the stored config is text from the file: read it with the input limits (no alias bombs)
+        config = yamlio.loads(str(attrs.get("config", "")), f"{path}: config") or {}
+    except InputError:
         config = {}
     return Result(path=path, status=str(attrs.get("status")), config=config if isinstance(config, dict) else {},
                   metrics=metrics, attrs=attrs)

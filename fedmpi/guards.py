@@ -1,0 +1,82 @@
+"""Guards that stop a run which cannot succeed, with one clear line instead of a crash.
+
+- ``step_bytes``: the working set of one local step (minibatch x model), estimated before the
+  first round so that, e.g., ``train.batch_size: 2000000000`` is refused at once (exit 2)
+  instead of dying in an allocation minutes later.
+- ``nonfinite`` / ``stop_if_diverged``: a loss or model that became NaN or infinite ends the
+  run on every rank with ``Diverged`` (exit 4, status ``diverged``). The runner checks the
+  evaluated models and losses at every evaluation and the whole state before every
+  checkpoint, so a diverged state never replaces the last good checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .errors import Diverged
+from .runtime import World
+
+MIN_CHUNK = 8  # the engine trains at least this many clients per batched call (engine/local.py)
+
+
+def _saved_bytes(task, n: int) -> int:
+    """Bytes autograd keeps for the backward pass of the training loss on ``n`` samples."""
+    total = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        task.loss(task.model(task.inputs(task.train_x[:n])), task.train_y[:n])
+    return total
+
+
+def step_bytes(task, batch: int, local_clients: int, path: str = "batched") -> int:
+    """A lower bound of the memory one local SGD step allocates: the minibatches of
+    ``min(8, local clients)`` clients (float input, index and augmentation draws per sample)
+    and the activations autograd keeps for backward, for all of them at once on the batched
+    path and for one client at a time on the sequential one."""
+    clients = min(MIN_CHUNK, max(local_clients, 1))
+    n = min(2, task.train_x.shape[0])
+    saved = 0
+    if n == 2:  # what one more sample adds; the model's own tensors cancel out
+        saved = max(_saved_bytes(task, 2) - _saved_bytes(task, 1), 0)
+    together = 1 if path == "sequential" else clients
+    return batch * (clients * (4 * task.train_x[0].numel() + 8 + 12) + together * saved)
+
+
+# ----------------------------------------------------------------------------- divergence
+
+def nonfinite(tensors: dict[str, torch.Tensor]) -> str | None:
+    """The name of the first floating-point tensor holding a NaN or an infinity, or None."""
+    for name, t in tensors.items():
+        if torch.is_tensor(t) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            return name
+    return None
+
+
+def nonfinite_eval(row: dict[str, float], models: dict[str, torch.Tensor]) -> str | None:
+    """Rank 0, after an evaluation: a loss metric or an evaluated model that is not finite."""
+    for k, v in row.items():
+        if "loss" in k and not math.isfinite(v):
+            return f"{k} is {v}"
+    bad = nonfinite({f"model {k!r}" if k else "the model": v for k, v in models.items()})
+    return f"{bad} has non-finite parameters" if bad else None
+
+
+def stop_if_diverged(world: World, finding: str | None, rounds_done: int, last_checkpoint: int | None,
+                     folder: str) -> None:
+    """Collective: if any rank has a ``finding``, every rank raises ``Diverged``."""
+    if world.size > 1:
+        if world.max_float(1.0 if finding else 0.0) == 0:
+            return
+        finding = finding or "another rank's state is not finite"
+    elif not finding:
+        return
+    kept = (f"the last good checkpoint (round {last_checkpoint}) is kept in {folder}"
+            if last_checkpoint is not None else "no checkpoint was written")
+    raise Diverged(f"{finding} at round {rounds_done}; {kept} (lower train.lr, or set train.grad_clip)")

@@ -1,0 +1,140 @@
+"""Faults from outside: signals to the launcher, launchers that misreport, runs that diverge."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import stat
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from conftest import ROOT, fedmpi, synthetic_config, wait_for_rows, write_config
+
+LAUNCH = os.path.join(ROOT, "launch", "fedmpi-launch")
+
+
+def _env(**extra) -> dict:
+    return dict(os.environ, PYTHONPATH=ROOT, PYTHON=sys.executable, **extra)
+
+
+def _status(path) -> str:
+    with h5py.File(path, "r", locking=False) as f:
+        return str(f.attrs["status"])
+
+
+# ----------------------------------------------------------------------------- signals to the launcher
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_to_launcher_exits_3_and_resumes(tmp_path, sig):
+    """SIGTERM to mpiexec made the job exit 1 although the ranks checkpointed: a requeue script
+    keyed on 3 would not resume. SIGTERM (a scheduler) or SIGINT (Ctrl-C) to fedmpi-launch give 3."""
+    out = tmp_path / "r.h5"
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(
+        rounds=100000, eval_every=2, runtime={"checkpoint_every": 2, "progress": False}))
+    proc = subprocess.Popen([LAUNCH, "-n", "2", cfg, "--out", str(out), "--quiet"], cwd=ROOT, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_rows(out, 3)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3, err
+    assert "fedmpi: interrupted: signal SIGUSR1" in err and "Traceback" not in err
+    assert _status(out) == "interrupted"
+    with h5py.File(out, "r") as f:
+        stopped = int(f.attrs["rounds_done"])
+    man = json.load(open(f"{out}.ckpt/manifest.json"))
+    assert man["round"] == stopped and man["world_size"] == 2
+    p = subprocess.run([LAUNCH, "-n", "2", cfg, "--out", str(out), "--quiet", "--set", f"rounds={stopped + 2}"],
+                       cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert _status(out) == "completed"
+
+
+def _fake_srun(folder, code_on_failure: int) -> None:
+    """An srun stand-in that runs one task and, like srun after --kill-on-bad-exit killed a task,
+    reports its own code instead of the task's."""
+    path = folder / "srun"
+    path.write_text('#!/usr/bin/env bash\nwhile [[ "$1" == --* ]]; do shift; done\n'
+                    f'"$@" || exit {code_on_failure}\n')
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+@pytest.mark.parametrize("fault, code", [({"FEDMPI_TEST_FAULT": "0:3:usr1"}, 3), ({}, 4)])
+def test_launcher_returns_rank0_code_when_the_launcher_misreports(tmp_path, fault, code):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _fake_srun(bin_dir, 137)
+    over = {"runtime": {"checkpoint_every": 2, "progress": False}}
+    if code == 4:
+        over["train.lr"] = 1.0e300
+    out = tmp_path / "r.h5"
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=20, **over))
+    env = _env(FEDMPI_LAUNCHER="srun", SLURM_NTASKS="1", FEDMPI_EXIT_FILE=str(tmp_path / "exit"), **fault,
+               PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    p = subprocess.run([LAUNCH, cfg, "--out", str(out), "--quiet"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == code, p.stderr
+    assert not os.path.exists(tmp_path / "exit")
+    assert _status(out) == ("interrupted" if code == 3 else "diverged")
+
+
+# ----------------------------------------------------------------------------- divergence
+
+def _diverging_quadratic(tmp_path, **over) -> str:
+    """x <- x - 17 (x - 50): the error grows 16-fold a round and leaves float32 after ~30 rounds."""
+    cfg = {"name": "quad", "rounds": 100, "eval_every": 5,
+           "task": {"dataset": "quadratic", "model": "scalar", "clients": 2, "u": [0.0, 100.0]},
+           "train": {"local_steps": 1, "lr": 17.0}, "runtime": {"checkpoint_every": 4, "progress": False}}
+    cfg.update(over)
+    return write_config(tmp_path / "q.yaml", cfg)
+
+
+def test_divergence_ends_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
+    cfg, out = _diverging_quadratic(tmp_path), str(tmp_path / "q.h5")
+    p = fedmpi(["run", cfg, "--out", out, "--quiet"], check=False)
+    assert p.returncode == 4, p.stderr
+    lines = p.stderr.strip().splitlines()
+    found = re.fullmatch(r"fedmpi: diverged: (.+) at round (\d+); the last good checkpoint \(round (\d+)\) is kept "
+                         r"in (.+) \(lower train\.lr, or set train\.grad_clip\)", lines[0])
+    assert len(lines) == 1 and found, p.stderr
+    detected, kept = int(found[2]), int(found[3])
+    man = json.load(open(out + ".ckpt/manifest.json"))
+    assert found[4] == out + ".ckpt" and man["round"] == kept and 4 <= kept <= detected
+    state = torch.load(f"{out}.ckpt/round-{kept:08d}/shard-00000.pt", weights_only=True)
+    assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
+    with h5py.File(out, "r") as f:
+        assert f.attrs["status"] == "diverged" and "final" not in f
+        loss = f["metrics/test_loss"][:]
+    assert np.isfinite(loss[:-1]).all() and 0 < loss[1] < loss[-2]  # growing, then stopped at the first bad one
+    again = fedmpi(["run", cfg, "--out", out, "--quiet"], check=False)  # resumes, and diverges again
+    assert again.returncode == 4 and again.stderr == p.stderr
+
+
+def test_huge_learning_rate_is_divergence_not_a_crash(tmp_path):
+    """train.lr: 1.0e+300 passed validation and crashed in round 1 (float32 overflow)."""
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=3))
+    text = open(cfg).read().replace("lr: 0.1", "lr: 1.0e+300")
+    open(cfg, "w").write(text)
+    out = str(tmp_path / "r.h5")
+    p = fedmpi(["run", cfg, "--out", out], check=False)
+    assert p.returncode == 4, p.stderr
+    assert p.stderr.strip() == ("fedmpi: diverged: test_loss is nan at round 2; no checkpoint was written "
+                                "(lower train.lr, or set train.grad_clip)")
+    assert _status(out) == "diverged"
+
+
+@pytest.mark.mpi
+def test_divergence_on_two_ranks(tmp_path):
+    cfg = _diverging_quadratic(tmp_path)
+    out = str(tmp_path / "q.h5")
+    p = fedmpi(["run", cfg, "--out", out, "--quiet"], ranks=2, check=False)
+    assert p.returncode == 4, p.stderr
+    assert p.stderr.count("fedmpi: diverged: ") == 1 and "Traceback" not in p.stderr
+    assert _status(out) == "diverged"
