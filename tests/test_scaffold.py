@@ -112,14 +112,13 @@ def test_state_dict_round_trip():
 
 @pytest.mark.parametrize("name", ["scaffold", "fedavg_active"])
 def test_memory_of_the_client_controls_is_checked_up_front(name, tmp_path, monkeypatch):
-    """With 10 bytes of host memory, SCAFFOLD's 3 x 1 float32 controls (12 bytes) are refused
-    before the first round, naming the key; FedAvg (no per-client state) starts."""
-    import types
-
+    """With 10 bytes of memory (and local steps that need none), SCAFFOLD's 3 x 1 float32 controls
+    (12 bytes) are refused before the first round, naming the key; FedAvg (no per-client state) starts."""
     from fedmpi import runner
     from fedmpi.errors import InputError
 
-    monkeypatch.setattr(runner.psutil, "virtual_memory", lambda: types.SimpleNamespace(available=10))
+    monkeypatch.setattr(World, "free_memory", lambda self: (10, "host memory per rank"))
+    monkeypatch.setattr(runner.guards, "step_bytes", lambda *args: 0)
     cfg = quadratic_cfg(name, U, X0)
     cfg.rounds = 1
     if name == "fedavg_active":
