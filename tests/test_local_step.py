@@ -7,14 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from conftest import synthetic_config
+from test_fedswe import CPU, Scripted, scalar
+from test_scaffold import LR, SCRIPT, X0, A, M, S, U, curved_build
+
 from fedmpi import config
 from fedmpi.data.task import build_task
 from fedmpi.engine.local import LocalTrainer
 from fedmpi.errors import InputError
-from test_scaffold import A, LR, M, S, SCRIPT, U, X0, curved_build
-from test_fedswe import CPU, Scripted, scalar
 
 MOM, WD = 0.9, 0.1
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 import h5py
 import numpy as np
 import pytest
-
 from conftest import fedmpi, synthetic_config, write_config
+from test_fedswe import quadratic_cfg
+
 from fedmpi import config
 from fedmpi.errors import InputError
 from fedmpi.registry import AVAILABILITY
 from fedmpi.runner import Runner
 from fedmpi.runtime import World
-from test_fedswe import quadratic_cfg
 
 NEW = ["fedavgm", "fedadam", "fedyogi", "fedadagrad", "scaffold", "fedprox"]
 OWN = {"fedadam": {"train.global_lr": 0.03}, "fedyogi": {"train.global_lr": 0.03},

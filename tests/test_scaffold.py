@@ -10,13 +10,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_fedswe import CPU, Scripted, quadratic_cfg, scalar
 
 from fedmpi import algorithms, participation
 from fedmpi.algorithms import Context
 from fedmpi.data.task import build_task
 from fedmpi.engine.local import LocalTrainer
 from fedmpi.runtime import World
-from test_fedswe import CPU, Scripted, quadratic_cfg, scalar
 
 U, A = [0.0, 8.0, -4.0], [0.5, 1.0, 3.0]  # optima and curvatures
 M, X0, LR, S = 3, 2.0, 0.2, 4

@@ -9,8 +9,7 @@ import math
 
 import pytest
 import torch
-
-from test_baselines import M, SCRIPT, U, X0, delta
+from test_baselines import SCRIPT, X0, M, U, delta
 from test_fedswe import Scripted, build, quadratic_cfg, scalar
 
 B1, B2, TAU = 0.8, 0.7, 0.05  # not the defaults, so a default silently used instead would fail
