@@ -39,8 +39,6 @@ from .errors import InputError
 from .runtime import World
 from .state import State
 
-_KINDS = {"shared": "shared", "client": "clients", "union": "union"}  # key word -> State field
-
 
 def _is_client(key: str) -> bool:
     return key.split("/")[1:2] == ["client"]
@@ -89,9 +87,8 @@ def save(world: World, folder: str, rounds_done: int, digest: str, m: int, parts
         os.makedirs(sub, exist_ok=True)
     world.barrier()
     os.makedirs(sub, exist_ok=True)
-    mine = {f"{component}/{word}/{name}": v.detach().cpu()
-            for component, state in parts.items() for word, kind in _KINDS.items()
-            if word != "shared" or world.rank == 0 for name, v in getattr(state, kind).items()}
+    mine = {f"{component}/{key}": v.detach().cpu() for component, state in parts.items()
+            for key, v in state.items() if world.rank == 0 or not key.startswith("shared/")}
     name = f"shard-{world.rank:05d}.pt"
     _atomic_write(os.path.join(sub, name), lambda fh: torch.save(mine, fh))
     lo, hi = world.shard(m)
@@ -241,10 +238,12 @@ def load(world: World, folder: str, digest: str, m: int,
     flat.update({k: torch.cat(rows) for k, rows in client_rows.items()})
     parts: dict[str, State] = {}
     for k, v in flat.items():
-        component, word, name = (k.split("/", 2) + ["", ""])[:3]
-        if word not in _KINDS or not name:
-            raise InputError(f"{folder}: checkpoint in an older layout (key {k!r}); delete the folder to start afresh")
-        getattr(parts.setdefault(component, State()), _KINDS[word])[name] = v
+        component, _, key = k.partition("/")
+        try:
+            parts.setdefault(component, State()).put(key, v)
+        except ValueError:
+            raise InputError(f"{folder}: checkpoint in an older layout (key {k!r}); "
+                             f"delete the folder to start afresh") from None
     return man["round"], parts
 
 

@@ -61,8 +61,8 @@ class Checkpointer:
                  "runner": State(shared={"wall_time": torch.tensor(wall_time, dtype=torch.float64)})}
         if self.run.participation is not None:
             parts["participation"] = self.run.participation.state_dict()
-        bad = guards.nonfinite({f"{component}.{name}": t for component, state in parts.items()
-                                for kind in (state.shared, state.clients, state.union) for name, t in kind.items()})
+        bad = guards.nonfinite({f"{component}/{key}": t for component, state in parts.items()
+                                for key, t in state.items()})
         guards.stop_if_diverged(self.run.world, f"state {bad!r} is not finite" if bad else None, rounds_done,
                                 self.last_saved, self.folder)
         checkpoint.save(self.run.world, self.folder, rounds_done, self.run.cfg.resume_digest(), self.run.m, parts)

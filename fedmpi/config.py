@@ -92,6 +92,8 @@ class TrainConfig:
         "constant", "inv_sqrt: eta_0 / sqrt(t/10 + 1), t the 0-based round")
     global_lr: float = opt(1.0, "eta_g, server learning rate", gt=0)
     grad_clip: Optional[float] = opt(None, "clip each client's gradient to this norm; null = off", gt=0)
+    momentum: float = opt(0.0, "local SGD momentum, buffer reset every round; 0 = plain SGD", ge=0, lt=1)
+    weight_decay: float = opt(0.0, "local L2 weight decay, added to each (clipped) gradient; 0 = off", ge=0)
     augment: list = opt([], "on-device augmentation: any of crop, flip")
     augment_mode: Literal["per_image", "per_batch"] = opt(
         "per_image", "per_batch draws one crop/flip per minibatch (authors' code)")

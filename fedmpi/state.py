@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -38,6 +38,21 @@ class State:
     shared: dict[str, torch.Tensor] = field(default_factory=dict)
     clients: dict[str, torch.Tensor] = field(default_factory=dict)
     union: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def items(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(``KIND/NAME``, tensor) of every entry, KIND one of shared, client, union."""
+        for kind, attr in _KINDS.items():
+            yield from ((f"{kind}/{name}", t) for name, t in getattr(self, attr).items())
+
+    def put(self, key: str, tensor: torch.Tensor) -> None:
+        """The inverse of ``items``: file ``tensor`` under ``KIND/NAME`` (ValueError for another key)."""
+        kind, _, name = key.partition("/")
+        if kind not in _KINDS or not name:
+            raise ValueError(f"not a state key: {key!r}")
+        getattr(self, _KINDS[kind])[name] = tensor
+
+
+_KINDS = {"shared": "shared", "client": "clients", "union": "union"}  # the word in keys -> field
 
 
 class Stateful:

@@ -50,7 +50,7 @@ def test_fedavgm_follows_its_definition():
                                                 "x0": x0},
                             "train": {"local_steps": 2, "lr": 0.5, "batch_size": 1, "global_lr": eta_g,
                                       "engine": "sequential"},
-                            "algorithm": {"name": "fedavgm", "beta": beta}})
+                            "algorithm": {"name": "my_fedavgm", "beta": beta}})
     algo = build_run(cfg, World(), participation=Scripted(3, script)).algorithm
     x, v = x0, 0.0
     for t, active in enumerate(script):
@@ -60,6 +60,17 @@ def test_fedavgm_follows_its_definition():
             x = x + eta_g * v
         assert scalar(algo.x) == pytest.approx(x, rel=1e-6, abs=1e-6), t
         assert float(algo.momentum[0]) == pytest.approx(v, rel=1e-6, abs=1e-6), t
+
+
+def test_the_plugin_equals_the_builtin_fedavgm(tmp_path):
+    """The plug-in and fedmpi's own fedavgm (server_momentum) compute the same bits."""
+    from fedmpi.cli import main
+
+    mine, builtin = tmp_path / "mine.h5", tmp_path / "builtin.h5"
+    assert main(["run", CONFIG, "--out", str(mine), "--quiet", "--plugin", PLUGIN, *SMALL]) == 0
+    assert main(["run", CONFIG, "--out", str(builtin), "--quiet", "--plugin", PLUGIN, *SMALL,
+                 "--set", "algorithm={name: fedavgm, server_momentum: 0.7}"]) == 0
+    same(mine, builtin)
 
 
 def test_model_and_dataset_take_their_own_keys():
@@ -98,7 +109,7 @@ def test_one_rank_equals_two_ranks_with_mpiexec_and_the_launcher(tmp_path):
     same(one, two)
     same(one, launched)
     with h5py.File(launched) as f:
-        assert f.attrs["world_size"] == 2 and "name: fedavgm" in f.attrs["config"]
+        assert f.attrs["world_size"] == 2 and "name: my_fedavgm" in f.attrs["config"]
 
 
 @pytest.mark.mpi

@@ -4,7 +4,8 @@ Load it with ``fedmpi run CONFIG --plugin examples/fedmpi_examples`` (or
 ``FEDMPI_PLUGINS=examples/fedmpi_examples``, or ``pip install -e examples`` for the entry point
 ``fedmpi.plugins``). Importing the package registers:
 
-- algorithm ``fedavgm``: FedAvg with server momentum ``algorithm.beta`` (``fedavgm.py``);
+- algorithm ``my_fedavgm``: FedAvg with server momentum ``algorithm.beta`` (``fedavgm.py``; fedmpi
+  ships the same rule as ``fedavgm``: this file shows how such an algorithm is written);
 - model ``resmlp``: an MLP with residual blocks, ``task.width`` and ``task.blocks`` (``model.py``);
 - dataset ``spirals``: interleaved 2-D spirals from numpy arrays, ``task.spiral_samples``,
   ``task.arms``, ``task.noise`` (``dataset.py``).

@@ -1,4 +1,4 @@
-"""FedAvgM: FedAvg with server momentum (Hsu, Qi and Brown, 2019).
+"""FedAvgM: FedAvg with server momentum (Hsu, Qi and Brown, 2019), as a plug-in ``my_fedavgm``.
 
     Delta^t = mean_{i in A_t} Delta_i                 (the clients' mean change)
     v^{t+1} = beta v^t + Delta^t,   v^0 = 0           (server momentum, beta = algorithm.beta)
@@ -9,7 +9,8 @@ Only the server step differs from FedAvg, so this overrides two hooks of ``Serve
 ``weights`` (each active client's change counts 1/|A_t|; fedmpi sums the weighted changes of all
 ranks into rank 0, reproducibly) and ``server_update`` (runs on rank 0 only). The momentum
 buffer is declared in ``shared_state``, so checkpoints save it and a resumed run, on any
-number of ranks, continues exactly.
+number of ranks, continues exactly. (fedmpi's own ``fedavgm``, with ``server_momentum``, computes
+the same bits; ``tests/test_examples.py`` checks it.)
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class FedAvgMParams(AlgorithmParams):
     beta: float = opt(0.9, "server momentum: v <- beta v + mean Delta_i", ge=0, lt=1)
 
 
-@register("fedavgm")
+@register("my_fedavgm")
 class FedAvgM(ServerAlgorithm):
     Params = FedAvgMParams
     shared_state = ("momentum",)  # v, kept by the server (rank 0)

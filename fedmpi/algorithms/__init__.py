@@ -1,6 +1,7 @@
 """One small file per algorithm family; importing the package registers them all."""
 
 from . import fedavg, fedavg_all, fedknown, gfedavg, fedau, f3ast, mifa, fedvarp, fedswe  # noqa: F401
+from . import fedopt, fedprox, scaffold  # noqa: F401
 from . import debiased  # noqa: F401
 from . import dspodfl  # noqa: F401
 from .base import Algorithm, Context, ServerAlgorithm, Snapshot, register  # noqa: F401

@@ -34,7 +34,7 @@ The runner calls (every "collective" method must be called on every rank, in the
 |---|---|---|
 | 1. ``select(t, available)`` | every rank, once per round, same input | update replicated per-round state |
 | 2. ``start_models(local)``, ``lr_scale(t, local)`` | every rank, its local active clients | read state |
-| 3. local training of those clients (``ctx.trainer``) | every rank | -- |
+| 3. ``local_training(t, local, start)`` (default: ``ctx.trainer``) | every rank | client state (e.g. SCAFFOLD) |
 | 4. ``contribution(...)`` (default ``weights``) | every rank, on blocks, twice each | nothing: pure |
 | 5. one reproducible sum of the rows into rank 0 | collective | -- |
 | 6. ``server_update(t, active, total)`` -> x^{t+1} | rank 0 only | server state |
@@ -173,7 +173,7 @@ class ServerAlgorithm(Algorithm):
         self.active = active
         local = self.ctx.local(active)
         start = self.start_models(local)
-        end = self.ctx.trainer.train(start, local, t, lr_scale=self.lr_scale(t, local))
+        end = self.local_training(t, local, start)
         buf = reproducible_sum_blocks(  # one reduction; rows made block by block to bound memory
             self.world, lambda s: self.contribution(t, active, local[s], start[s], end[s]), len(local), len(active))
         # x^{t+1} goes into a fresh tensor on every rank: ``start`` may view x^t
@@ -196,6 +196,12 @@ class ServerAlgorithm(Algorithm):
 
     def lr_scale(self, t: int, local: np.ndarray) -> torch.Tensor | None:
         return None
+
+    def local_training(self, t: int, local: np.ndarray, start: torch.Tensor) -> torch.Tensor:
+        """End models of the local active clients after their local steps from ``start``
+        (default: ``ctx.trainer.train`` with ``lr_scale``; FedProx adds its proximal term here,
+        SCAFFOLD its correction)."""
+        return self.ctx.trainer.train(start, local, t, lr_scale=self.lr_scale(t, local))
 
     def contribution(self, t: int, active: np.ndarray, local: np.ndarray,
                      start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:

@@ -34,12 +34,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..config import Config
 from ..decentral.delay import iteration_delay
 from ..decentral.exchange import Exchanger
 from ..decentral.sporadicity import Indicators
 from ..decentral.topology import build_graph, locality_order, relabel
 from ..engine.evaluate import evaluate
 from ..engine.store import ClientTable
+from ..errors import InputError
 from ..models import has_conv
 from .base import Algorithm, Context, Snapshot
 
@@ -57,6 +59,13 @@ class Decentralized(Algorithm):
     client_state = ("table.rows",)  # x_i of the local clients
     shared_state = ("delay",)
     evaluated_models = ("avg_model",)  # x_bar; test_acc/test_loss average the clients' own models
+
+    @classmethod
+    def check_config(cls, cfg: Config) -> None:
+        super().check_config(cfg)
+        if cfg.train.momentum:
+            raise InputError("train.momentum: a decentralized algorithm takes one local step per iteration, "
+                             "so a momentum buffer reset every round has no effect (use 0)")
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)

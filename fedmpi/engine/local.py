@@ -1,8 +1,9 @@
 """Local SGD of many clients at once.
 
-``LocalTrainer.train(start, clients, t)`` runs s plain SGD steps (no momentum, no weight
-decay) for every listed client, starting from the rows of ``start`` (n, d), and returns the
-end models (n, d). Two paths compute the same thing:
+``LocalTrainer.train(start, clients, t)`` runs s local SGD steps (``local_step``: optional
+momentum, weight decay, FedProx's proximal term, SCAFFOLD's correction) for every listed
+client, starting from the rows of ``start`` (n, d), and returns the end models (n, d). Two
+paths compute the same thing:
 
 - batched: the clients' parameters are stacked and every step computes all their gradients
   at once -- through the stacked layers of ``engine.layers`` (one ``baddbmm`` per Linear,
@@ -34,6 +35,7 @@ from ..models import has_conv
 from ..models.dropout import KeyedDropout
 from ..models.losses import per_sample
 from .layers import StackedNet, conv_impl
+from .local_step import LocalStep
 from .params import ParamSpec
 from .threads import one_thread
 
@@ -128,17 +130,19 @@ class LocalTrainer:
 
     # ------------------------------------------------------------------ training
     def train(self, start: torch.Tensor, clients: np.ndarray, t: int, lr_scale: torch.Tensor | None = None,
-              steps: int | None = None) -> torch.Tensor:
+              steps: int | None = None, prox: float = 0.0, correction: torch.Tensor | None = None) -> torch.Tensor:
         """End models (n, d) after ``steps`` (default s) local SGD steps from ``start`` (n, d).
 
-        ``lr_scale`` (n,) multiplies each client's step size (e.g. debiased FedAvg's nu_i).
+        ``lr_scale`` (n,) multiplies each client's step size (e.g. debiased FedAvg's nu_i);
+        ``prox`` adds FedProx's mu (x - start) and ``correction`` (n, d) SCAFFOLD's c - c_i to
+        every step's (clipped) gradient (``local_step``).
         """
         with one_thread(self.device):
             x = start.detach().clone()
-        return self.train_(x, clients, t, lr_scale, steps)
+        return self.train_(x, clients, t, lr_scale, steps, prox, correction)
 
     def train_(self, x: torch.Tensor, clients: np.ndarray, t: int, lr_scale: torch.Tensor | None = None,
-               steps: int | None = None) -> torch.Tensor:
+               steps: int | None = None, prox: float = 0.0, correction: torch.Tensor | None = None) -> torch.Tensor:
         """``train`` on the rows of ``x`` in place (same bits); returns ``x``."""
         n = x.shape[0]
         if n == 0:
@@ -150,9 +154,16 @@ class LocalTrainer:
         self.task.model.train()
         chunk = self.chunk_size()
         with one_thread(self.device):
+            anchor = x.clone() if prox else None  # x_start of the proximal term
             for a in range(0, n, chunk):  # a client's result does not depend on its chunk-mates
-                self._train_block(x[a:a + chunk], clients[a:a + chunk], t, lr[a:a + chunk], steps)
+                rows = slice(a, a + chunk)
+                rule = LocalStep(self.cfg, prox, self._views(anchor, rows), self._views(correction, rows))
+                self._train_block(x[rows], clients[rows], t, lr[rows], steps, rule)
         return x
+
+    def _views(self, table: torch.Tensor | None, block: slice) -> dict[str, torch.Tensor] | None:
+        """{name: (n, *shape)} views of a block of (n, d) rows (None stays None)."""
+        return None if table is None else self.spec.views(table[block])
 
     def chunk_size(self) -> int:
         """Clients per batched call. Each client's step touches its parameters, gradients and
@@ -163,8 +174,9 @@ class LocalTrainer:
         return max(8, (64 << 20) // per_client)
 
     def _train_block(self, x: torch.Tensor, clients: np.ndarray, t: int, lr: torch.Tensor,
-                     steps: int | None) -> None:
-        """SGD steps on the rows of ``x`` in place, parameter by parameter (no (n, d) gradient copy)."""
+                     steps: int | None, rule: LocalStep) -> None:
+        """Local steps (``rule``) on the rows of ``x`` in place, parameter by parameter (no (n, d)
+        gradient copy)."""
         params = self.spec.views(x)
         rates = {name: lr.view(-1, *[1] * (v.dim() - 1)) for name, v in params.items()}
         for step in range(self.cfg.local_steps if steps is None else steps):
@@ -175,7 +187,7 @@ class LocalTrainer:
                 scale = torch.clamp(self.cfg.grad_clip / (norms + 1e-12), max=1.0)
                 g = {name: v * scale.view(rates[name].shape) for name, v in g.items()}
             for name, v in params.items():
-                v.addcmul_(rates[name], g[name], value=-1.0)  # x - lr g, one fused pass
+                v.addcmul_(rates[name], rule.direction(name, v, g[name]), value=-1.0)  # x - lr d, one fused pass
 
     def dropout_keys(self, clients: np.ndarray, t: int, step: int) -> dict[str, torch.Tensor]:
         """{'<layer>.key': (n,) int64} for the model's ``KeyedDropout`` layers: one key per client,

@@ -37,6 +37,10 @@ CASES = {
     "dspodfl": {"availability": {"kind": "always"}, "topology": {"kind": "ring"}},
     "dfedavg": {"availability": {"kind": "always"}, "topology": {"kind": "ring"},
                 "sporadicity": {"sgd_prob": {"dist": "uniform", "lo": 0.3}}},
+    "fedavgm": {}, "fedadam": {"train": {"global_lr": 0.03}}, "fedyogi": {"train": {"global_lr": 0.03}},
+    "fedadagrad": {"train": {"global_lr": 0.03}, "availability": {"kind": "markov", "B": 2, "R": 2}},
+    "scaffold": {"train": {"momentum": 0.5}},
+    "fedprox": {"algorithm": {"mu": 0.1}, "train": {"momentum": 0.9, "weight_decay": 1e-3}},
 }
 
 

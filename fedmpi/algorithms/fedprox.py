@@ -1,0 +1,35 @@
+"""FedProx (Li et al. 2020): FedAvg whose clients minimise a proximal local objective.
+
+    h_i(y) = F_i(y) + (mu / 2) ||y - x^t||^2        (s local SGD steps on h_i from y = x^t)
+    x^{t+1} = x^t + eta_g * mean_{i in A_t} Delta_i  (A_t empty: x^{t+1} = x^t)
+
+The gradient of the proximal term, mu (y - x^t), is added to each (clipped) minibatch
+gradient (``engine.local_step``). The active clients are weighted as ``fedavg_active`` weights
+them (the paper's simple average over the selected devices). Every client does the same s
+steps: the paper's variable amount of local work (gamma-inexact solutions) is not modelled.
+mu = 0 is FedAvg.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..config import AlgorithmParams, opt
+from .base import register
+from .fedavg import FedAvgActive
+
+
+@dataclass
+class FedProxParams(AlgorithmParams):
+    mu: float = opt(0.01, "proximal coefficient mu (0 = FedAvg)", ge=0)
+
+
+@register("fedprox")
+class FedProx(FedAvgActive):
+    Params = FedProxParams
+
+    def local_training(self, t: int, local: np.ndarray, start: torch.Tensor) -> torch.Tensor:
+        return self.ctx.trainer.train(start, local, t, lr_scale=self.lr_scale(t, local), prox=self.params.mu)

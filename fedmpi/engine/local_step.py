@@ -1,0 +1,56 @@
+"""The local optimizer step: what a client does with its minibatch gradient.
+
+For a block of parameters v (one row per client) with its (clipped) loss gradient g, one
+local step is
+
+    d   = g + weight_decay * v + mu * (v - x_start) + correction      (terms that are off are skipped)
+    buf = momentum * buf + d                                          (buf = 0 when training starts)
+    v  <- v - lr * buf                                                (v - lr * d without momentum)
+
+``weight_decay`` and ``momentum`` are ``train.*`` keys (torch.optim.SGD's convention: decay
+added to the gradient, no dampening, no Nesterov); ``mu`` and x_start (FedProx's proximal
+term; x_start = the model the client started the round from) and ``correction`` (SCAFFOLD's
+c - c_i) come from the algorithm. ``grad_clip`` clips only g, as ``clip_grad_norm_`` before an
+optimizer step would. The momentum buffer lives for one call of the trainer, so it is reset
+every round, as is usual in FL. Every term is elementwise per client, so a client's step does
+not depend on its batch-mates or on the number of ranks; with every option off ``d`` is ``g``
+itself (the same bits as plain SGD).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import TrainConfig
+
+
+class LocalStep:
+    """The step rule of one training call for one block of clients.
+
+    ``anchor`` and ``correction``: {name: (n, *shape)} blocks matching the parameter blocks
+    (x_start and c - c_i), or None."""
+
+    def __init__(self, cfg: TrainConfig, prox: float = 0.0, anchor: dict[str, torch.Tensor] | None = None,
+                 correction: dict[str, torch.Tensor] | None = None):
+        if prox and anchor is None:
+            raise ValueError("LocalStep: the proximal term needs the starting models (anchor)")
+        self.weight_decay, self.momentum = cfg.weight_decay, cfg.momentum
+        self.prox, self.anchor, self.correction = prox, anchor, correction
+        self.buf: dict[str, torch.Tensor] = {}
+
+    def direction(self, name: str, v: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        """The d (or momentum buffer) that multiplies -lr for parameter block ``name``."""
+        d = g
+        if self.weight_decay:
+            d = d.add(v, alpha=self.weight_decay)
+        if self.prox:
+            d = d.add(v - self.anchor[name], alpha=self.prox)
+        if self.correction is not None:
+            d = d + self.correction[name]
+        if not self.momentum:
+            return d
+        if name not in self.buf:
+            self.buf[name] = d.clone()  # momentum * 0 + d
+        else:
+            self.buf[name].mul_(self.momentum).add_(d)
+        return self.buf[name]

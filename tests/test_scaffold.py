@@ -1,0 +1,124 @@
+"""SCAFFOLD (option II) on quadratics with heterogeneous curvature, against plain-float references.
+
+F_i(x) = a_i (x - u_i)^2 / 2: with s > 1 local steps FedAvg's fixed point is
+sum_i (1 - q_i) u_i / sum_i (1 - q_i), q_i = (1 - eta_l a_i)^s, not the optimum of the mean
+objective sum_i a_i u_i / sum_i a_i (client drift); SCAFFOLD's correction removes that bias.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from test_fedswe import CPU, Scripted, quadratic_cfg, scalar
+
+from fedmpi.build import build_run
+from fedmpi.data.task import build_task
+from fedmpi.runtime import World
+
+U, A = [0.0, 8.0, -4.0], [0.5, 1.0, 3.0]  # optima and curvatures
+M, X0, LR, S = 3, 2.0, 0.2, 4
+SCRIPT = [[0, 1], [], [2], [0, 1, 2], [1], [0, 2], [0, 1, 2], [2]]
+
+
+def curved_build(name: str, u=U, a=A, part=None, s: int = S, lr: float = LR, eta_g: float = 1.0,
+                 train: dict | None = None, **algo):
+    """``name`` on F_i(x) = a_i ||x - u_i||^2 / 2: the quadratic task with a curvature column in
+    its targets and a loss that uses it; ``train``: other ``train.*`` keys."""
+    cfg = quadratic_cfg(name, u, X0, eta_g=eta_g, lr=lr, s=s, **algo)
+    for k, v in (train or {}).items():
+        setattr(cfg.train, k, v)
+    task = build_task(cfg, CPU)
+    task.train_y = torch.cat([task.train_y, torch.tensor(a, dtype=torch.float32)[:, None]], dim=1)
+    task.loss = lambda out, y: 0.5 * (y[..., -1:] * (out - y[..., :-1]).pow(2)).sum(-1).mean()
+    return build_run(cfg, World(), participation=part, task=task).algorithm
+
+
+def ref_scaffold(script, s=S, lr=LR, eta_g=1.0) -> list[float]:
+    x, c, ci, out = X0, 0.0, [0.0] * M, []
+    for active in script:
+        dx, dc = {}, {}
+        for i in active:
+            y = x
+            for _ in range(s):
+                y -= lr * (A[i] * (y - U[i]) + c - ci[i])
+            dx[i] = y - x
+            dc[i] = -c - dx[i] / (s * lr)  # option II: c_i^+ - c_i
+        if active:
+            x += eta_g * sum(dx.values()) / len(active)
+        c += sum(dc.values()) / M
+        for i in active:
+            ci[i] += dc[i]
+        out.append(x)
+    return out
+
+
+@pytest.mark.parametrize("eta_g", [1.0, 0.5])
+def test_trajectory_matches_option_ii(eta_g):
+    ref = ref_scaffold(SCRIPT, eta_g=eta_g)
+    algo = curved_build("scaffold", part=Scripted(M, SCRIPT), eta_g=eta_g)
+    got = []
+    for t in range(len(SCRIPT)):
+        algo.round(t)
+        got.append(scalar(algo.x))
+    assert got == pytest.approx(ref, rel=1e-5, abs=1e-5)
+
+
+def test_server_control_is_the_mean_of_the_client_controls():
+    """c = (1/N) sum_j c_j holds after every round (c_j = 0 for clients not seen yet)."""
+    algo = curved_build("scaffold", part=Scripted(M, SCRIPT))
+    for t in range(len(SCRIPT)):
+        algo.round(t)
+        assert torch.allclose(algo.c, algo.controls.rows.mean(0), rtol=0, atol=1e-5)
+
+
+def test_removes_the_client_drift_of_fedavg():
+    rounds = 300
+    optimum = float(np.dot(A, U) / np.sum(A))
+    q = [(1 - LR * a) ** S for a in A]
+    biased = float(np.dot([1 - v for v in q], U) / np.sum([1 - v for v in q]))
+    assert abs(biased - optimum) > 0.5  # the setting has drift to remove
+    fedavg, scaffold = curved_build("fedavg_active"), curved_build("scaffold")
+    for t in range(rounds):
+        fedavg.round(t), scaffold.round(t)
+    assert scalar(fedavg.x) == pytest.approx(biased, abs=1e-4)
+    assert scalar(scaffold.x) == pytest.approx(optimum, abs=1e-4)
+
+
+def test_empty_round_moves_nothing():
+    algo = curved_build("scaffold", part=Scripted(M, SCRIPT))
+    algo.round(0)
+    before = {k: v.clone() for k, v in algo.state_dict().items()}
+    algo.round(1)
+    assert all(torch.equal(before[k], v) for k, v in algo.state_dict().items())
+
+
+def test_state_dict_round_trip():
+    a = curved_build("scaffold", part=Scripted(M, SCRIPT))
+    for t in range(3):
+        a.round(t)
+    state = a.state_dict()
+    assert state.clients["controls.rows"].shape == (M, 1) and set(state.shared) == {"x", "c"}
+    b = curved_build("scaffold", part=Scripted(M, SCRIPT))
+    b.load_state_dict(state)
+    for t in range(3, len(SCRIPT)):
+        a.round(t), b.round(t)
+    assert torch.equal(a.x, b.x) and torch.equal(a.c, b.c)
+
+
+@pytest.mark.parametrize("name", ["scaffold", "fedavg_active"])
+def test_memory_of_the_client_controls_is_checked_up_front(name, tmp_path, monkeypatch):
+    """With 10 bytes of memory (and local steps that need none), SCAFFOLD's 3 x 1 float32 controls
+    (12 bytes) are refused before the first round, naming the key; FedAvg (no per-client state) starts."""
+    from fedmpi import runner
+    from fedmpi.errors import InputError
+
+    monkeypatch.setattr(World, "free_memory", lambda self: (10, "host memory per rank"))
+    monkeypatch.setattr(runner.guards, "step_bytes", lambda *args: 0)
+    cfg = quadratic_cfg(name, U, X0)
+    cfg.rounds = 1
+    if name == "fedavg_active":
+        runner.Runner(cfg, World(), str(tmp_path / "r.h5"), quiet=True)
+        return
+    with pytest.raises(InputError, match=r"algorithm.name: scaffold keeps .* per-client state"):
+        runner.Runner(cfg, World(), str(tmp_path / "r.h5"), quiet=True)
