@@ -205,13 +205,14 @@ def load(world: World, folder: str, digest: str, m: int,
     man = read_manifest(folder)
     if man is None:
         return None
+    where = os.path.join(folder, MANIFEST)  # errors about the manifest's fields name the manifest
     if man["config_digest"] != digest:
-        raise InputError(f"{folder}: checkpoint was made with a different config (resume needs the same "
+        raise InputError(f"{where}: config_digest: checkpoint was made with a different config (resume needs the same "
                          f"task, train, algorithm, availability, topology, sporadicity and seed)")
     if man["m"] != m:
-        raise InputError(f"{folder}: checkpoint has {man['m']} clients, the config {m}")
+        raise InputError(f"{where}: m: checkpoint has {man['m']} clients, the config {m}")
     if rounds is not None and man["round"] > rounds:
-        raise InputError(f"{folder}: checkpoint is at round {man['round']}, beyond rounds = {rounds} "
+        raise InputError(f"{where}: round: checkpoint is at round {man['round']}, beyond rounds = {rounds} "
                          f"(raise rounds to continue, or delete the folder to start afresh)")
     lo, hi = world.shard(m)
     client_rows: dict[str, list[torch.Tensor]] = {}
