@@ -192,7 +192,7 @@ class EvaluationConfig:
 class RuntimeConfig:
     backend: Literal["auto", "nccl", "gloo"] = opt(
         "auto", "torch.distributed backend; auto = nccl when every rank has its own GPU, else gloo")
-    device: Literal["auto", "cpu", "cuda"] = opt("auto", "auto = CUDA when available (local rank r on GPU r mod GPUs per node)")
+    device: Literal["auto", "cpu", "cuda"] = opt("auto", "auto = CUDA when available (rank r on GPU r mod GPUs)")
     threads: Optional[int] = opt(None, "torch CPU threads per rank; null = cores / local ranks", ge=1, le=1024)
     timeout_s: float = opt(300.0, "collective timeout: a dead rank ends the job after this", gt=0)
     checkpoint_every: int = opt(0, "rounds between checkpoints; 0 = off", ge=0)
