@@ -28,6 +28,7 @@ import argparse
 import copy
 import itertools
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -72,23 +73,40 @@ def load() -> str:
     return "load %.1f" % os.getloadavg()[0]
 
 
-def run_fedmpi(cfg: dict, ranks: int, tmp: str) -> tuple[float, float | None]:
-    """(ms/round, final test accuracy) of ``fedmpi run`` on ``ranks`` ranks (a fresh result file)."""
+def run_fedmpi(cfg: dict, ranks: int, tmp: str) -> tuple[float, float | None, float]:
+    """(ms/round, final test accuracy, CPU seconds of all its processes) of ``fedmpi run`` on
+    ``ranks`` ranks (a fresh result file)."""
     path = os.path.join(tmp, f"{cfg['name']}.yaml")
     out = os.path.join(tmp, f"{cfg['name']}-{ranks}-{next(_RUNS)}.h5")
     with open(path, "w") as fh:
         yaml.safe_dump(cfg, fh)
     cmd = (mpiexec(ranks) if ranks > 1 else []) + [sys.executable, "-m", "fedmpi", "run", path, "--out", out, "--quiet"]
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    before = children_cpu()
     subprocess.run(cmd, check=True, env=env, cwd=ROOT)
+    cpu = children_cpu() - before
     with h5py.File(out, "r") as f:
         wall, rounds = f["metrics/wall_time"][:], f["metrics/round"][:]
         acc = float(f["metrics/test_acc"][-1]) if "test_acc" in f["metrics"] else None
-    return 1000 * (wall[-1] - wall[0]) / (rounds[-1] - rounds[0]), acc
+    ms = 1000 * (wall[-1] - wall[0]) / (rounds[-1] - rounds[0]) if rounds[-1] > rounds[0] else float("nan")
+    return ms, acc, cpu
 
 
-def per_client_loop(cfg_dict: dict, threads: int) -> tuple[float, float]:
-    """(ms/round, final test accuracy) of the hand-written loop on the anchor task."""
+def children_cpu() -> float:
+    """CPU seconds (user + system) of the finished child processes and their descendants."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def cpu_per_round(cfg: dict, ranks: int, tmp: str, full_cpu: float) -> float:
+    """CPU ms per round and rank: a run's CPU minus that of the same run with 0 rounds (start-up,
+    data, evaluation), over rounds and ranks. What one rank would take with a core of its own."""
+    _, _, startup = run_fedmpi({**cfg, "rounds": 0}, ranks, tmp)
+    return 1000 * (full_cpu - startup) / cfg["rounds"] / ranks
+
+
+def per_client_loop(cfg_dict: dict, threads: int) -> tuple[float, float, float]:
+    """(ms/round, final test accuracy, CPU ms/round) of the hand-written loop on the anchor task."""
     from fedmpi import config
     from fedmpi.data.task import build_task
 
@@ -107,7 +125,7 @@ def per_client_loop(cfg_dict: dict, threads: int) -> tuple[float, float]:
     gen = torch.Generator(device=dev).manual_seed(cfg.seed)
     tr = cfg.train
     sync()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for _ in range(cfg.rounds):
         cohort = rng.choice(task.m, cfg.availability.size, replace=False)
         total = [torch.zeros_like(p) for p in server.parameters()]
@@ -127,10 +145,11 @@ def per_client_loop(cfg_dict: dict, threads: int) -> tuple[float, float]:
                 p.copy_(s / len(cohort))
     sync()
     ms = 1000 * (time.perf_counter() - start) / cfg.rounds
+    cpu_ms = 1000 * (time.process_time() - cpu) / cfg.rounds
     with torch.no_grad():
         acc = float((server(task.inputs(task.test_x)).argmax(1) == task.test_y).float().mean())
     torch.set_num_threads(before)
-    return ms, acc
+    return ms, acc, cpu_ms
 
 
 def sync() -> None:
@@ -196,11 +215,11 @@ def main() -> None:
             cfg = anchor(args.rounds, args.device)
             print(f"{'cycle':>5} {'fedmpi 1 rank':>14} {'fedmpi 2 ranks':>15} {'loop':>9} {'loop/1 rank':>12} "
                   f"{'loop/2 ranks':>13} {'2 vs 1':>7}   acc 1 / 2 / loop   load", flush=True)
-            ratios1, ratios2 = [], []
+            ratios1, ratios2, cpu_lines = [], [], []
             for cycle in range(args.repeat):
-                one, acc1 = run_fedmpi(cfg, 1, tmp)
-                two, acc2 = run_fedmpi(cfg, 2, tmp) if two_ranks else (float("nan"), None)
-                loop, acc_loop = per_client_loop(cfg, args.loop_threads)
+                one, acc1, cpu1 = run_fedmpi(cfg, 1, tmp)
+                two, acc2, cpu2 = run_fedmpi(cfg, 2, tmp) if two_ranks else (float("nan"), None, float("nan"))
+                loop, acc_loop, cpu_loop = per_client_loop(cfg, args.loop_threads)
                 ratios1.append(loop / one)
                 ratios2.append(loop / two)
                 accs = " / ".join("-" if a is None else f"{a:.4f}" for a in (acc1, acc2, acc_loop))
@@ -208,11 +227,17 @@ def main() -> None:
                       f"{loop / two:>12.1f}x {one / two:>6.2f}x   {accs}   {load()}", flush=True)
                 if abs(acc1 - acc_loop) > 0.01:
                     print(f"      WARNING: accuracies differ by {abs(acc1 - acc_loop):.4f} (> 0.01)")
+                c1 = cpu_per_round(cfg, 1, tmp, cpu1)
+                c2 = cpu_per_round(cfg, 2, tmp, cpu2) if two_ranks else float("nan")
+                cpu_lines.append(f"{cycle:>5} {c1:>11.1f} ms {c2:>12.1f} ms {cpu_loop:>6.1f} ms "
+                                 f"{cpu_loop / c1:>11.1f}x {cpu_loop / c2:>12.1f}x {c1 / c2:>6.2f}x")
             if args.repeat > 1:
                 print(f"median loop/1 rank {statistics.median(ratios1):.1f}x, "
                       f"loop/2 ranks {statistics.median(ratios2):.1f}x")
+            print("CPU ms per round and rank (a core of its own each; start-up subtracted):")
+            print("\n".join(cpu_lines), flush=True)
         q = quadratic(args.quadratic_rounds, args.device)
-        ms, _ = run_fedmpi(q, 1, tmp)
+        ms, _, _ = run_fedmpi(q, 1, tmp)
         print(f"quadratic, 6 clients, eval_every 1: fedmpi run {1000 / ms:.0f} rounds/s ({ms:.2f} ms/round), {load()}")
         parts = quadratic_breakdown(quadratic(min(args.quadratic_rounds, 1000), args.device), tmp)
         total = sum(parts.values())

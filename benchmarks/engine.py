@@ -4,7 +4,8 @@
 
 Cases: logreg and mlp on FMNIST-shaped data with 100 and 1000 clients per rank; the FedSWE
 paper's CNNs (svhn_cnn, cifar_cnn, cinic_cnn) on SVHN-shaped data with 10 and 50 clients.
-Each line prints the throughput of the batched engine through the stacked layers
+Every variant of a case is timed in alternating rounds (best of ``--repeat``), so a change of
+machine load hits all of them alike. Each line prints the throughput of the batched engine through the stacked layers
 (``engine.layers``), of the batched engine through ``vmap(grad)`` (the path the stacked layers
 replace), of the sequential loop, and the ratios. Conv nets get one line per stacked
 convolution (``loop``: a conv call per client; ``grouped``: one grouped convolution;
@@ -16,12 +17,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import image_task, machine, timed  # noqa: E402
+from common import image_task, machine, sync  # noqa: E402
 
 from fedmpi import config  # noqa: E402
 from fedmpi.engine.layers import CONV_IMPLS, conv_impl  # noqa: E402
@@ -33,12 +35,28 @@ CASES = [("logreg", FMNIST, 100), ("logreg", FMNIST, 1000), ("mlp", FMNIST, 100)
 CONV_MODELS = ("svhn_cnn", "cifar_cnn", "cinic_cnn")
 
 
-def steps_per_s(task, train, n: int, steps: int, **trainer_args) -> float:
+def interleaved(fns: dict[str, callable], repeat: int) -> dict[str, float]:
+    """Best seconds of each function over ``repeat`` rounds that call them in turn (after one
+    warm-up call each), so that a change of machine load hits every side of a ratio alike."""
+    best = {}
+    for name, fn in fns.items():
+        fn()
+        best[name] = float("inf")
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            sync()
+            t = time.perf_counter()
+            fn()
+            sync()
+            best[name] = min(best[name], time.perf_counter() - t)
+    return best
+
+
+def trainer_run(task, train, n: int, **trainer_args):
     tr = LocalTrainer(task, train, seed=0, **trainer_args)
     x0 = tr.spec.flatten(task.model).to(task.train_x.device).expand(n, -1)
     clients = np.arange(n)
-    sec = timed(lambda: tr.train(x0, clients, t=0), repeat=2 if trainer_args.get("path") == "sequential" else 3)
-    return n * steps / sec
+    return lambda: tr.train(x0, clients, t=0)
 
 
 def main() -> None:
@@ -48,6 +66,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--models", nargs="+", help="only these models (default: every case)")
     ap.add_argument("--quick", action="store_true", help="smaller cases (smoke test)")
+    ap.add_argument("--repeat", type=int, default=3, help="alternating timed rounds (best of)")
     args = ap.parse_args()
     dev = torch.device(args.device)
     train = config.from_dict({"train": {"local_steps": args.steps, "batch_size": args.batch, "lr": 0.01}}).train
@@ -61,14 +80,16 @@ def main() -> None:
         if args.quick:
             n = max(2, n // 10)
         task = image_task(model, shape, n, 64, dev)
-        seq = steps_per_s(task, train, n, args.steps, path="sequential")
-        vm = steps_per_s(task, train, n, args.steps, path="batched", stacked=False)
         convs = CONV_IMPLS if model in CONV_MODELS else (conv_impl(dev),)
+        fns = {"sequential": trainer_run(task, train, n, path="sequential"),
+               "vmap": trainer_run(task, train, n, path="batched", stacked=False)}
+        fns.update({conv: trainer_run(task, train, n, path="batched", conv=conv) for conv in convs})
+        rate = {k: n * args.steps / sec for k, sec in interleaved(fns, args.repeat).items()}
+        seq, vm = rate["sequential"], rate["vmap"]
         for conv in convs:
-            rate = steps_per_s(task, train, n, args.steps, path="batched", conv=conv)
             label = f"{model} ({conv}{'*' if conv == conv_impl(dev) else ''})" if model in CONV_MODELS else model
-            print(f"{label:<18} {n:>7} {rate:>9.0f} {vm:>9.0f} {seq:>10.0f} {rate / seq:>10.2f}x {rate / vm:>11.2f}x",
-                  flush=True)
+            print(f"{label:<18} {n:>7} {rate[conv]:>9.0f} {vm:>9.0f} {seq:>10.0f} {rate[conv] / seq:>10.2f}x "
+                  f"{rate[conv] / vm:>11.2f}x", flush=True)
 
 
 if __name__ == "__main__":

@@ -266,6 +266,17 @@ class StackedNet:
             x = layer.forward(params, x, keys)
         return x
 
+    def activation_numel(self, shapes: dict[str, torch.Size], sample: torch.Size, batch: int) -> int:
+        """Elements of all layer outputs of one client's forward pass on a minibatch of ``batch``
+        samples of shape ``sample`` (shapes only: computed on the meta device)."""
+        with torch.device("meta"):
+            params = {name: torch.empty(1, *shape) for name, shape in shapes.items()}
+            x, total = torch.empty(1, batch, *sample), 0
+            for layer in self.layers:
+                x = layer.forward(params, x, None)
+                total += x.numel()
+        return total
+
     def closed_form(self, loss) -> bool:
         """True when the gradients skip autograd: only the last layer has parameters, and the
         loss gives its output gradient in closed form."""
