@@ -25,7 +25,8 @@ have three implementations (``conv_impl``):
 
 - ``loop``: one ``F.conv2d`` per client -- exactly the sequential engine's call, so the same
   bits; the CPU default (oneDNN's grouped convolution picks other kernels for other numbers of
-  groups, measured: results change with n; im2col + bmm is exact per client but 2-4x slower);
+  groups, measured: a client's results change with n; im2col + bmm is exact per client but made
+  whole training steps 1.3-1.6x slower, benchmarks/RESULTS.md);
 - ``grouped``: one convolution with groups = n (the CUDA default; cuDNN may round differently
   with other batch-mates, as README's determinism section says for GPUs);
 - ``unfold``: im2col (``F.unfold``) + one batched matmul.
