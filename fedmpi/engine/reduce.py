@@ -54,15 +54,27 @@ def reproducible_sum_blocks(world: World, make_rows: Callable[[slice], torch.Ten
             torch.maximum(biggest, r.amax(0), out=biggest)
             torch.maximum(biggest, r.amin(0).neg_(), out=biggest)
         world.allreduce_max_(biggest)
+        sigma = grid(biggest, n_total)
         total = torch.zeros(width, dtype=torch.float64, device=device)
+        scratch = torch.empty(min(block, n_local) * width, dtype=torch.float64, device=device)  # every block's rounding
         for s in slices:
-            total += preround(rows(s), biggest, n_total).sum(0)
+            r = rows(s)
+            total += preround(r, biggest, n_total, out=scratch[:r.numel()].view(r.shape), sigma=sigma).sum(0)
     return world.allreduce_sum_(total) if to_all else world.sum_to_server_(total)
 
 
-def preround(rows: torch.Tensor, biggest: torch.Tensor, n_total: int) -> torch.Tensor:
-    """Round float64 ``rows`` to the grid on which sums of ``n_total`` terms are exact."""
+def grid(biggest: torch.Tensor, n_total: int) -> torch.Tensor:
+    """sigma = 2^(e + k) per coordinate: 2^e above ``biggest`` (>= every |term|), 2^k >= 2 n_total."""
     _, e = torch.frexp(biggest)  # biggest < 2^e
     k = math.ceil(math.log2(max(n_total, 1))) + 1
-    sigma = torch.ldexp(torch.ones_like(biggest), e + k)
-    return (rows + sigma).sub_(sigma)
+    return torch.ldexp(torch.ones_like(biggest), e + k)
+
+
+def preround(rows: torch.Tensor, biggest: torch.Tensor, n_total: int, out: torch.Tensor | None = None,
+             sigma: torch.Tensor | None = None) -> torch.Tensor:
+    """Round float64 ``rows`` to the grid on which sums of ``n_total`` terms are exact: (rows +
+    sigma) - sigma, in two float64 roundings (the second is exact). ``out``: a buffer of the
+    rows' shape to write into (default: a new tensor); ``sigma``: ``grid(biggest, n_total)``
+    when already known."""
+    sigma = grid(biggest, n_total) if sigma is None else sigma
+    return torch.add(rows, sigma, out=out).sub_(sigma)
