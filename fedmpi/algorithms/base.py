@@ -35,7 +35,7 @@ The runner calls (every "collective" method must be called on every rank, in the
 | 1. ``select(t, available)`` | every rank, once per round, same input | update replicated per-round state |
 | 2. ``start_models(local)``, ``lr_scale(t, local)`` | every rank, its local active clients | read state |
 | 3. ``local_training(t, local, start)`` (default: ``ctx.trainer``) | every rank | client state (e.g. SCAFFOLD) |
-| 4. ``contribution(...)`` (default ``weights``) | every rank, on blocks, twice each | nothing: pure |
+| 4. ``contribution(...)`` (default ``weights``) | every rank, on blocks, twice each | nothing: pure, new rows |
 | 5. one reproducible sum of the rows into rank 0 | collective | -- |
 | 6. ``server_update(t, active, total)`` -> x^{t+1} | rank 0 only | server state |
 | 7. broadcast of x^{t+1} | collective | -- |
@@ -175,7 +175,8 @@ class ServerAlgorithm(Algorithm):
         start = self.start_models(local)
         end = self.local_training(t, local, start)
         buf = reproducible_sum_blocks(  # one reduction; rows made block by block to bound memory
-            self.world, lambda s: self.contribution(t, active, local[s], start[s], end[s]), len(local), len(active))
+            self.world, lambda s: self.contribution(t, active, local[s], start[s], end[s]), len(local), len(active),
+            overwrite=True)
         # x^{t+1} goes into a fresh tensor on every rank: ``start`` may view x^t
         self.x = self.server_update(t, active, buf).float() if self.world.is_server else torch.empty_like(self.x)
         self.world.broadcast_(self.x)
@@ -207,7 +208,8 @@ class ServerAlgorithm(Algorithm):
                      start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
         """One float64 row per listed local client, summed over all clients for the server.
 
-        Called on blocks of the local clients, twice each: it must not change any state.
+        Called on blocks of the local clients, twice each: it must not change any state, and it
+        returns a new tensor each time (the reduction pre-rounds the rows in place).
         Default: w_i Delta_i with w_i from ``weights``."""
         w = torch.as_tensor(self.weights(t, active, local), dtype=torch.float64, device=end.device)
         return (end - start).double().mul_(w[:, None])  # in place: one float64 temporary fewer

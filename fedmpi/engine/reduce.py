@@ -30,13 +30,16 @@ def reproducible_sum(world: World, rows: torch.Tensor, n_total: int, to_all: boo
 
 
 def reproducible_sum_blocks(world: World, make_rows: Callable[[slice], torch.Tensor], n_local: int, n_total: int,
-                            to_all: bool = False, block_bytes: int = 256 << 20) -> torch.Tensor:
+                            to_all: bool = False, block_bytes: int = 256 << 20, overwrite: bool = False) -> torch.Tensor:
     """``reproducible_sum`` of rows produced block by block by ``make_rows(slice)``.
 
     Two passes over the blocks (the global maximum first, then the exact sums), so only one
     block of float64 rows exists at a time: memory O(block x width) instead of O(n x width).
     ``make_rows`` must be a pure function of its slice (it may be called twice per block, and
     once on an empty slice for the width); rows that fit in one block are made only once.
+    ``overwrite``: every call of ``make_rows`` returns a new tensor, which the reduction may
+    overwrite, so the pre-rounding works in place (writing a fresh buffer of the rows' size
+    cost 3-5x an in-place pass over rows still in cache: benchmarks/RESULTS.md, anchor task).
     """
     empty = make_rows(slice(0, 0))
     width, device = empty.shape[-1], empty.device
@@ -56,10 +59,9 @@ def reproducible_sum_blocks(world: World, make_rows: Callable[[slice], torch.Ten
         world.allreduce_max_(biggest)
         sigma = grid(biggest, n_total)
         total = torch.zeros(width, dtype=torch.float64, device=device)
-        scratch = torch.empty(min(block, n_local) * width, dtype=torch.float64, device=device)  # every block's rounding
         for s in slices:
             r = rows(s)
-            total += preround(r, biggest, n_total, out=scratch[:r.numel()].view(r.shape), sigma=sigma).sum(0)
+            total += preround(r, biggest, n_total, out=r if overwrite else None, sigma=sigma).sum(0)
     return world.allreduce_sum_(total) if to_all else world.sum_to_server_(total)
 
 
@@ -73,8 +75,8 @@ def grid(biggest: torch.Tensor, n_total: int) -> torch.Tensor:
 def preround(rows: torch.Tensor, biggest: torch.Tensor, n_total: int, out: torch.Tensor | None = None,
              sigma: torch.Tensor | None = None) -> torch.Tensor:
     """Round float64 ``rows`` to the grid on which sums of ``n_total`` terms are exact: (rows +
-    sigma) - sigma, in two float64 roundings (the second is exact). ``out``: a buffer of the
-    rows' shape to write into (default: a new tensor); ``sigma``: ``grid(biggest, n_total)``
+    sigma) - sigma, in two float64 roundings (the second is exact). ``out``: where to write
+    (``rows`` itself for in place; default a new tensor); ``sigma``: ``grid(biggest, n_total)``
     when already known."""
     sigma = grid(biggest, n_total) if sigma is None else sigma
     return torch.add(rows, sigma, out=out).sub_(sigma)
