@@ -9,6 +9,7 @@ Metric names follow from the task and the algorithm's declarations: for each lab
 
 from __future__ import annotations
 
+import os
 import resource
 
 import numpy as np
@@ -22,10 +23,16 @@ from .engine.evaluate import evaluate
 RUN_METRICS = ("n_active", "wall_time", "peak_rss_mb")
 
 
+_process: psutil.Process | None = None  # this process's handle, made once (not at every evaluation)
+
+
 def peak_rss_mb() -> float:
     """Largest resident memory of this process so far (MB)."""
+    global _process
+    if _process is None or _process.pid != os.getpid():  # a forked child gets its own
+        _process = psutil.Process()
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return max(peak_kb / 1024.0, psutil.Process().memory_info().rss / 2**20)
+    return max(peak_kb / 1024.0, _process.memory_info().rss / 2**20)
 
 
 class Evaluator:
