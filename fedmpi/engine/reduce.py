@@ -30,7 +30,8 @@ def reproducible_sum(world: World, rows: torch.Tensor, n_total: int, to_all: boo
 
 
 def reproducible_sum_blocks(world: World, make_rows: Callable[[slice], torch.Tensor], n_local: int, n_total: int,
-                            to_all: bool = False, block_bytes: int = 256 << 20, overwrite: bool = False) -> torch.Tensor:
+                            to_all: bool = False, block_bytes: int = 256 << 20,
+                            overwrite: bool = False) -> torch.Tensor:
     """``reproducible_sum`` of rows produced block by block by ``make_rows(slice)``.
 
     Two passes over the blocks (the global maximum first, then the exact sums), so only one
