@@ -28,6 +28,7 @@ from common import image_task, machine, sync  # noqa: E402
 from fedmpi import config  # noqa: E402
 from fedmpi.engine.layers import CONV_IMPLS, conv_impl  # noqa: E402
 from fedmpi.engine.local import LocalTrainer  # noqa: E402
+from fedmpi.runtime.world import set_cuda_math  # noqa: E402
 
 FMNIST, SVHN = (1, 28, 28), (3, 32, 32)
 CASES = [("logreg", FMNIST, 100), ("logreg", FMNIST, 1000), ("mlp", FMNIST, 100), ("mlp", FMNIST, 1000),
@@ -69,6 +70,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="alternating timed rounds (best of)")
     args = ap.parse_args()
     dev = torch.device(args.device)
+    if dev.type == "cuda":
+        set_cuda_math(False)  # what a run does (runtime.tf32: false)
     train = config.from_dict({"train": {"local_steps": args.steps, "batch_size": args.batch, "lr": 0.01}}).train
     print(f"# engine benchmark on {machine()}, device {dev}, s={args.steps}, batch={args.batch}, "
           f"load {os.getloadavg()[0]:.1f}; client steps/s")
