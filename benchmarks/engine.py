@@ -7,7 +7,8 @@ paper's CNNs (svhn_cnn, cifar_cnn, cinic_cnn) on SVHN-shaped data with 10 and 50
 Every variant of a case is timed in alternating rounds (best of ``--repeat``), so a change of
 machine load hits all of them alike. Each line prints the throughput of the batched engine through the stacked layers
 (``engine.layers``), of the batched engine through ``vmap(grad)`` (the path the stacked layers
-replace), of the sequential loop, and the ratios. Conv nets get one line per stacked
+replace), of the sequential loop, the ratios, and the clients per batched call (``block``;
+on CUDA every call has that many, the last padded: ``fedmpi/engine/shapes.py``). Conv nets get one line per stacked
 convolution (``loop``: a conv call per client; ``grouped``: one grouped convolution;
 ``unfold``: im2col + batched matmul); the default on the device is marked with ``*``.
 """
@@ -28,6 +29,7 @@ from common import image_task, machine, sync  # noqa: E402
 from fedmpi import config  # noqa: E402
 from fedmpi.engine.layers import CONV_IMPLS, conv_impl  # noqa: E402
 from fedmpi.engine.local import LocalTrainer  # noqa: E402
+from fedmpi.runtime.world import set_cuda_math  # noqa: E402
 
 FMNIST, SVHN = (1, 28, 28), (3, 32, 32)
 CASES = [("logreg", FMNIST, 100), ("logreg", FMNIST, 1000), ("mlp", FMNIST, 100), ("mlp", FMNIST, 1000),
@@ -69,11 +71,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="alternating timed rounds (best of)")
     args = ap.parse_args()
     dev = torch.device(args.device)
+    if dev.type == "cuda":
+        set_cuda_math(False)  # what a run does (runtime.tf32: false)
     train = config.from_dict({"train": {"local_steps": args.steps, "batch_size": args.batch, "lr": 0.01}}).train
     print(f"# engine benchmark on {machine()}, device {dev}, s={args.steps}, batch={args.batch}, "
           f"load {os.getloadavg()[0]:.1f}; client steps/s")
     print(f"{'model':<18} {'clients':>7} {'stacked':>9} {'vmap':>9} {'sequential':>10} {'stacked/seq':>11} "
-          f"{'stacked/vmap':>12}")
+          f"{'stacked/vmap':>12} {'block':>6}")
     for model, shape, n in CASES:
         if args.models and model not in args.models:
             continue
@@ -86,10 +90,11 @@ def main() -> None:
         fns.update({conv: trainer_run(task, train, n, path="batched", conv=conv) for conv in convs})
         rate = {k: n * args.steps / sec for k, sec in interleaved(fns, args.repeat).items()}
         seq, vm = rate["sequential"], rate["vmap"]
+        block = LocalTrainer(task, train, seed=0, path="batched").chunk_size()
         for conv in convs:
             label = f"{model} ({conv}{'*' if conv == conv_impl(dev) else ''})" if model in CONV_MODELS else model
             print(f"{label:<18} {n:>7} {rate[conv]:>9.0f} {vm:>9.0f} {seq:>10.0f} {rate[conv] / seq:>10.2f}x "
-                  f"{rate[conv] / vm:>11.2f}x", flush=True)
+                  f"{rate[conv] / vm:>11.2f}x {block:>6}", flush=True)
 
 
 if __name__ == "__main__":

@@ -108,15 +108,19 @@ def execute(cfg, out: str, *, quiet: bool = False, resume: bool = False, overwri
     the MPI/torch world is set up, the run made, the world closed. Returns the exit code."""
     from .runtime import World
 
-    world = World.create(cfg.runtime.device, cfg.runtime.backend, cfg.runtime.timeout_s, cfg.runtime.threads)
+    world = World.create(cfg.runtime.device, cfg.runtime.backend, cfg.runtime.timeout_s, cfg.runtime.threads,
+                         cfg.runtime.tf32)
     from .runner import run
 
+    finished = False
     try:
-        return run(cfg, world, out, quiet=quiet, resume=resume, overwrite=overwrite, inputs=inputs, label=label)
+        code = run(cfg, world, out, quiet=quiet, resume=resume, overwrite=overwrite, inputs=inputs, label=label)
+        finished = code == 0
+        return code
     except (Interrupted, Diverged, KeyboardInterrupt) as e:  # 3 or 4 (also for a sweep's cell)
         return exit_code(e, world.rank)
     finally:
-        world.close()
+        world.close(finished)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

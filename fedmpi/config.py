@@ -194,6 +194,8 @@ class RuntimeConfig:
         "auto", "torch.distributed backend; auto = nccl when every rank has its own GPU, else gloo")
     device: Literal["auto", "cpu", "cuda"] = opt("auto", "auto = CUDA when available (rank r on GPU r mod GPUs)")
     threads: Optional[int] = opt(None, "torch CPU threads per rank; null = cores / local ranks", ge=1, le=1024)
+    tf32: bool = opt(False, "let CUDA matmuls and convolutions round inputs to TF32 (faster on Ampere and later, "
+                            "~1e-3 relative error); false = full float32, as on CPU")
     timeout_s: float = opt(300.0, "collective timeout: a dead rank ends the job after this", gt=0)
     checkpoint_every: int = opt(0, "rounds between checkpoints; 0 = off", ge=0)
     log_availability: bool = opt(False, "store the per-round participation mask")

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, mpiexec
+from conftest import ROOT, assert_resume_identical, mpiexec
 from fedmpi.errors import InputError
 from fedmpi.runtime import World
 from test_fedswe import Q, Scripted, build, quadratic_cfg, scalar
@@ -180,20 +180,11 @@ def test_state_dict_round_trip(name):
 @pytest.mark.parametrize("name", ["fedswe", "gfedavg", "fedau", "f3ast", "mifa", "fedvarp"])
 def test_checkpoint_resume_gives_the_same_run(name, tmp_path):
     """Through the runner: fail at round 5, resume from the round-4 checkpoint, finish as if uninterrupted."""
-    from fault_plugin import inject
-    from fedmpi.runner import Runner
-
     cfg = quadratic_cfg(name, [[0.0, 1.0], [8.0, -2.0], [-4.0, 3.0], [1.0, 1.0], [2.0, -6.0]],
                         availability={"kind": "stationary", "base": {"kind": "fixed", "values": [0.4]}},
                         k=2, anchor_period=3, fedau_cap=3, select=2, rate_beta=0.3)
     cfg.rounds, cfg.eval_every, cfg.runtime.checkpoint_every = 8, 2, 2
-    Runner(cfg, World(), str(tmp_path / "straight.h5"), quiet=True).run()
-    with pytest.raises(RuntimeError, match="injected"):
-        Runner(cfg, World(), str(tmp_path / "cut.h5"), quiet=True, callbacks=[inject("0:5:raise")]).run()
-    Runner(cfg, World(), str(tmp_path / "cut.h5"), quiet=True, resume=True).run()
-    with h5py.File(tmp_path / "straight.h5") as a, h5py.File(tmp_path / "cut.h5") as b:
-        assert np.array_equal(a["final/params"][:], b["final/params"][:])
-        assert np.array_equal(a["metrics/test_loss"][:], b["metrics/test_loss"][:])
+    assert_resume_identical(cfg, tmp_path)
 
 
 def test_fedknown_refuses_unknown_probabilities():

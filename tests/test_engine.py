@@ -51,6 +51,39 @@ def test_client_results_do_not_depend_on_their_companions(model):
         assert torch.equal(alone[0], together[k])
 
 
+@pytest.mark.parametrize("model,stacked", [("logreg", True), ("mlp", True), ("mlp", False)])
+def test_fixed_shape_blocks_change_no_bit(monkeypatch, model, stacked):
+    """CUDA pads every batched block to chunk_size rows (engine.shapes); on CPU, where kernels
+    do not depend on the batch count, the padded path must give exactly today's bits, for
+    every per-client input: start rows, ids, lr_scale, FedProx's anchor, SCAFFOLD's correction."""
+    cfg, task, _ = trainer(task__model=model, task__hidden=16)
+    plain = LocalTrainer(task, cfg.train, cfg.seed, path="batched", stacked=stacked)
+    padded = LocalTrainer(task, cfg.train, cfg.seed, path="batched", stacked=stacked, fixed_shape=True)
+    for tr in (plain, padded):
+        monkeypatch.setattr(tr, "chunk_size", lambda: 4)  # 7 clients: a full block and one of 3 padded to 4
+    seen = []
+    block = padded._train_block
+    monkeypatch.setattr(padded, "_train_block", lambda x, ids, *a: (seen.append(len(ids)), block(x, ids, *a)))
+    ids = np.array([5, 0, 3, 9, 2, 7, 11])
+    g = torch.Generator().manual_seed(1)
+    x0 = plain.spec.flatten(task.model).expand(len(ids), -1) + 0.01 * torch.randn(len(ids), plain.spec.dim, generator=g)
+    scale = torch.linspace(0.5, 1.5, len(ids))
+    corr = 0.01 * torch.randn(len(ids), plain.spec.dim, generator=g)
+    a = plain.train(x0, ids, t=3, lr_scale=scale, prox=0.1, correction=corr)
+    b = padded.train(x0, ids, t=3, lr_scale=scale, prox=0.1, correction=corr)
+    assert seen == [4, 4]
+    assert (a - x0).abs().max() > 1e-4 and torch.equal(a, b)
+
+
+def test_pad_rows():
+    from fedmpi.engine.shapes import pad_rows
+
+    t = torch.arange(6.0).view(3, 2)
+    assert torch.equal(pad_rows(t, 2), torch.tensor([[0.0, 1], [2, 3], [4, 5], [4, 5], [4, 5]]))
+    assert pad_rows(t, 0) is t and pad_rows(None, 3) is None
+    assert pad_rows(np.array([1, 2]), 2).tolist() == [1, 2, 2, 2]
+
+
 def test_train_in_place_is_train(monkeypatch):
     _, task, tr = trainer()
     ids = np.array([1, 2, 5, 6, 7, 9, 11])

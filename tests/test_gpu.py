@@ -14,10 +14,16 @@ from fedmpi.decentral.exchange import Exchanger
 from fedmpi.decentral.topology import build_graph
 from fedmpi.engine.local import LocalTrainer
 from fedmpi.models.dropout import KeyedDropout
-from fedmpi.runtime.world import World
+from fedmpi.runtime.world import World, set_cuda_math
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 CUDA = torch.device("cuda")
+
+
+@pytest.fixture(autouse=True)
+def full_float32():
+    """What a run does (runtime.tf32: false): no TF32 rounding in CUDA matmuls or convolutions."""
+    set_cuda_math(False)
 
 
 def test_dropout_masks_are_the_same_on_cuda_and_cpu():
@@ -58,6 +64,27 @@ def test_batched_training_on_cuda_does_not_depend_on_companions():
     together = tr.train(x0, ids, t=1)
     for k in range(len(ids)):
         assert torch.equal(tr.train(x0[k:k + 1], ids[k:k + 1], t=1)[0], together[k])
+
+
+def test_cuda_blocks_have_one_shape_whatever_the_cohort():
+    """engine.shapes: every batched block on CUDA is padded to chunk_size rows."""
+    cfg = config.from_dict(synthetic_config())
+    tr = LocalTrainer(build_task(cfg, CUDA), cfg.train, cfg.seed, path="batched")
+    seen = []
+    block = tr._train_block
+    tr._train_block = lambda x, ids, *a: (seen.append(x.shape[0]), block(x, ids, *a))
+    x0 = tr.spec.flatten(tr.task.model).to(CUDA)
+    for n in (1, 3, 7):
+        tr.train(x0.expand(n, -1), np.arange(n), t=0)
+    assert tr.fixed_shape and seen == [tr.chunk_size()] * 3
+
+
+def test_the_world_of_a_run_sets_the_float32_precision():
+    set_cuda_math(True)
+    World.create("cuda")
+    assert torch.backends.cudnn.conv.fp32_precision == "ieee"
+    World.create("cuda", tf32=True)
+    assert torch.backends.cudnn.conv.fp32_precision == "tf32"
 
 
 def test_ranks_sharing_a_gpu_split_its_free_memory():

@@ -7,8 +7,7 @@ from __future__ import annotations
 import h5py
 import numpy as np
 import pytest
-from conftest import fedmpi, synthetic_config, write_config
-from fault_plugin import inject
+from conftest import assert_resume_identical, fedmpi, synthetic_config, write_config
 from test_fedswe import quadratic_cfg
 
 from fedmpi import config
@@ -54,14 +53,7 @@ def test_checkpoint_resume_gives_the_same_run(name, tmp_path):
                         availability={"kind": "stationary", "base": {"kind": "fixed", "values": [0.4]}},
                         eta_g=0.1 if name in OWN else 1.0)
     cfg.rounds, cfg.eval_every, cfg.runtime.checkpoint_every = 8, 2, 2
-    Runner(cfg, World(), str(tmp_path / "straight.h5"), quiet=True).run()
-    with pytest.raises(RuntimeError, match="injected"):
-        Runner(cfg, World(), str(tmp_path / "cut.h5"), quiet=True, callbacks=[inject("0:5:raise")]).run()
-    Runner(cfg, World(), str(tmp_path / "cut.h5"), quiet=True, resume=True).run()
-    with h5py.File(tmp_path / "straight.h5") as a, h5py.File(tmp_path / "cut.h5") as b:
-        assert np.array_equal(a["final/params"][:], b["final/params"][:])
-        assert np.array_equal(a["metrics/test_loss"][:], b["metrics/test_loss"][:])
-        assert not np.array_equal(a["metrics/test_loss"][0], a["metrics/test_loss"][-1])  # it moved
+    assert_resume_identical(cfg, tmp_path)
 
 
 @pytest.mark.parametrize("key, value", [("beta1", 1.0), ("beta2", -0.1), ("tau", 0.0)])

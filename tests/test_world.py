@@ -14,7 +14,42 @@ import pytest
 
 from conftest import ROOT, fedmpi, mpiexec, synthetic_config, write_config
 from fedmpi.errors import InputError
-from fedmpi.runtime.world import Backend, World, choose_backend, deciding_node, keep_freed_memory
+from fedmpi.runtime.world import (Backend, World, choose_backend, deciding_node, keep_freed_memory,
+                                  set_cuda_math)
+
+
+def test_set_cuda_math_sets_tf32_and_deterministic_convolutions():
+    """runtime.tf32 (default false: full float32, as on CPU; torch's own default is TF32 convs)."""
+    import torch
+
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    new_api = hasattr(matmul, "fp32_precision")
+    before = (matmul.fp32_precision, cudnn.conv.fp32_precision) if new_api else (matmul.allow_tf32, cudnn.allow_tf32)
+    try:
+        for on in (True, False):
+            set_cuda_math(on)
+            assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+            if new_api:
+                assert (matmul.fp32_precision, cudnn.conv.fp32_precision) == (("tf32",) * 2 if on else ("ieee",) * 2)
+            else:
+                assert (matmul.allow_tf32, cudnn.allow_tf32) == (on, on)
+    finally:
+        if new_api:
+            matmul.fp32_precision, cudnn.conv.fp32_precision = before
+        else:
+            matmul.allow_tf32, cudnn.allow_tf32 = before
+
+
+def test_the_world_holds_only_its_last_communicated_tensors_until_close():
+    """World._hold: gloo's worker thread must never free the last reference (an abort at exit
+    on CUDA); the hold is bounded and ends at close."""
+    import torch
+
+    w = World()
+    w._hold(*[torch.zeros(3) for _ in range(40)])
+    assert len(w._held) == 16
+    w.close()
+    assert len(w._held) == 0
 
 
 def test_keep_freed_memory_applies_on_glibc_and_can_be_turned_off(monkeypatch):

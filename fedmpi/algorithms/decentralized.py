@@ -40,6 +40,7 @@ from ..decentral.exchange import Exchanger
 from ..decentral.sporadicity import Indicators
 from ..decentral.topology import build_graph, locality_order, relabel
 from ..engine.evaluate import evaluate
+from ..engine.shapes import fixed_shapes, pad_rows
 from ..engine.store import ClientTable
 from ..errors import InputError
 from ..models import has_conv
@@ -129,11 +130,18 @@ class Decentralized(Algorithm):
         """(m, 2) test (loss, accuracy) of every client's own model, on rank 0 (None elsewhere)."""
         task, spec, x = self.ctx.task, self.ctx.spec, self.table.rows
         # conv activations dominate memory: one model at a time
+        fixed = fixed_shapes(x.device)  # the same kernel shapes on every rank count (engine.shapes)
         step = 1 if has_conv(task.model) else max(1, _EVAL_PARAMS // spec.dim)
+        if fixed:
+            step = min(step, 256)  # every block is padded to this size: bound the padding
         parts = []
         for a in range(0, x.shape[0], step):
-            loss, acc = evaluate(task, spec, x[a:a + step], task.test_x, task.test_y, self.cfg.evaluation.batch_size)
-            parts.append(torch.stack([loss, loss if acc is None else acc], 1))
+            block = x[a:a + step]
+            n = block.shape[0]
+            if fixed:
+                block = pad_rows(block, step - n)
+            loss, acc = evaluate(task, spec, block, task.test_x, task.test_y, self.cfg.evaluation.batch_size)
+            parts.append(torch.stack([loss, loss if acc is None else acc], 1)[:n])
         rows = self.exchanger.gather_all(torch.cat(parts))
         return None if rows is None else rows.cpu().numpy()
 

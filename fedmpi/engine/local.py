@@ -37,7 +37,12 @@ from ..models.losses import per_sample
 from .layers import StackedNet, conv_impl
 from .local_step import LocalStep
 from .params import ParamSpec
+from .shapes import fixed_shapes, pad_rows
 from .threads import one_thread
+
+
+def _rows(table: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
+    return None if table is None else table[rows]
 
 
 def lr_at(cfg: TrainConfig, t: int) -> float:
@@ -61,16 +66,20 @@ class LocalTrainer:
     """Local training of a rank's clients on ``task``; see the module docstring."""
 
     def __init__(self, task: Task, cfg: TrainConfig, seed: int, path: str | None = None, conv: str | None = None,
-                 stacked: bool = True):
+                 stacked: bool = True, fixed_shape: bool | None = None):
         """``path`` forces batched or sequential (default: ``choose_path``); ``conv`` picks the
         stacked convolution (default: ``layers.conv_impl``); ``stacked=False`` makes the batched
-        path use vmap(grad) (the reference the stacked layers replace, for benchmarks)."""
+        path use vmap(grad) (the reference the stacked layers replace, for benchmarks);
+        ``fixed_shape`` pads every batched block to ``chunk_size`` rows (default: on CUDA, see
+        ``engine.shapes``; tests force it on CPU, where it must not change a bit)."""
         self.task = task
         self.cfg = cfg
         self.seed = seed
         self.spec = ParamSpec.of(task.model)
         self.device = task.train_x.device
         self.path = path or choose_path(cfg.engine, task.model, self.device)
+        self.fixed_shape = (fixed_shapes(self.device) if fixed_shape is None else fixed_shape) \
+            and self.path == "batched"
         require_images(list(cfg.augment), task.image, tuple(task.train_x.shape[1:]))
         self.net = StackedNet.compile(task.model, conv or conv_impl(self.device)) if stacked else None  # None: vmap
         self._sizes = np.asarray(task.sizes, dtype=np.int64)  # host copies for the minibatch ids
@@ -157,25 +166,35 @@ class LocalTrainer:
             anchor = x.clone() if prox else None  # x_start of the proximal term
             for a in range(0, n, chunk):  # a client's result does not depend on its chunk-mates
                 rows = slice(a, a + chunk)
-                rule = LocalStep(self.cfg, prox, self._views(anchor, rows), self._views(correction, rows))
-                self._train_block(x[rows], clients[rows], t, lr[rows], steps, rule)
+                block = [x[rows], clients[rows], lr[rows], _rows(anchor, rows), _rows(correction, rows)]
+                extra = chunk - block[0].shape[0] if self.fixed_shape else 0
+                xs, ids, rates, start, corr = (pad_rows(v, extra) for v in block)  # engine.shapes
+                rule = LocalStep(self.cfg, prox, self._views(start), self._views(corr))
+                self._train_block(xs, ids, t, rates, steps, rule)
+                if extra:
+                    x[rows] = xs[:block[0].shape[0]]
         return x
 
-    def _views(self, table: torch.Tensor | None, block: slice) -> dict[str, torch.Tensor] | None:
-        """{name: (n, *shape)} views of a block of (n, d) rows (None stays None)."""
-        return None if table is None else self.spec.views(table[block])
+    def _views(self, rows: torch.Tensor | None) -> dict[str, torch.Tensor] | None:
+        """{name: (n, *shape)} views of (n, d) rows (None stays None)."""
+        return None if rows is None else self.spec.views(rows)
 
     def chunk_size(self) -> int:
         """Clients per batched call. Each client's step touches its parameters, gradients,
-        minibatch and layer outputs (kept for the backward pass, and their gradients); blocks of
-        about 64 MB of those stay cache- and memory-friendly (benchmarks/engine.py: 1000 logreg
-        clients in one call ran 1.5x slower than in blocks; 10 SVHN-CNN clients, whose layer
-        outputs take 24 MB each, 18% slower in one call than in blocks of 2)."""
+        minibatch and layer outputs (kept for the backward pass, and their gradients). On CPU,
+        blocks of about 64 MB of those stay cache- and memory-friendly (benchmarks/engine.py:
+        1000 logreg clients in one call ran 1.5x slower than in blocks; 10 SVHN-CNN clients,
+        whose layer outputs take 24 MB each, 18% slower in one call than in blocks of 2). On
+        CUDA, blocks of up to 512 MB and 256 clients keep the GPU busy; every block there has
+        this many rows (``engine.shapes``), so the cap bounds the padding of a small cohort.
+        A function of the model, data shape and config only: the same on every rank."""
         b = self.cfg.batch_size
         per_client = 12 * self.spec.dim + 4 * b * self.task.train_x[0].numel()
         if self.net is not None:
             shapes = dict(zip(self.spec.names, self.spec.shapes))
             per_client += 8 * self.net.activation_numel(shapes, self.task.train_x.shape[1:], b)
+        if self.device.type == "cuda":
+            return max(1, min(256, (512 << 20) // per_client))
         return max(1, (64 << 20) // per_client)
 
     def _train_block(self, x: torch.Tensor, clients: np.ndarray, t: int, lr: torch.Tensor,

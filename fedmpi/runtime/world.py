@@ -21,12 +21,13 @@ cannot take CUDA tensors; mpi4py carries only small control data.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import datetime
 import os
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -37,6 +38,22 @@ import torch.distributed as dist
 from ..errors import InputError
 
 from .launcher import launched_size
+
+
+def set_cuda_math(tf32: bool) -> None:
+    """How CUDA computes in this process: deterministic cuDNN algorithms (torch's default may
+    pick convolution backward kernels that sum with atomics, whose bits vary run to run), and
+    TF32 (10-bit mantissa inputs) for float32 matmuls and convolutions, or full float32.
+    torch's default is TF32 for convolutions only, which puts CUDA runs ~1e-3 away from CPU
+    runs and the batched engine ~1e-3 away from the sequential one; fedmpi's default is off."""
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    on, mode = tf32, "tf32" if tf32 else "ieee"
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # torch >= 2.9
+        torch.backends.cuda.matmul.fp32_precision = mode
+        torch.backends.cudnn.conv.fp32_precision = mode
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = on
+        torch.backends.cudnn.allow_tf32 = on
 
 
 def keep_freed_memory() -> bool:
@@ -153,13 +170,17 @@ class World:
     comm: Any = None  # mpi4py communicator, or None for a single process without MPI
     staged: bool = False  # tensors cross ranks through host copies (gloo + CUDA)
     ranks_on_device: int = 1  # ranks of this node sharing this rank's GPU (1 on CPU)
+    # the last tensors handed to torch.distributed, held until ``close`` (see ``_hold``)
+    _held: collections.deque = field(default_factory=lambda: collections.deque(maxlen=16), repr=False,
+                                   compare=False)
 
     # ------------------------------------------------------------------ set-up
     @classmethod
     def create(cls, device: str = "auto", backend: str = "auto", timeout_s: float = 300.0,
-               threads: int | None = None) -> "World":
+               threads: int | None = None, tf32: bool = False) -> "World":
         """This process's world. Collective over the MPI job (mpi4py only, before any torch
-        collective); raises InputError, on every rank alike, for a device/backend that cannot work."""
+        collective); raises InputError, on every rank alike, for a device/backend that cannot work.
+        On CUDA it sets deterministic cuDNN and the float32 precision (``set_cuda_math``)."""
         comm = None
         rank, size, local_rank, local_size = 0, 1, 0, 1
         keep_freed_memory()
@@ -186,6 +207,7 @@ class World:
         if choice.device == "cuda":
             torch.cuda.set_device(local_rank % torch.cuda.device_count())
             dev = torch.device("cuda", torch.cuda.current_device())
+            set_cuda_math(tf32)
         else:
             dev = torch.device("cpu")
             cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -219,9 +241,24 @@ class World:
         dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=self.rank,
                                 world_size=self.size, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
 
-    def close(self) -> None:
+    def close(self, finished: bool = False) -> None:
+        """End torch.distributed. ``finished``: every rank ended its work normally, so close is
+        collective and a barrier first lets every rank's last operation finish everywhere
+        (after a failure it is skipped: a peer may be gone). The held tensors are dropped
+        last, here in the main thread (``_hold``)."""
         if dist.is_available() and dist.is_initialized():
+            if finished:
+                dist.barrier()
             dist.destroy_process_group()
+        self._held.clear()
+
+    def _hold(self, *tensors: torch.Tensor) -> None:
+        """Keep a Python reference to tensors just given to gloo, so that its worker thread,
+        which drops its own reference a moment after the operation returns, never frees the
+        last one: that free takes the GIL, and if the interpreter is already shutting down
+        the thread is killed and the process aborts (seen with torch 2.11 on 2 ranks sharing
+        a GPU: 'terminate called without an active exception' after a complete run)."""
+        self._held.extend(tensors)
 
     # ------------------------------------------------------------------ sharding
     def shard(self, m: int, rank: int | None = None) -> tuple[int, int]:
@@ -263,9 +300,11 @@ class World:
         result is copied back into ``t`` (if ``copy_back``). Returns ``t``."""
         if not self.staged:
             op(t)
+            self._hold(t)
             return t
         host = t.to("cpu", copy=True)
         op(host)
+        self._hold(host)
         if copy_back:
             t.copy_(host)
         return t
@@ -298,6 +337,7 @@ class World:
             return x
         t = torch.tensor([x], dtype=torch.float64, device="cpu" if self.staged else self.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        self._hold(t)
         return float(t.item())
 
     def gather_to_server(self, t: torch.Tensor) -> list[torch.Tensor] | None:
@@ -308,9 +348,11 @@ class World:
         host = t.to("cpu", copy=True) if self.staged else t
         if self.rank != 0:
             dist.gather(host, dst=0)
+            self._hold(host)
             return None
         parts = [torch.empty_like(host) for _ in range(self.size)]
         dist.gather(host, parts, dst=0)
+        self._hold(host, *parts)
         return [p.to(t.device) for p in parts]
 
     def send_recv_(self, send: torch.Tensor, recv: torch.Tensor,
@@ -330,6 +372,7 @@ class World:
             ops += [dist.P2POp(dist.isend, out[s0:s1], p), dist.P2POp(dist.irecv, into[r0:r1], p)]
         for work in dist.batch_isend_irecv(ops):
             work.wait()
+        self._hold(out, into)
         if self.staged:
             for _, _, _, r0, r1 in peers:
                 recv[r0:r1].copy_(into[r0:r1])
