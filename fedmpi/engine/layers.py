@@ -27,8 +27,8 @@ have three implementations (``conv_impl``):
   bits; the CPU default (oneDNN's grouped convolution picks other kernels for other numbers of
   groups, measured: a client's results change with n; im2col + bmm is exact per client but made
   whole training steps 1.3-1.6x slower, benchmarks/RESULTS.md);
-- ``grouped``: one convolution with groups = n (the CUDA default; cuDNN may round differently
-  with other batch-mates, as README's determinism section says for GPUs);
+- ``grouped``: one convolution with groups = n (the CUDA default, 1.8-2.2x the others on an
+  H200; cuDNN's kernel depends on n, so on CUDA every block has the same n, ``engine.shapes``);
 - ``unfold``: im2col (``F.unfold``) + one batched matmul.
 """
 
