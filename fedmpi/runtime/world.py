@@ -171,7 +171,7 @@ class World:
     staged: bool = False  # tensors cross ranks through host copies (gloo + CUDA)
     ranks_on_device: int = 1  # ranks of this node sharing this rank's GPU (1 on CPU)
     # the last tensors handed to torch.distributed, held until ``close`` (see ``_hold``)
-    _held: collections.deque = field(default_factory=lambda: collections.deque(maxlen=16), repr=False,
+    _held: collections.deque = field(default_factory=lambda: collections.deque(maxlen=4), repr=False,
                                    compare=False)
 
     # ------------------------------------------------------------------ set-up
@@ -257,7 +257,8 @@ class World:
         which drops its own reference a moment after the operation returns, never frees the
         last one: that free takes the GIL, and if the interpreter is already shutting down
         the thread is killed and the process aborts (seen with torch 2.11 on 2 ranks sharing
-        a GPU: 'terminate called without an active exception' after a complete run)."""
+        a GPU: 'terminate called without an active exception' after a complete run). Only the
+        last few are kept: the operation in flight at exit is the last one."""
         self._held.extend(tensors)
 
     # ------------------------------------------------------------------ sharding
