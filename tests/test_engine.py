@@ -75,6 +75,17 @@ def test_fixed_shape_blocks_change_no_bit(monkeypatch, model, stacked):
     assert (a - x0).abs().max() > 1e-4 and torch.equal(a, b)
 
 
+def test_cuda_blocks_are_capped_by_the_run_and_the_same_on_every_rank():
+    """chunk_size on CUDA: every block is padded to it, so it is a function of the model, data
+    and config only, at most 256 clients, and never more than the run's m (no padding beyond)."""
+    cfg, task, tr = trainer()
+    tr.device = torch.device("cuda")  # the rule only; nothing runs on a GPU here
+    assert tr.chunk_size() == task.m == 12
+    _, big, tr2 = trainer(task__clients=600)
+    tr2.device = torch.device("cuda")
+    assert tr2.chunk_size() == 256 and big.m == 600
+
+
 def test_pad_rows():
     from fedmpi.engine.shapes import pad_rows
 

@@ -185,16 +185,17 @@ class LocalTrainer:
         blocks of about 64 MB of those stay cache- and memory-friendly (benchmarks/engine.py:
         1000 logreg clients in one call ran 1.5x slower than in blocks; 10 SVHN-CNN clients,
         whose layer outputs take 24 MB each, 18% slower in one call than in blocks of 2). On
-        CUDA, blocks of up to 512 MB and 256 clients keep the GPU busy; every block there has
-        this many rows (``engine.shapes``), so the cap bounds the padding of a small cohort.
+        CUDA, blocks of up to 512 MB and 256 clients (and at most the run's m) keep the GPU
+        busy; every block there has this many rows (``engine.shapes``), so the caps bound the
+        padding of a small cohort.
         A function of the model, data shape and config only: the same on every rank."""
         b = self.cfg.batch_size
         per_client = 12 * self.spec.dim + 4 * b * self.task.train_x[0].numel()
         if self.net is not None:
             shapes = dict(zip(self.spec.names, self.spec.shapes))
             per_client += 8 * self.net.activation_numel(shapes, self.task.train_x.shape[1:], b)
-        if self.device.type == "cuda":
-            return max(1, min(256, (512 << 20) // per_client))
+        if self.device.type == "cuda":  # never more rows than the run has clients
+            return max(1, min(256, self.task.m, (512 << 20) // per_client))
         return max(1, (64 << 20) // per_client)
 
     def _train_block(self, x: torch.Tensor, clients: np.ndarray, t: int, lr: torch.Tensor,
