@@ -35,7 +35,7 @@ The runner calls (every "collective" method must be called on every rank, in the
 | 1. ``select(t, available)`` | every rank, once per round, same input | update replicated per-round state |
 | 2. ``start_models(local)``, ``lr_scale(t, local)`` | every rank, its local active clients | read state |
 | 3. ``local_training(t, local, start)`` (default: ``ctx.trainer``) | every rank | client state (e.g. SCAFFOLD) |
-| 4. ``contribution(...)`` (default ``weights``) | every rank, on blocks, twice each | nothing: pure, new rows |
+| 4. ``contribution(...)`` (default ``weights``) | every rank, on blocks, twice each | nothing: pure |
 | 5. one reproducible sum of the rows into rank 0 | collective | -- |
 | 6. ``server_update(t, active, total)`` -> x^{t+1} | rank 0 only | server state |
 | 7. broadcast of x^{t+1} | collective | -- |
@@ -159,6 +159,10 @@ class ServerAlgorithm(Algorithm):
 
     needs_participation = True
     shared_state = ("x",)
+    #: Declared by a class that defines ``contribution``: True when it returns a new tensor at
+    #: every call (never one it keeps), so the reduction may pre-round the rows in place (one
+    #: float64 pass fewer). Undeclared (a plug-in's override): the reduction works on a copy.
+    new_contribution_rows = True
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
@@ -176,7 +180,7 @@ class ServerAlgorithm(Algorithm):
         end = self.local_training(t, local, start)
         buf = reproducible_sum_blocks(  # one reduction; rows made block by block to bound memory
             self.world, lambda s: self.contribution(t, active, local[s], start[s], end[s]), len(local), len(active),
-            overwrite=True)
+            overwrite=self._rows_are_new())
         # x^{t+1} goes into a fresh tensor on every rank: ``start`` may view x^t
         self.x = self.server_update(t, active, buf).float() if self.world.is_server else torch.empty_like(self.x)
         self.world.broadcast_(self.x)
@@ -208,11 +212,18 @@ class ServerAlgorithm(Algorithm):
                      start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
         """One float64 row per listed local client, summed over all clients for the server.
 
-        Called on blocks of the local clients, twice each: it must not change any state, and it
-        returns a new tensor each time (the reduction pre-rounds the rows in place).
+        Called on blocks of the local clients, twice each: it must not change any state. An
+        override that returns a new tensor each time says so with ``new_contribution_rows = True``
+        in its class (the reduction then pre-rounds the rows in place).
         Default: w_i Delta_i with w_i from ``weights``."""
         w = torch.as_tensor(self.weights(t, active, local), dtype=torch.float64, device=end.device)
         return (end - start).double().mul_(w[:, None])  # in place: one float64 temporary fewer
+
+    @classmethod
+    def _rows_are_new(cls) -> bool:
+        """``new_contribution_rows`` as declared by the class that defines ``contribution``."""
+        owner = next(c for c in cls.__mro__ if "contribution" in vars(c))
+        return bool(vars(owner).get("new_contribution_rows", False))
 
     def weights(self, t: int, active: np.ndarray, local: np.ndarray) -> np.ndarray:
         """Weight w_i of each local active client's change Delta_i (used by ``contribution``)."""

@@ -51,6 +51,8 @@ class Scaffold(FedAvgActive):
         s_eta = self.cfg.train.local_steps * lr_at(self.cfg.train, t)
         return -self.c.double() - (end - start).double() / s_eta
 
+    new_contribution_rows = True  # contribution computes new rows every call
+
     def contribution(self, t: int, active: np.ndarray, local: np.ndarray,
                      start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
         """Rows [Delta_i / |A_t| | (c_i^+ - c_i) / N]: one reduction gives both server updates."""
