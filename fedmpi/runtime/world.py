@@ -47,13 +47,13 @@ def set_cuda_math(tf32: bool) -> None:
     torch's default is TF32 for convolutions only, which puts CUDA runs ~1e-3 away from CPU
     runs and the batched engine ~1e-3 away from the sequential one; fedmpi's default is off."""
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
-    on, mode = tf32, "tf32" if tf32 else "ieee"
     if hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # torch >= 2.9
+        mode = "tf32" if tf32 else "ieee"
         torch.backends.cuda.matmul.fp32_precision = mode
         torch.backends.cudnn.conv.fp32_precision = mode
     else:
-        torch.backends.cuda.matmul.allow_tf32 = on
-        torch.backends.cudnn.allow_tf32 = on
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
 
 
 def keep_freed_memory() -> bool:
