@@ -66,6 +66,29 @@ def test_iteration_matches_dense_reference():
     assert 0 < np.mean(seen) < 1  # the indicators really were sporadic
 
 
+def test_client_scores_in_padded_blocks_have_the_same_bits(monkeypatch):
+    """On CUDA the per-client evaluation pads its blocks to one shape (engine.shapes); on CPU,
+    forced, the scores must not change a bit (blocks of 4 over 11 clients: the last padded)."""
+    import fedmpi.algorithms.decentralized as dec
+
+    algo = build(synthetic("dspodfl"))
+    for k in range(3):
+        algo.round(k)
+    monkeypatch.setattr(dec, "_EVAL_PARAMS", 4 * algo.ctx.spec.dim)  # blocks of 4 models
+    plain = algo._client_scores()
+    monkeypatch.setattr(dec, "fixed_shapes", lambda device: True)
+    seen = []
+    evaluate = dec.evaluate
+
+    def counted(task, spec, models, *args):
+        seen.append(models.shape[0])
+        return evaluate(task, spec, models, *args)
+
+    monkeypatch.setattr(dec, "evaluate", counted)
+    padded = algo._client_scores()
+    assert seen == [4, 4, 4] and plain.shape == (11, 2) and np.array_equal(plain, padded)
+
+
 def test_neighbor_sum_gets_the_drawn_links():
     """Only the drawn v_ij reach the exchange (which moves rows only over active edges)."""
     algo = build(synthetic("dspodfl"))
