@@ -57,6 +57,15 @@ bench() {
   else fail "$name (exit $rc, see $name.log)"; fi
 }
 
+finish() {  # the summary, the logs to $KEEP, the exit status
+  say "done: status $status in $(( $(date +%s) - T0 ))s; logs in $LOGS"
+  cat "$SUMMARY"
+  if [ -n "${KEEP:-}" ]; then
+    mkdir -p "$KEEP" && cp "$SUMMARY" "$KEEP/" && tar czf "$KEEP/logs.tar.gz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")"
+  fi
+  exit $status
+}
+
 # ---------------------------------------------------------------- environment
 { nvidia-smi -L 2>&1 || echo "no nvidia-smi"
   $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'gpus', torch.cuda.device_count())"
@@ -156,14 +165,6 @@ else
 fi
 
 # ---------------------------------------------------------------- 5. benchmarks (last: the checks above matter more than numbers)
-finish() {  # the summary, the logs to $KEEP, the exit status
-  say "done: status $status in $(( $(date +%s) - T0 ))s; logs in $LOGS"
-  cat "$SUMMARY"
-  if [ -n "${KEEP:-}" ]; then
-    mkdir -p "$KEEP" && cp "$SUMMARY" "$KEEP/" && tar czf "$KEEP/logs.tar.gz" -C "$(dirname "$LOGS")" "$(basename "$LOGS")"
-  fi
-  exit $status
-}
 [ "${BENCH:-1}" = 0 ] && { say "skipped benchmarks: BENCH=0"; finish; }
 if [ "$DEVICE" = cpu ]; then clients=(100); else clients=(100 1000); fi
 bench bench-decentralized $PY benchmarks/decentralized.py --device "$DEVICE" --clients "${clients[@]}"

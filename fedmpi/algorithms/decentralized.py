@@ -40,7 +40,7 @@ from ..decentral.exchange import Exchanger
 from ..decentral.sporadicity import Indicators
 from ..decentral.topology import build_graph, locality_order, relabel
 from ..engine.evaluate import evaluate
-from ..engine.shapes import fixed_shapes, pad_rows
+from ..engine.shapes import MAX_FIXED_BLOCK, fixed_shapes, pad_rows
 from ..engine.store import ClientTable
 from ..errors import InputError
 from ..models import has_conv
@@ -133,7 +133,7 @@ class Decentralized(Algorithm):
         fixed = fixed_shapes(x.device)  # the same kernel shapes on every rank count (engine.shapes)
         step = 1 if has_conv(task.model) else max(1, _EVAL_PARAMS // spec.dim)
         if fixed:
-            step = min(step, 256)  # every block is padded to this size: bound the padding
+            step = min(step, MAX_FIXED_BLOCK)  # every block is padded to this size
         parts = []
         for a in range(0, x.shape[0], step):
             block = x[a:a + step]

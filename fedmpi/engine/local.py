@@ -37,12 +37,8 @@ from ..models.losses import per_sample
 from .layers import StackedNet, conv_impl
 from .local_step import LocalStep
 from .params import ParamSpec
-from .shapes import fixed_shapes, pad_rows
+from .shapes import MAX_FIXED_BLOCK, fixed_shapes, pad_rows
 from .threads import one_thread
-
-
-def _rows(table: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
-    return None if table is None else table[rows]
 
 
 def lr_at(cfg: TrainConfig, t: int) -> float:
@@ -165,14 +161,14 @@ class LocalTrainer:
         with one_thread(self.device):
             anchor = x.clone() if prox else None  # x_start of the proximal term
             for a in range(0, n, chunk):  # a client's result does not depend on its chunk-mates
-                rows = slice(a, a + chunk)
-                block = [x[rows], clients[rows], lr[rows], _rows(anchor, rows), _rows(correction, rows)]
-                extra = chunk - block[0].shape[0] if self.fixed_shape else 0
-                xs, ids, rates, start, corr = (pad_rows(v, extra) for v in block)  # engine.shapes
+                rows, k = slice(a, a + chunk), min(chunk, n - a)
+                extra = chunk - k if self.fixed_shape else 0  # engine.shapes: pad to one shape
+                xs, ids, rates, start, corr = (None if v is None else pad_rows(v[rows], extra)
+                                               for v in (x, clients, lr, anchor, correction))
                 rule = LocalStep(self.cfg, prox, self._views(start), self._views(corr))
                 self._train_block(xs, ids, t, rates, steps, rule)
                 if extra:
-                    x[rows] = xs[:block[0].shape[0]]
+                    x[rows] = xs[:k]
         return x
 
     def _views(self, rows: torch.Tensor | None) -> dict[str, torch.Tensor] | None:
@@ -195,7 +191,7 @@ class LocalTrainer:
             shapes = dict(zip(self.spec.names, self.spec.shapes))
             per_client += 8 * self.net.activation_numel(shapes, self.task.train_x.shape[1:], b)
         if self.device.type == "cuda":  # never more rows than the run has clients
-            return max(1, min(256, self.task.m, (512 << 20) // per_client))
+            return max(1, min(MAX_FIXED_BLOCK, self.task.m, (512 << 20) // per_client))
         return max(1, (64 << 20) // per_client)
 
     def _train_block(self, x: torch.Tensor, clients: np.ndarray, t: int, lr: torch.Tensor,

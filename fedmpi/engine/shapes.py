@@ -15,6 +15,9 @@ import numpy as np
 import torch
 
 
+MAX_FIXED_BLOCK = 256  # rows of a fixed-shape block at most: bounds the padding of a small cohort
+
+
 def fixed_shapes(device: torch.device) -> bool:
     """Whether batched calls on ``device`` must have a fixed shape to be reproducible (CUDA)."""
     return device.type == "cuda"
