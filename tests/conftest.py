@@ -1,4 +1,9 @@
-"""Shared helpers: run the real CLI as a subprocess, optionally under ``mpiexec -n K``."""
+"""Shared helpers: run the real CLI as a subprocess, optionally under ``mpiexec -n K``.
+
+Hermetic: every test runs in its own temporary folder (its working directory, where a CLI run
+with a default output path writes), and the session fails when the suite left files in the
+checkout (README: the main job first, then the tests, on one clone).
+"""
 
 from __future__ import annotations
 
@@ -36,10 +41,49 @@ def fedmpi(args: list[str], ranks: int = 0, timeout: float = 300, env: dict | No
     cmd = (mpiexec(ranks) if ranks else []) + [sys.executable, "-m", "fedmpi"] + args
     e = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     e.update(env or {})
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=e)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e)  # in the test's folder
     if check and proc.returncode != 0:
         raise AssertionError(f"{cmd} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
     return proc
+
+
+@pytest.fixture(autouse=True)
+def _own_folder(tmp_path, monkeypatch) -> None:
+    """Each test works in its own temporary folder, never in the checkout."""
+    monkeypatch.chdir(tmp_path)
+
+
+_CACHES = ("__pycache__", ".pytest_cache", ".hypothesis", ".ruff_cache", ".egg-info")
+
+
+def _checkout_files() -> set[str] | None:
+    """Untracked and ignored files of the checkout (caches aside); None outside a git checkout."""
+    try:
+        p = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=all"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if p.returncode != 0:
+        return None
+    files = {ln[3:] for ln in p.stdout.splitlines() if ln[:2] in ("??", "!!")}
+    return {f for f in files if not any(c in f for c in _CACHES)}
+
+
+def pytest_sessionstart(session) -> None:
+    session.config._fedmpi_files_before = _checkout_files()
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """Fail the session when the tests left files in the checkout (they must use their own folder)."""
+    before = getattr(session.config, "_fedmpi_files_before", None)
+    after = _checkout_files() if before is not None else None
+    if before is None or after is None:
+        return
+    left = sorted(after - before)
+    if left:
+        sys.stderr.write("\nthe tests left files in the checkout (tests must write to their own tmp_path):\n  "
+                         + "\n  ".join(left[:20]) + "\n")
+        session.exitstatus = 1
 
 
 def wait_for_rows(path, rows: int, timeout: float = 120) -> None:

@@ -88,3 +88,26 @@ def test_plot_groups_by_result_keys_only(tmp_path):
     assert [(c[0], c[4]) for c in curves] == [("synth (fedavg_active) train.lr=0.1", 2),
                                               ("synth (mifa) train.lr=0.5", 1)]
     assert curves[0][2][-1] == pytest.approx(0.4) and curves[0][3][-1] == pytest.approx(0.1)
+
+
+@pytest.mark.mpi
+def test_runs_from_the_parent_of_a_clone_named_fedmpi(tmp_path):
+    """A clone is a folder named ``fedmpi``; from its parent, Python would import that folder as
+    an empty namespace package unless the installed package is a path entry (launch/install.sh
+    installs with editable_mode=compat). ``python -m fedmpi`` and the launcher's ranks must both
+    find the real package, as a user runs them: no PYTHONPATH."""
+    from conftest import synthetic_config, write_config
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if subprocess.run([sys.executable, "-c", "import fedmpi.cli"], cwd="/", env=env).returncode != 0:
+        pytest.skip("fedmpi is not installed (launch/install.sh installs it)")
+    (tmp_path / "fedmpi" / "tests").mkdir(parents=True)  # the clone, seen from its parent
+    p = subprocess.run([sys.executable, "-m", "fedmpi", "--version"], capture_output=True, text=True,
+                       cwd=tmp_path, env=env, timeout=120)
+    assert p.returncode == 0 and p.stdout.startswith("fedmpi "), p.stderr
+    out = tmp_path / "r.h5"
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(output=str(out), rounds=2))
+    p = subprocess.run([os.path.join(ROOT, "launch", "fedmpi-launch"), "-n", "2", cfg, "--quiet"],
+                       capture_output=True, text=True, cwd=tmp_path, env=dict(env, PYTHON=sys.executable),
+                       timeout=300)
+    assert p.returncode == 0 and out.exists(), p.stderr

@@ -16,6 +16,8 @@ import yaml
 import fault_plugin
 from conftest import wait_for_rows, ROOT, fedmpi, synthetic_config, write_config
 
+QUICKSTART = os.path.join(ROOT, "configs", "quickstart.yaml")
+
 
 def test_quadratic_fedavg_layout(tmp_path):
     out = tmp_path / "q.h5"
@@ -84,9 +86,9 @@ def test_fmnist_fedavg_learns(tmp_path):
 
 @pytest.mark.parametrize("args, needle", [
     (["run", "missing.yaml"], "missing.yaml: config file not found"),
-    (["run", "configs/quickstart.yaml", "--set", "train.lr=-1"], "train.lr: must be > 0"),
-    (["run", "configs/quickstart.yaml", "--set", "task.root=/nonexistent"], "/nonexistent"),
-    (["run", "configs/quickstart.yaml", "--set", "task.dataset=cifar10", "--set", "task.root=/tmp"],
+    (["run", QUICKSTART, "--set", "train.lr=-1"], "train.lr: must be > 0"),
+    (["run", QUICKSTART, "--set", "task.root=/nonexistent"], "/nonexistent"),
+    (["run", QUICKSTART, "--set", "task.dataset=cifar10", "--set", "task.root=/tmp"],
      "cifar-10-batches-py"),
     (["info", "nothing.h5"], "nothing.h5: no such result file"),
     (["bogus"], "invalid choice"),
