@@ -34,6 +34,7 @@ _EXTENSIONS = [
     ("sweep", ".sweep", "run a grid of configs (locally, -j N at once, or as a SLURM array)"),
     ("table", ".results.table", "mean +/- std over seeds of a metric, as Markdown, CSV or LaTeX"),
     ("export", ".results.export", "metric rows of result files as CSV"),
+    ("plot", ".results.plot", "metrics of runs, folders or sweeps as a figure (.png, .pdf, .svg)"),
     ("pi", ".participation.pi", "stationary participation distribution pi_R of the Markov sampler"),
     ("availability", ".participation.show", "print or plot the p_i^t trajectories of a config"),
     ("markov-plot", ".results.markov_plots", "Figure 1 study (pi_R vs R) and per-client participation shares"),
@@ -73,13 +74,6 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     i = sub.add_parser("info", help="status, rounds and last metrics of result files (several: compared)")
     i.add_argument("files", nargs="+")
     i.add_argument("--no-config", action="store_true", help="do not print the stored config")
-
-    pl = sub.add_parser("plot", help="plot a metric of one or several result files")
-    pl.add_argument("files", nargs="+")
-    pl.add_argument("--metric", default="test_acc")
-    pl.add_argument("--x", default="round", help="x axis: round, sim_delay or wall_time")
-    pl.add_argument("--out", required=True, help="figure file (.png, .pdf, .svg)")
-    pl.add_argument("--title")
 
     for name, module, text in _EXTENSIONS:
         sp = sub.add_parser(name, help=text)
@@ -158,15 +152,6 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_plot(args: argparse.Namespace) -> int:
-    from .results.plot import plot
-
-    if args.x not in ("round", "sim_delay", "wall_time"):
-        raise InputError(f"--x: must be round, sim_delay or wall_time, got {args.x!r}")
-    print(plot(args.files, args.metric, args.out, x=args.x, title=args.title))
-    return 0
-
-
 def _quiet_broken_pipe() -> int:
     """The reader of our stdout went away (``fedmpi info X | head``): stop without a traceback."""
     try:
@@ -182,8 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         args = build_parser(argv).parse_args(argv)
-        handler = getattr(args, "_handler", None) or {"run": _cmd_run, "info": _cmd_info,
-                                                       "plot": _cmd_plot}[args.command]
+        handler = getattr(args, "_handler", None) or {"run": _cmd_run, "info": _cmd_info}[args.command]
         code = int(handler(args) or 0)
         sys.stdout.flush()
         return code
