@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -111,3 +112,24 @@ def test_runs_from_the_parent_of_a_clone_named_fedmpi(tmp_path):
                        capture_output=True, text=True, cwd=tmp_path, env=dict(env, PYTHON=sys.executable),
                        timeout=300)
     assert p.returncode == 0 and out.exists(), p.stderr
+
+
+def test_info_digest_of_final_params(tmp_path, capsys):
+    """``fedmpi info`` prints a digest of /final/params; with several files it says whether the
+    final models are identical or how far apart."""
+    import h5py
+
+    a, b, c = (fake_result(tmp_path / f"{n}.h5", {"round": ROUNDS, "test_acc": [0.1, 0.2, 0.3]}) for n in "abc")
+    with h5py.File(c, "r+") as f:
+        f["final/params"][1] = 0.25
+    running = fake_result(tmp_path / "r.h5", {"round": ROUNDS, "test_acc": [0.1, 0.2, 0.3]}, status="running")
+    assert main(["info", a, "--no-config"]) == 0
+    line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("final params:")]
+    assert line and "sha256:" in line[0] and "(3 values)" in line[0]
+    assert main(["info", a, b, c, running, "--no-config"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    row = next(ln for ln in out if ln.startswith("final params"))
+    digests = re.findall(r"sha256:\w+", row)
+    assert len(digests) == 3 and digests[0] == digests[1] != digests[2] and row.rstrip().endswith(" -")
+    vs = next(ln for ln in out if ln.startswith("vs first file"))
+    assert "identical" in vs and "max |difference| 0.25" in vs

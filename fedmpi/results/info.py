@@ -2,14 +2,74 @@
 
 With several files the output is one column per file: status and rounds first, then the
 config keys whose values differ between the files, then the last metrics, then (unless
-``--no-config``) the keys they share.
+``--no-config``) the keys they share. ``final params`` is a SHA-256 of ``/final/params`` (its
+float32 bytes): two runs with the same digest ended with bit-identical models, and with several
+files a line says so or gives the largest difference from the first file.
 """
 
 from __future__ import annotations
 
+import hashlib
+
+import h5py
 import numpy as np
 
+from ..errors import InputError
+from .hdf5 import open_result
 from .reader import Result, load
+
+_SLICE = 1 << 20  # values read at a time: a model of any size costs a few MB here
+
+
+def _final_params(path: str):
+    """The ``/final/params`` dataset of an open result file, or None (read slice by slice)."""
+    f = open_result(path)
+    try:
+        ds = f.get("final/params")
+    except (KeyError, TypeError, ValueError, OSError):
+        ds = None
+    if not isinstance(ds, h5py.Dataset) or ds.ndim != 1 or ds.dtype.kind != "f":
+        f.close()
+        return None, None
+    return f, ds
+
+
+def params_digest(path: str) -> str | None:
+    """``sha256:<first 16 hex digits> (N values)`` of the run's final model, or None before the end."""
+    f, ds = _final_params(path)
+    if f is None:
+        return None
+    with f:
+        try:
+            h = hashlib.sha256()
+            for i in range(0, ds.shape[0], _SLICE):
+                h.update(np.ascontiguousarray(ds[i: i + _SLICE], dtype=np.float32).tobytes())
+        except (OSError, ValueError, RuntimeError) as e:
+            raise InputError(f"{path}: damaged result file (/final/params: {str(e)[:80]})") from None
+        return f"sha256:{h.hexdigest()[:16]} ({ds.shape[0]} values)"
+
+
+def params_difference(a: str, b: str) -> str:
+    """'identical', 'max |difference| X', or why the two final models cannot be compared."""
+    fa, da = _final_params(a)
+    fb, db = _final_params(b)
+    try:
+        if da is None or db is None:
+            return "-"
+        if da.shape != db.shape:
+            return f"different sizes ({da.shape[0]} vs {db.shape[0]})"
+        worst, differ = 0.0, False
+        for i in range(0, da.shape[0], _SLICE):
+            x, y = da[i: i + _SLICE].astype(np.float64), db[i: i + _SLICE].astype(np.float64)
+            if not np.array_equal(x, y, equal_nan=True):
+                differ = True
+                gap = np.abs(x - y)
+                worst = max(worst, float(gap[np.isfinite(gap)].max(initial=0.0)))
+        return "identical" if not differ else f"max |difference| {worst:.3g}" + ("" if worst else " (NaN/inf)")
+    finally:
+        for f in (fa, fb):
+            if f is not None:
+                f.close()
 
 
 def _num(k: str, val) -> str:
@@ -26,6 +86,7 @@ def describe(path: str, show_config: bool = True) -> str:
              f"rounds:     {attrs.get('rounds_done')}",
              f"world size: {attrs.get('world_size')}   seed: {attrs.get('seed')}   "
              f"fedmpi {attrs.get('fedmpi_version')}"]
+    lines.append(f"final params: {params_digest(path) or '- (not finished)'}")
     n = len(metrics.get("round", []))
     lines.append(f"evaluations: {n}")
     if n:
@@ -54,6 +115,8 @@ def compare(paths: list[str], show_config: bool = True) -> str:
             ["status", *(r.status for r in runs)],
             ["rounds", *(str(r.rounds_done) for r in runs)],
             ["world size", *(str(r.attrs.get("world_size")) for r in runs)],
+            ["final params", *(params_digest(p) or "-" for p in paths)],
+            ["vs first file", "", *(params_difference(paths[0], p) for p in paths[1:])],
             ["differing config keys:", *blank]]
     rows += [[f"  {k}", *(str(f.get(k, "-")) for f in flats)] for k in differ] or [["  (none)", *blank]]
     rows.append(["last metrics:", *blank])
