@@ -48,8 +48,12 @@ class Progress:
                  bar: bool = False):
         self.total, self.done, self.label = total, start, label
         self.stream = stream or sys.stderr
-        self._t0, self._start = time.monotonic(), start
+        self._t0, self._start = time.monotonic(), start  # rates and ETAs count the rounds of this start
         self._bar = None
+        if start:
+            self.stream.write(f"fedmpi:{' ' + label if label else ''} resumed from round {start}/{total} "
+                              f"(checkpoint)\n")
+            self.stream.flush()
         if bar:
             from tqdm import tqdm
 

@@ -37,6 +37,19 @@ def test_lines_without_a_terminal(monkeypatch):
     assert progress.start(total=1, done=0, enabled=False) is None
 
 
+def test_resume_says_so_and_rates_count_this_start(monkeypatch):
+    """A resumed run says where it resumed; its rate and ETA count only the rounds run since,
+    not the checkpoint's (which would make the first ETA far too optimistic)."""
+    clock = iter([100.0, 110.0])
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    buf = io.StringIO()
+    p = progress.start(total=100, done=40, enabled=True, stream=buf)
+    p.update(10)
+    p.evaluated({"round": 50, "test_acc": 0.5})
+    assert buf.getvalue().splitlines() == ["fedmpi: resumed from round 40/100 (checkpoint)",
+                                           "fedmpi: round 50/100  test_acc 0.5  1 rounds/s  ETA 50s"]
+
+
 def _progress_lines(stderr: str) -> list[str]:
     return [ln for ln in stderr.splitlines() if ln.startswith("fedmpi: round ")]
 
