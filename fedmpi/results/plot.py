@@ -9,12 +9,11 @@ full dotted names.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import yaml
 
 from ..errors import InputError
+from .outfiles import check_figure, save_figure
 from .reader import load
 
 _MAX_LABEL_KEYS = 4
@@ -72,6 +71,7 @@ def plot(paths: list[str], metric: str, out: str, x: str = "round", title: str |
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    check_figure(out, "--out", paths)
     curves = load_curves(paths, metric, x)
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for label, grid, mean, std, n in curves:
@@ -85,12 +85,7 @@ def plot(paths: list[str], metric: str, out: str, x: str = "round", title: str |
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    folder = os.path.dirname(os.path.abspath(out))
     try:
-        os.makedirs(folder, exist_ok=True)
-        fig.savefig(out, dpi=120)
-    except (OSError, ValueError) as e:
-        raise InputError(f"{out}: cannot write the figure ({e})") from None
+        return save_figure(fig, out, "--out", paths)
     finally:
         plt.close(fig)
-    return out
