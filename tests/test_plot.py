@@ -83,4 +83,4 @@ def test_bad_plot_arguments_exit_2(tmp_path, capsys, extra, needle):
 def test_bad_figure_format(tmp_path, capsys):
     path = _sweep(tmp_path)
     assert main(["plot", path, "--out", str(tmp_path / "f.txt")]) == 2
-    assert "must be .png, .pdf, .svg" in capsys.readouterr().err
+    assert "a figure file must end in .png, .pdf, .svg" in capsys.readouterr().err

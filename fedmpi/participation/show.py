@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 from typing import Callable, Sequence
 
 import numpy as np
@@ -90,6 +89,10 @@ def _parse_clients(text: str | None, m: int) -> list[int]:
 
 def run_cli(args: argparse.Namespace, loader: InfoLoader | None = None) -> int:
     """Run ``fedmpi availability``; InputError (exit 2) on bad input. ``loader`` builds the ClientInfo."""
+    if args.out:
+        from ..results.outfiles import check_figure
+
+        check_figure(args.out, "--out", [args.config])
     cfg = load(args.config, getattr(args, "set", None) or [])
     rounds = args.rounds if args.rounds is not None else max(40, 2 * cfg.availability.period)
     if rounds < 1:
@@ -100,7 +103,7 @@ def run_cli(args: argparse.Namespace, loader: InfoLoader | None = None) -> int:
     _, avail = simulate(build(cfg.availability, info), rounds, clients)
     title = f"availability {cfg.availability.kind} (base {cfg.availability.base.kind}), seed {cfg.seed}"
     if args.out:
-        _plot(args.out, title, clients, p, avail)
+        _plot(args.out, title, clients, p, avail, [args.config])
     if args.json:
         print(json.dumps({
             "kind": cfg.availability.kind, "base": cfg.availability.base.kind, "seed": cfg.seed,
@@ -123,8 +126,10 @@ def _table(title: str, clients: list[int], p: np.ndarray, avail: np.ndarray) -> 
     print("freq  " + "".join(f"{f:8.4f}    " for f in avail.mean(axis=1)))
 
 
-def _plot(path: str, title: str, clients: list[int], p: np.ndarray, avail: np.ndarray) -> None:
+def _plot(path: str, title: str, clients: list[int], p: np.ndarray, avail: np.ndarray, inputs: list[str]) -> None:
     from matplotlib.figure import Figure  # no pyplot: no global backend state (renders with Agg)
+
+    from ..results.outfiles import save_figure
 
     fig = Figure(figsize=(9, 2.2 + 0.35 * len(clients)))
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[2, 1])
@@ -144,8 +149,4 @@ def _plot(path: str, title: str, clients: list[int], p: np.ndarray, avail: np.nd
     bottom.set_ylabel("client")
     bottom.set_xlabel("round")
     fig.tight_layout()
-    try:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        fig.savefig(path, dpi=120)
-    except OSError as e:
-        raise InputError(f"--out: cannot write {path} ({e.__class__.__name__})") from None
+    save_figure(fig, path, "--out", inputs)

@@ -3,18 +3,19 @@
 Without ``--out`` each ``X.h5`` gets ``X.csv`` next to it (the same file ``runtime.csv`` writes
 during a run). ``--out FILE`` (or ``-`` for stdout) writes one long table of all runs instead:
 columns ``file``, ``seed``, the config keys that differ between the runs, then ``round`` and
-the metrics (empty where a run lacks one).
+the metrics (empty where a run lacks one). An existing CSV is replaced only with ``--overwrite``;
+an input or a result file never is (outfiles.py). Every target is checked before any is written.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import os
 import sys
 from typing import TextIO
 
 from ..errors import InputError
+from .outfiles import check_target, write_text
 from .reader import Result, load
 from .sidecars import csv_path, csv_value
 
@@ -45,37 +46,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("files", nargs="+", help="result files")
     parser.add_argument("--csv", action="store_true", default=True, help="CSV (the only format; the default)")
     parser.add_argument("--out", help="one CSV of all runs here ('-' = stdout); default: X.csv next to each X.h5")
+    parser.add_argument("--overwrite", action="store_true", help="replace existing CSV files")
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    runs = [load(p) for p in args.files]
     if args.out is not None and not args.out.strip():
         raise InputError("--out: empty path")
+    runs = [load(p) for p in args.files]
     if args.out == "-":
         write_long(runs, sys.stdout)
         return 0
     if args.out is not None:
-        if any(_same(args.out, p) for p in args.files):
-            raise InputError(f"--out: {args.out} is one of the result files")
-        try:
-            with open(args.out, "w", newline="", encoding="utf-8") as fh:
-                write_long(runs, fh)
-        except OSError as e:
-            raise InputError(f"{args.out}: cannot write ({e.strerror or e})") from None
+        check_target(args.out, "--out", args.files, args.overwrite)
+        write_text(args.out, "--out", lambda fh: write_long(runs, fh))
         print(args.out)
         return 0
-    for r in runs:
-        target = csv_path(r.path)
-        if _same(target, r.path):
-            raise InputError(f"{r.path}: its CSV name would be the result file itself")
-        try:
-            with open(target, "w", newline="", encoding="utf-8") as fh:
-                write_one(r, fh)
-        except OSError as e:
-            raise InputError(f"{target}: cannot write ({e.strerror or e})") from None
+    targets = [csv_path(r.path) for r in runs]
+    for target in targets:
+        check_target(target, "export", args.files, args.overwrite)
+    for r, target in zip(runs, targets):
+        write_text(target, "export", lambda fh: write_one(r, fh))
         print(target)
     return 0
-
-
-def _same(a: str, b: str) -> bool:
-    return os.path.abspath(a) == os.path.abspath(b)

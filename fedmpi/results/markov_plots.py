@@ -20,6 +20,7 @@ import yaml
 from ..errors import InputError
 from ..participation.markov import chain_shape, check_weights
 from ..participation.pi import P_HELP, l1_to_uniform, parse_weights, stationary_exact, stationary_mc
+from .outfiles import check_figure, save_figure
 
 CLI_KEYS = {"p": "--p", "B": "--B", "R": "--R", "groups": "--groups"}
 
@@ -84,15 +85,6 @@ def reference_pi(cfg_dict: dict, rounds: int) -> tuple[np.ndarray, str, str] | N
 
 # ----------------------------------------------------------------------------- figures
 
-def _save(fig, out: str) -> str:
-    try:
-        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        fig.savefig(out, dpi=120)
-    except (OSError, ValueError) as e:
-        raise InputError(f"{out}: cannot write the figure ({e})") from None
-    return out
-
-
 def plot_figure1(rows: list[tuple[int, float, str]], out: str, title: str) -> str:
     """l1 distance to uniform against R; exact points filled, Monte Carlo points hollow."""
     from matplotlib.figure import Figure  # no pyplot: no global backend state
@@ -110,7 +102,7 @@ def plot_figure1(rows: list[tuple[int, float, str]], out: str, title: str) -> st
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, out)
+    return save_figure(fig, out, "--out")
 
 
 def plot_shares(shares: np.ndarray, out: str, title: str, ref: tuple[np.ndarray, str] | None = None) -> str:
@@ -130,7 +122,7 @@ def plot_shares(shares: np.ndarray, out: str, title: str, ref: tuple[np.ndarray,
     ax.set_ylabel("N x share of participations")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
-    return _save(fig, out)
+    return save_figure(fig, out, "--out")
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -180,6 +172,7 @@ def run_cli(args: argparse.Namespace) -> int:
     """``fedmpi markov-plot``: write the figure, print a small table. Bad input raises InputError."""
     if args.rounds < 1:
         raise InputError(f"--rounds: must be >= 1, got {args.rounds}")
+    check_figure(args.out, "--out", [args.file] if args.markov_plot == "freq" else [])
     if args.markov_plot == "fig1":
         return _fig1(args)
     return _freq(args)

@@ -17,20 +17,19 @@ grows to hold it, so it never covers a curve; several metrics are subplots shari
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass
 
 import numpy as np
 import yaml
 
 from ..errors import InputError
+from .outfiles import check_figure, save_figure
 from .reader import Result
 
 _MAX_LABEL_KEYS = 4
 SIZES = {"column": (3.4, 2.6), "page": (7.0, 3.0), "default": (6.4, 4.2)}  # inches: a paper column, a page
 LEGENDS = ("below", "right", "none", "best", "upper left", "upper right", "lower left", "lower right",
            "center left", "center right", "upper center", "lower center", "center")
-FORMATS = (".png", ".pdf", ".svg")
 
 
 @dataclass
@@ -163,8 +162,7 @@ def plot(paths: list[str], metric: str | list[str], out: str, x: str = "round", 
     ``out`` (.png, .pdf, .svg); returns ``out``. Rank 0 / a single process only."""
     import matplotlib.pyplot as plt
 
-    if os.path.splitext(out)[1].lower() not in FORMATS:
-        raise InputError(f"{out}: the figure must be {', '.join(FORMATS)}")
+    check_figure(out, "--out", paths)  # before any work: never over an input or a file that is not a figure
     if legend not in LEGENDS:
         raise InputError(f"--legend: one of {', '.join(LEGENDS)}, got {legend!r}")
     metrics = [metric] if isinstance(metric, str) else list(metric)
@@ -181,13 +179,9 @@ def plot(paths: list[str], metric: str | list[str], out: str, x: str = "round", 
                 c.label = name
     fig = figure(per_metric, x, size=size, legend=legend, title=title, logx=logx, logy=logy)
     try:
-        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        fig.savefig(out, dpi=200)
-    except (OSError, ValueError) as e:
-        raise InputError(f"{out}: cannot write the figure ({e})") from None
+        return save_figure(fig, out, "--out", paths)
     finally:
         plt.close(fig)
-    return out
 
 
 # ----------------------------------------------------------------------------- command line

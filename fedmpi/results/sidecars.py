@@ -3,7 +3,9 @@
 Both are optional (``runtime.csv``, ``runtime.tensorboard``) and written by rank 0 next to the
 result file, one row per evaluation as it happens; the HDF5 file stays the reference. On resume
 the CSV is rewritten from the rows the result file kept, so it never holds rows of the rounds
-that are run again.
+that are run again. An existing ``RUN.csv`` is replaced only when it is a metric CSV and the run
+continues or overwrites a result file at ``RUN.h5``; anything else there (a trace, a config, a
+user's file) is refused before the run starts (outfiles.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
+from .outfiles import AtomicFile, check_target, is_metric_csv
 
 
 def csv_path(result_path: str) -> str:
@@ -36,21 +39,24 @@ def csv_value(name: str, v: Any) -> str:
 class CsvSidecar:
     """``RUN.csv``: a header of metric names, then one line per evaluation (flushed at once)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, replace: bool = False):
+        """Refuses a ``path`` that holds anything but a metric CSV this run may ``replace``."""
+        check_target(path, "runtime.csv", replaceable=is_metric_csv if replace else None)
         self.path = path
         self.fh = None
 
     def start(self, names: list[str], rows: dict[str, np.ndarray]) -> None:
-        try:
-            self.fh = open(self.path, "w", newline="", encoding="utf-8")
-        except OSError as e:
-            raise InputError(f"runtime.csv: cannot write {self.path} ({e.strerror or e})") from None
-        self.names = names
+        out = AtomicFile(self.path, "runtime.csv")
+        self.fh, self.names = out.fh, names
         self.w = csv.writer(self.fh)
-        self.w.writerow(names)
-        for i in range(len(rows.get("round", []))):
-            self.w.writerow([csv_value(k, rows[k][i]) for k in names])
-        self.fh.flush()
+        try:
+            self.w.writerow(names)
+            for i in range(len(rows.get("round", []))):
+                self.w.writerow([csv_value(k, rows[k][i]) for k in names])
+        except OSError as e:
+            out.discard()
+            raise out.error(e) from None
+        out.commit()  # the rows so far are in place; later rows go to the same (renamed) file
 
     def row(self, row: dict[str, float]) -> None:
         self.w.writerow([csv_value(k, row.get(k, math.nan)) for k in self.names])
@@ -93,12 +99,14 @@ def tensorboard_dir(root: str, result_path: str) -> str:
     return os.path.join(root, rel[:-3] if rel.endswith(".h5") else rel)
 
 
-def build(runtime: Any, result_path: str) -> list:
-    """The sidecars ``runtime`` asks for (not started yet). Refuses TensorBoard logging when the
-    tensorboard package is missing (exit 2, naming the key)."""
+def build(runtime: Any, result_path: str, replace: bool = False) -> list:
+    """The sidecars ``runtime`` asks for (not started yet). ``replace``: the run continues or
+    overwrites a result at ``result_path``, so its metric CSV may be rewritten. Refuses (exit 2,
+    naming the key) a CSV path holding another file, and TensorBoard logging without the
+    tensorboard package."""
     out: list = []
     if runtime.csv:
-        out.append(CsvSidecar(csv_path(result_path)))
+        out.append(CsvSidecar(csv_path(result_path), replace))
     if runtime.tensorboard:
         if importlib.util.find_spec("tensorboard") is None:
             raise InputError("runtime.tensorboard: needs the tensorboard package "
