@@ -84,3 +84,25 @@ def test_bad_figure_format(tmp_path, capsys):
     path = _sweep(tmp_path)
     assert main(["plot", path, "--out", str(tmp_path / "f.txt")]) == 2
     assert "a figure file must end in .png, .pdf, .svg" in capsys.readouterr().err
+
+
+def test_availability_figure_of_many_clients_draws_bands(tmp_path):
+    """``fedmpi availability --clients`` with 30 clients: quantile bands and two sample clients
+    instead of 30 lines in repeating colours, the legend beside the axes, covering nothing."""
+    from fedmpi.participation import show
+
+    rng = np.random.default_rng(1)
+    clients = list(range(30))
+    p = rng.uniform(0.1, 0.9, (30, 40))
+    fig = show.figure("t", clients, p, (rng.uniform(size=(30, 40)) < p).astype(np.uint8))
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig).draw()
+    renderer = fig.canvas.get_renderer()
+    legend = fig.legends[0]
+    assert len(legend.get_texts()) == 5  # 10-90%, 25-75%, median, two sample clients
+    box = legend.get_window_extent(renderer)
+    assert not any(box.overlaps(ax.get_window_extent(renderer)) for ax in fig.axes)
+    assert fig.bbox.x0 - 1 <= box.x0 and box.x1 <= fig.bbox.x1 + 1
+    few = show.figure("t", [0, 1, 2], p[:3], np.zeros((3, 40), np.uint8))
+    assert len(few.legends[0].get_texts()) == 3

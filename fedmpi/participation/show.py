@@ -126,27 +126,47 @@ def _table(title: str, clients: list[int], p: np.ndarray, avail: np.ndarray) -> 
     print("freq  " + "".join(f"{f:8.4f}    " for f in avail.mean(axis=1)))
 
 
-def _plot(path: str, title: str, clients: list[int], p: np.ndarray, avail: np.ndarray, inputs: list[str]) -> None:
-    from matplotlib.figure import Figure  # no pyplot: no global backend state (renders with Agg)
+_LINES = 8  # more clients than this are drawn as quantile bands, not one line each
 
+
+def _plot(path: str, title: str, clients: list[int], p: np.ndarray, avail: np.ndarray, inputs: list[str]) -> None:
     from ..results.outfiles import save_figure
 
-    fig = Figure(figsize=(9, 2.2 + 0.35 * len(clients)))
+    save_figure(figure(title, clients, p, avail), path, "--out", inputs)
+
+
+def figure(title: str, clients: list[int], p: np.ndarray, avail: np.ndarray):
+    """p_i^t on top (one line per client, or for many clients the median and the 10-90% and
+    25-75% bands over them, with a legend beside the axes), the sampled availability below."""
+    from matplotlib.figure import Figure  # no pyplot: no global backend state (renders with Agg)
+
+    many = len(clients) > _LINES
+    fig = Figure(figsize=(9, 3.0 + (1.2 if many else 0.35 * len(clients))), layout="constrained")
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[2, 1])
     t = np.arange(p.shape[1])
-    for row, c in zip(p, clients):
-        top.step(t, row, where="post", label=f"client {c}")
+    if np.isnan(p).all():
+        top.text(0.5, 0.5, "no $p_i^t$ (not a Bernoulli model)", ha="center", transform=top.transAxes)
+    elif many:
+        q10, q25, q50, q75, q90 = np.nanquantile(p, [0.1, 0.25, 0.5, 0.75, 0.9], axis=0)
+        top.fill_between(t, q10, q90, step="post", color="tab:blue", alpha=0.2, linewidth=0,
+                         label=f"10-90% of {len(clients)} clients")
+        top.fill_between(t, q25, q75, step="post", color="tab:blue", alpha=0.35, linewidth=0, label="25-75%")
+        top.step(t, q50, where="post", color="tab:blue", label="median")
+        for c, row in list(zip(clients, p))[:2]:
+            top.step(t, row, where="post", linewidth=0.8, linestyle="--", label=f"client {c}")
+    else:
+        colors = [f"C{i}" for i in range(10)]
+        for i, (row, c) in enumerate(zip(p, clients)):
+            top.step(t, row, where="post", color=colors[i % 10], label=f"client {c}")
     top.set_ylim(-0.02, 1.02)
     top.set_ylabel("$p_i^t$")
     top.set_title(title)
-    if np.isnan(p).all():
-        top.text(0.5, 0.5, "no $p_i^t$ (not a Bernoulli model)", ha="center", transform=top.transAxes)
-    else:
-        top.legend(loc="upper right", fontsize="small")
+    if not np.isnan(p).all():
+        fig.legend(*top.get_legend_handles_labels(), loc="outside right upper", fontsize="small")
     bottom.imshow(avail, aspect="auto", interpolation="nearest", cmap="Blues", vmin=0, vmax=1,
                   extent=(-0.5, p.shape[1] - 0.5, len(clients) - 0.5, -0.5))
-    bottom.set_yticks(range(len(clients)), [str(c) for c in clients])
-    bottom.set_ylabel("client")
+    if not many:
+        bottom.set_yticks(range(len(clients)), [str(c) for c in clients])
+    bottom.set_ylabel("client" if not many else f"{len(clients)} clients")
     bottom.set_xlabel("round")
-    fig.tight_layout()
-    save_figure(fig, path, "--out", inputs)
+    return fig
