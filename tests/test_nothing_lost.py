@@ -67,3 +67,72 @@ def test_export_never_replaces_a_result_an_input_or_an_existing_csv(tmp_path):
     fedmpi(["export", a, b, "--overwrite"])
     assert (tmp_path / "a.csv").read_text().startswith("round,")
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+
+
+# ----------------------------------------------------------------------------- 1, 15: disk full
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MB tmpfs (as root); skipped where mounting is not allowed."""
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+@pytest.mark.parametrize("what", ["mask flush", "checkpoint"])
+def test_disk_full_during_a_run_is_one_line_and_resumes(tmp_path, small_disk, what):
+    from fault_plugin import env
+
+    over = ({"runtime__log_availability": True, "runtime__flush_s": 0, "runtime__checkpoint_every": 10}
+            if what == "mask flush" else {"runtime__flush_s": 3600, "runtime__checkpoint_every": 5})
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(
+        rounds=80, eval_every=1, task__clients=2000, task__synthetic__samples=4000, task__partition={"kind": "iid"},
+        train__local_steps=1, algorithm={"name": "fedavg_active"}, **over))
+    out, pad = small_disk / "r.h5", small_disk / "pad"
+    proc = fedmpi(["run", cfg, "--out", str(out), "--quiet"], check=False,
+                  env={**env("0:42:fill"), "FEDMPI_TEST_FILL": str(pad)})
+    line = _one_line_error(proc, 1, "No space left on device", "resume")
+    assert ("cannot write the checkpoint" in line) == (what == "checkpoint"), line
+    assert not [f for _, _, files in os.walk(small_disk) for f in files if ".tmp" in f]
+    info = fedmpi(["info", str(out), "--no-config"]).stdout
+    assert "status:     failed" in info
+    pad.unlink()
+    fedmpi(["run", cfg, "--out", str(out), "--quiet"])  # resumes from the checkpoint
+    with h5py.File(out, "r") as f:
+        assert f.attrs["status"] == "completed" and list(f["metrics/round"][:]) == list(range(81))
+        if what == "mask flush":
+            assert f["availability/mask"][:].shape == (80, 2000)
+
+
+def test_a_flush_that_finds_no_space_writes_nothing(tmp_path, monkeypatch):
+    """The stand-in for file systems without a tmpfs: reserving space fails (ENOSPC)."""
+    import errno
+
+    from fedmpi.errors import WriteFailed
+    from fedmpi.results import hdf5
+
+    path = str(tmp_path / "r.h5")
+    w = hdf5.ResultWriter(path, "{}", 0, 1, ["test_acc"], 8, True, claim_=hdf5.claim(path, "d"), flush_s=3600)
+    w.append_mask(np.array([1, 2]))
+    w.append({"round": 0, "test_acc": 0.5}, 1)
+    w.flush()
+
+    def no_space(fd, nbytes):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(hdf5, "reserve", no_space)
+    w.append_mask(np.array([3]))
+    w.append({"round": 1, "test_acc": 0.6}, 2)
+    with pytest.raises(WriteFailed, match="No space left on device"):
+        w.flush()
+    with pytest.raises(WriteFailed, match="No space left on device"):
+        w.finish("completed", np.zeros(3), 2)
+    with h5py.File(path, "r") as f:
+        assert f.attrs["status"] == "failed" and f["availability/mask"].shape == (1, 8)
+        assert list(f["metrics/round"][:]) == [0]
