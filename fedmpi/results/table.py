@@ -137,7 +137,7 @@ def gather(inputs: list[str], partial: bool = False, folder: str | None = None) 
     skipped = 0
     for inp in inputs:
         if _is_sweep(inp):
-            from ..sweep import cell_state, load as load_sweep
+            from .sweepfile import cell_state, load as load_sweep
 
             sweep = load_sweep(inp, folder)
             spec = sweep.table if len(inputs) == 1 else {}
