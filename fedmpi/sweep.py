@@ -43,7 +43,10 @@ def run_cli(args: argparse.Namespace) -> int:
     listing = args.print_array_size or args.list
     if not listing:
         plugins.load(args.plugins)  # every rank, before the cells' configs are checked
-    sweep = load(args.sweep, args.out, validate=not listing)
+    # a whole sweep checks every cell's config before it starts; one cell (--index, a worker's)
+    # is checked when it runs, and --status checks only the configs of completed cells
+    whole = not (listing or args.status or args.index is not None or args.worker)
+    sweep = load(args.sweep, args.out, validate=whole)
     if args.print_array_size:
         print(len(sweep.cells))
         return 0

@@ -38,7 +38,13 @@ def run_cell(sweep: Sweep, cell: Cell, quiet: bool = False, threads: int | None 
     cfg = sweep.config(cell, world_size, threads)
     label = f"[{cell.index + 1}/{len(sweep.cells)} {cell.name}]"
     start = time.monotonic()
-    code = execute(cfg, cell.path, quiet=quiet, inputs=(sweep.file, *input_files(cfg, sweep.base)), label=label)
+    try:
+        code = execute(cfg, cell.path, quiet=quiet, inputs=(sweep.file, *input_files(cfg, sweep.base)), label=label)
+    except InputError:
+        if cell_state(cell)[0] == "done":  # another sweep process completed it since the check above
+            say(quiet, f"cell {cell.index} ({cell.name}) was completed by another process: {cell.path}")
+            return 0
+        raise
     how = {0: "completed", 3: "interrupted", 4: "diverged"}.get(code, "failed")
     say(quiet, f"{label} {how} in {time.monotonic() - start:.1f} s: {cell.path}")
     return code
@@ -89,7 +95,8 @@ def run_sequential(sweep: Sweep, cells: list[Cell], quiet: bool, threads: int | 
 
 def serve(sweep: Sweep, quiet: bool, threads: int | None) -> int:
     """A ``-j`` worker: cell indices arrive on stdin, one per line; each answer is written to the
-    original stdout as 'INDEX CODE' (everything else this process prints goes to stderr)."""
+    original stdout as 'INDEX CODE' or 'INDEX 2 MESSAGE' for bad input, which the parent prints
+    once however many workers meet it (everything else this process prints goes to stderr)."""
     from .results.hdf5 import OutputBusy
 
     answers = os.fdopen(os.dup(1), "w", buffering=1)
@@ -102,8 +109,8 @@ def serve(sweep: Sweep, quiet: bool, threads: int | None) -> int:
             say(quiet, f"cell {i} ({sweep.cells[i].name}) is being run by another process; skipped")
             code = 0
         except InputError as e:
-            print(f"fedmpi: error: {e}", file=sys.stderr, flush=True)
-            code = 2
+            answers.write(f"{i} 2 {' '.join(str(e).split())}\n")
+            continue
         answers.write(f"{i} {code}\n")
         if code == 3:
             break
@@ -132,6 +139,7 @@ def run_parallel(sweep: Sweep, cells: list[Cell], jobs: int, quiet: bool, out_gi
     stop = _Stop(forward)
     sel = selectors.DefaultSelector()
     codes: dict[int, int] = {}
+    errors: set[str] = set()
     busy: dict[subprocess.Popen, int | None] = {}
     try:
         for _ in range(min(jobs, len(todo))):
@@ -167,7 +175,11 @@ def run_parallel(sweep: Sweep, cells: list[Cell], jobs: int, quiet: bool, out_gi
                     if busy[p] is not None:  # it died in the middle of a cell
                         codes[busy[p]] = 3 if rc in (-signal.SIGTERM, -signal.SIGINT, 3) else 1
                     continue
-                i, code = (int(x) for x in line.split())
+                i, code, *error = line.rstrip("\n").split(" ", 2)
+                i, code = int(i), int(code)
+                if error and error[0] not in errors:  # the same bad input in every worker: said once
+                    errors.add(error[0])
+                    print(f"fedmpi: error: {error[0]}", file=sys.stderr, flush=True)
                 codes[i] = code
                 halt = halt or code in (2, 3)  # interrupted, or bad input that every cell would hit
                 give(p)

@@ -136,3 +136,78 @@ def test_a_flush_that_finds_no_space_writes_nothing(tmp_path, monkeypatch):
     with h5py.File(path, "r") as f:
         assert f.attrs["status"] == "failed" and f["availability/mask"].shape == (1, 8)
         assert list(f["metrics/round"][:]) == [0]
+
+
+# ----------------------------------------------------------------------------- sweeps: 7, 10, 14, 16, 21
+
+def _sweep(tmp_path, base_over: dict | None = None, **data) -> str:
+    write_config(tmp_path / "base.yaml", synthetic_config(rounds=2, eval_every=1, **(base_over or {})))
+    path = tmp_path / "s.sweep.yaml"
+    write_config(path, {"base": "base.yaml", "out": str(tmp_path / "out"), **data})
+    return str(path)
+
+
+def test_two_sweep_processes_on_one_sweep_both_succeed(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    s = _sweep(tmp_path, grid={"seed": [0, 1, 2, 3]})
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    procs = [subprocess.Popen([sys.executable, "-m", "fedmpi", "sweep", s, "--quiet"], env=env, cwd=ROOT,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    assert "4 done" in fedmpi(["sweep", s, "--status"]).stdout
+
+
+def test_sweep_size_is_capped_before_cells_are_made(tmp_path):
+    s = _sweep(tmp_path, grid={"seed": list(range(1000)), "train.lr": [0.1 * (i + 1) for i in range(1000)]})
+    _one_line_error(fedmpi(["sweep", s, "--index", "5"], check=False), 2, "grid", "1000000 cells", "100000")
+
+
+def test_one_cell_and_status_check_only_the_configs_they_need(tmp_path):
+    s = _sweep(tmp_path, variants=[{"label": "ok"}, {"label": "bad", "train.lr": -1}], grid={"seed": [0]})
+    assert "2 cells: 0 done" in fedmpi(["sweep", s, "--status"]).stdout
+    fedmpi(["sweep", s, "--index", "0", "--quiet"])
+    _one_line_error(fedmpi(["sweep", s, "--index", "1", "--quiet"], check=False), 2, "train.lr")
+    _one_line_error(fedmpi(["sweep", s], check=False), 2, "cell 1", "train.lr")
+
+
+def test_repeated_grid_values_and_dot_labels(tmp_path):
+    _one_line_error(fedmpi(["sweep", _sweep(tmp_path, grid={"train.lr": [1, 1.0]}), "--list"], check=False),
+                    2, "grid.train.lr", "same value")
+    s = _sweep(tmp_path, variants=[{"label": ".."}, {"label": "."}], grid={"seed": [0]})
+    paths = [line.split()[1] for line in fedmpi(["sweep", s, "--list"]).stdout.splitlines()]
+    out = os.path.realpath(tmp_path / "out")
+    assert len(set(paths)) == 2, paths
+    assert all(os.path.realpath(p).startswith(out + os.sep) for p in paths), paths
+    cfg = write_config(tmp_path / "c.yaml",
+                       synthetic_config(rounds=1, name="..", output=str(tmp_path / "runs/{name}/r.h5")))
+    fedmpi(["run", cfg, "--quiet"])
+    assert not (tmp_path / "r.h5").exists() and (tmp_path / "runs" / "__" / "r.h5").exists()
+
+
+def test_parallel_workers_report_one_bad_input_once(tmp_path):
+    trace = tmp_path / "t.txt"
+    trace.write_text("0 1 99\n")  # client 99 of 12: refused when each cell sets up
+    s = _sweep(tmp_path, {"availability": {"kind": "trace", "trace": str(trace)}}, grid={"seed": [0, 1, 2, 3]})
+    proc = fedmpi(["sweep", s, "-j", "2", "--quiet"], check=False)
+    assert proc.returncode == 2, proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("fedmpi: error:")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
+
+
+# ----------------------------------------------------------------------------- 11, 23: --out
+
+def test_out_placeholders_are_filled_and_dev_null_is_refused(tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=1))
+    for seed in (1, 2):
+        fedmpi(["run", cfg, "--quiet", "--set", f"seed={seed}",
+                "--out", str(tmp_path / "runs/{seed}-{task.clients}.h5")])
+    assert sorted(os.listdir(tmp_path / "runs")) == ["1-12.h5", "2-12.h5"]
+    proc = fedmpi(["run", cfg, "--quiet", "--out", str(tmp_path / "{nope}.h5")], check=False)
+    _one_line_error(proc, 2, "--out", "nope")
+    _one_line_error(fedmpi(["run", cfg, "--quiet", "--out", "/dev/null"], check=False), 2, "/dev/null", "regular file")

@@ -180,6 +180,8 @@ def claim(path: str, digest: str, inputs: Iterable[str] = (), overwrite: bool = 
         raise InputError("--out: empty result path")
     if os.path.isdir(path):
         raise InputError(f"{path}: is a directory, expected a result file path")
+    if os.path.exists(path) and not os.path.isfile(path):  # /dev/null, a FIFO, a device: results would be lost
+        raise InputError(f"{path}: is not a regular file; choose a result file path")
     for inp in inputs:
         if inp and os.path.exists(inp) and _same_file(path, inp):
             raise InputError(f"{path}: is an input of this run ({inp}); choose another output path")
@@ -489,6 +491,8 @@ def open_result(path: str) -> h5py.File:
         raise InputError(f"{path}: no such result file")
     if os.path.isdir(path):
         raise InputError(f"{path}: is a directory, expected a result file")
+    if not os.path.isfile(path):  # a FIFO would block the reader forever
+        raise InputError(f"{path}: is not a regular file, expected a result file")
     for attempt in range(3):  # a running writer may be mid-flush: look again shortly
         try:
             f = h5py.File(path, "r", locking=False)

@@ -32,13 +32,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
 from .. import log, yamlio
 from ..errors import InputError
 from .paths import assignments, value_text
 
 _TOP_KEYS = ("base", "out", "set", "variants", "grid", "table")
+MAX_CELLS = 100_000  # checked before any cell is made (a SLURM array is at most this long, too)
 STATES = ("done", "running", "interrupted", "failed", "not started", "outdated")
 _NOT_COMPARED = ("output", "runtime")  # a cell's file may differ from the sweep in these keys only
 
@@ -53,7 +52,16 @@ class Cell:
     values: dict[str, Any]       # the grid values of this cell (dotted key -> value)
     overrides: dict[str, Any]    # everything applied on top of the base config
     path: str                    # the result file
-    expected: dict = field(default_factory=dict, repr=False)  # its config, flat, without output/runtime
+    sweep: Sweep | None = field(default=None, repr=False)
+    _expected: dict | None = field(default=None, repr=False)
+
+    @property
+    def expected(self) -> dict:
+        """Its validated config, flat, without output/runtime (made when first asked for)."""
+        if self._expected is None:
+            with log.muted():
+                self._expected = _comparable(self.sweep.config(self).to_dict()) if self.sweep else {}
+        return self._expected
 
 
 @dataclass
@@ -120,7 +128,15 @@ def load(path: str, out: str | None = None, validate: bool = True) -> Sweep:
     for k, vals in grid.items():
         if not isinstance(vals, list) or not vals:
             raise InputError(f"{path}: grid.{k}: must be a non-empty list of values, got {vals!r}")
+    for k, vals in grid.items():
+        _refuse_repeated_values(path, k, vals)
     variants = _variants(data.get("variants"), path, grid)
+    size = len(variants)
+    for vals in grid.values():
+        size *= len(vals)
+    if size > MAX_CELLS:
+        raise InputError(f"{path}: grid: {size} cells (variants x grid values); at most {MAX_CELLS} per sweep file, "
+                         f"split it into several")
     folder = out if out is not None else data.get("out") or os.path.join("runs", _stem(path))
     if not isinstance(folder, str) or not folder.strip():
         raise InputError(f"{path}: out: must be a folder path, got {folder!r}")
@@ -141,11 +157,23 @@ def load(path: str, out: str | None = None, validate: bool = True) -> Sweep:
     if not isinstance(table, dict):
         raise InputError(f"{path}: table: must be a mapping (see fedmpi table --help)")
     sweep = Sweep(path, base, folder, cells, list(grid), [v[0] for v in variants if v[1] is not None], table)
+    for c in cells:
+        c.sweep = sweep
     if validate:  # every cell's config is valid before anything runs (notices come when a cell runs)
-        with log.muted():
-            for c in cells:
-                c.expected = _comparable(sweep.config(c).to_dict())
+        for c in cells:
+            c.expected  # noqa: B018 (validates and keeps it)
     return sweep
+
+
+def _refuse_repeated_values(path: str, key: str, values: list) -> None:
+    """Two values of one grid key that a config cannot tell apart (1 and 1.0, true and 1) would
+    make two cells of one experiment, which no table could put apart."""
+    seen: dict[Any, Any] = {}
+    for v in values:
+        same = float(v) if isinstance(v, (int, float)) else repr(v)
+        if same in seen:
+            raise InputError(f"{path}: grid.{key}: {seen[same]!r} and {v!r} are the same value; give each value once")
+        seen[same] = v
 
 
 def _comparable(config_dict: dict) -> dict:
@@ -157,9 +185,10 @@ def _comparable(config_dict: dict) -> dict:
 def first_difference(cell: Cell, stored_yaml: str) -> str | None:
     """The first key where a finished cell's stored config differs from what the sweep asks now.
     Keys only one side has (a newer or older fedmpi's parameters) are not compared."""
-    try:
-        stored = _comparable(yaml.safe_load(stored_yaml) or {})
-    except yaml.YAMLError:
+    try:  # text from a file: read with the input limits
+        stored = yamlio.loads(stored_yaml, "config") or {}
+        stored = _comparable(stored) if isinstance(stored, dict) else {}
+    except InputError:
         return "config"
     for k in cell.expected:
         if k in stored and repr(cell.expected[k]) != repr(stored[k]):
@@ -214,7 +243,10 @@ def cell_state(cell: Cell) -> tuple[str, int]:
     if is_locked(cell.path):
         return "running", rounds
     if status == "completed":
-        outdated = cell.expected and first_difference(cell, str(attrs.get("config", "")))
+        try:
+            outdated = first_difference(cell, str(attrs.get("config", "")))
+        except InputError:  # the sweep now gives this cell a config that is not valid
+            outdated = "config"
         return ("outdated" if outdated else "done"), rounds
     if status in ("running", "interrupted"):
         return "interrupted", rounds

@@ -139,7 +139,7 @@ def gather(inputs: list[str], partial: bool = False, folder: str | None = None) 
         if _is_sweep(inp):
             from .sweepfile import cell_state, load as load_sweep
 
-            sweep = load_sweep(inp, folder)
+            sweep = load_sweep(inp, folder, validate=False)  # only completed cells' configs are compared
             spec = sweep.table if len(inputs) == 1 else {}
             from_sweep = True
             for c in sweep.cells:
