@@ -211,3 +211,45 @@ def test_out_placeholders_are_filled_and_dev_null_is_refused(tmp_path):
     proc = fedmpi(["run", cfg, "--quiet", "--out", str(tmp_path / "{nope}.h5")], check=False)
     _one_line_error(proc, 2, "--out", "nope")
     _one_line_error(fedmpi(["run", cfg, "--quiet", "--out", "/dev/null"], check=False), 2, "/dev/null", "regular file")
+
+
+# ----------------------------------------------------------------------------- table: 5, 8, 18
+
+def _fixed(p: float) -> dict:
+    return {"kind": "stationary", "base": {"kind": "fixed", "values": [p] * 12}}
+
+
+def test_table_groups_by_a_list_valued_key(tmp_path):
+    for i, (p, seed) in enumerate([(0.5, 0), (0.5, 1), (0.9, 0)]):
+        fake_result(tmp_path / f"r{i}.h5", {"round": [0, 10], "test_acc": [0.1, 0.2 + i]}, seed=seed,
+                    availability=_fixed(p))
+    out = fedmpi(["table", str(tmp_path), "--rows", "availability.base.values", "--format", "csv"]).stdout
+    assert out.splitlines()[1].startswith('"[0.5, 0.5,') and len(out.splitlines()) == 3, out
+
+
+def test_table_and_info_while_a_run_is_in_set_up(tmp_path):
+    from fedmpi.results import hdf5
+
+    done = _fake(tmp_path)
+    starting = str(tmp_path / "b.h5")
+    c = hdf5.claim(starting, "digest")  # a run holds its (still empty) result file
+    try:
+        assert "status:     starting" in fedmpi(["info", starting, "--no-config"]).stdout
+        proc = fedmpi(["table", str(tmp_path)])
+        assert "0.5" in proc.stdout and "left out 1 runs" in proc.stderr
+        _one_line_error(fedmpi(["table", starting], check=False), 2, "no completed runs", "1 not completed")
+    finally:
+        c.release()
+    assert os.path.getsize(done) > 0
+
+
+def test_table_bounds_and_odd_numbers(tmp_path):
+    fake_result(tmp_path / "a.h5", {"round": [0, 10], "test_acc": [0.1, float("inf")]})
+    fake_result(tmp_path / "b.h5", {"round": [0, 10], "test_acc": [0.1, float("-inf")]}, seed=4)
+    fake_result(tmp_path / "c.h5", {"round": [0, 10], "test_acc": [float("nan")] * 2}, seed=5, train__lr=0.2)
+    proc = fedmpi(["table", str(tmp_path), "--best", "max"])
+    assert proc.stderr == "" and "nan" in proc.stdout, proc.stderr
+    _one_line_error(fedmpi(["table", str(tmp_path), "--digits", "-1"], check=False), 2, "digits")
+    _one_line_error(fedmpi(["table", str(tmp_path), "--digits", "100000000"], check=False), 2, "digits")
+    os.mkfifo(tmp_path / "x.h5")
+    _one_line_error(fedmpi(["table", str(tmp_path)], check=False, timeout=20), 2, "x.h5", "regular file")
