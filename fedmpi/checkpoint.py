@@ -35,7 +35,7 @@ import shutil
 import torch
 
 from . import __version__, yamlio
-from .errors import InputError
+from .errors import InputError, WriteFailed
 from .runtime import World
 from .state import State
 
@@ -62,13 +62,23 @@ _TMP = re.compile(r".*\.tmp-[0-9]+")  # _atomic_write's temporary names
 
 
 def _atomic_write(path: str, write) -> None:
+    """Write ``path`` under a temporary name, fsync, rename. A failure (disk full) removes the
+    temporary file and raises WriteFailed: the previous checkpoint stays the committed one."""
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as fh:
-        write(fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(path))
+    try:
+        with open(tmp, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(os.path.dirname(path))
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise WriteFailed(f"{path}: cannot write the checkpoint ({e.strerror or e}); the previous "
+                          f"checkpoint is kept: free space and run the same command to resume") from None
 
 
 def _sha256(path: str) -> str:
@@ -83,10 +93,11 @@ def save(world: World, folder: str, rounds_done: int, digest: str, m: int, parts
     """Write this rank's part of each component's state (all ranks call it), then rank 0 commits
     the manifest."""
     sub = os.path.join(folder, f"round-{rounds_done:08d}")
-    if world.rank == 0:
+    try:
         os.makedirs(sub, exist_ok=True)
+    except OSError as e:
+        raise WriteFailed(f"{sub}: cannot write the checkpoint ({e.strerror or e})") from None
     world.barrier()
-    os.makedirs(sub, exist_ok=True)
     mine = {f"{component}/{key}": v.detach().cpu() for component, state in parts.items()
             for key, v in state.items() if world.rank == 0 or not key.startswith("shared/")}
     name = f"shard-{world.rank:05d}.pt"

@@ -127,7 +127,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise InputError("--overwrite: cannot be combined with --resume (one starts afresh, the other continues)")
     plugins.load(args.plugins)  # on every rank, before the config is checked against the registries
     cfg = config.load(args.config, args.overrides, world_size=launched_size())
-    out = args.out or cfg.output_path
+    if args.out is not None:  # --out may use {dotted.key} placeholders, as the output key does
+        from .results.paths import fill_placeholders
+
+        out = fill_placeholders(args.out, cfg.to_dict(), "--out")
+    else:
+        out = cfg.output_path
     code = execute(cfg, out, quiet=args.quiet, resume=args.resume, overwrite=args.overwrite,
                    inputs=input_files(cfg, args.config))
     if code == 0 and launched_rank() == 0:

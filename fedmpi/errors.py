@@ -28,6 +28,14 @@ class Diverged(Exception):
     exit_code = 4
 
 
+class WriteFailed(Exception):
+    """A result file or checkpoint could not be written during a run (disk full, I/O error).
+    Exit code 1 with one line; the last checkpoint and the result file as of its last flush stay
+    valid, so the same command resumes once there is space."""
+
+    exit_code = 1
+
+
 def exit_code(e: InputError | Interrupted | Diverged | KeyboardInterrupt, rank: int) -> int:
     """The exit code that ``e`` ends a command with, after its one line on stderr (rank 0 only):
     InputError 2 (``fedmpi: error: ...``), Interrupted 3 (``fedmpi: interrupted: ...``),

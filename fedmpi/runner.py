@@ -23,7 +23,7 @@ from . import checkpoint, guards
 from .build import Run, build_run
 from .checkpointer import Checkpointer
 from .config import Config
-from .errors import Diverged, InputError, Interrupted
+from .errors import Diverged, InputError, Interrupted, WriteFailed
 from .evaluator import Evaluator
 from .registry import CALLBACKS
 from .runtime import World
@@ -209,7 +209,9 @@ def run(cfg: Config, world: World, out_path: str, quiet: bool = False, resume: b
         world.barrier()  # rank 0 has marked the file: now every rank may exit (srun --kill-on-bad-exit)
         raise
     except Exception as e:  # a failure on one rank must end the whole job, reported once
-        if _is_peer_failure(e):  # a consequence of another rank's death: that rank reports its own error
+        if isinstance(e, WriteFailed):  # disk full: the message says what is kept
+            print(f"fedmpi: rank {world.rank}: {e}", file=sys.stderr)
+        elif _is_peer_failure(e):  # a consequence of another rank's death: that rank reports its own error
             print(f"fedmpi: rank {world.rank}: lost contact with another rank ({type(e).__name__}); "
                   f"ending the job", file=sys.stderr)
         else:

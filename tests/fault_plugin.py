@@ -1,7 +1,8 @@
 """Test plug-in: fault injection, reachable only from the tests.
 
 ``FEDMPI_TEST_FAULT="RANK:ROUND:raise|kill|usr1"`` with ``FEDMPI_PLUGINS=<this file>`` makes
-that rank raise, die by SIGKILL, or receive SIGUSR1 (a preemption) just before that round.
+that rank raise, die by SIGKILL, or receive SIGUSR1 (a preemption) just before that round;
+``fill`` fills the file system of ``$FEDMPI_TEST_FILL`` (a file it creates) up to the last byte.
 In-process tests pass ``Runner(..., callbacks=[inject("0:5:raise")])`` instead.
 """
 
@@ -27,10 +28,23 @@ def inject(spec: str) -> Callable[[object, int], None]:
             os.kill(os.getpid(), signal.SIGKILL)
         elif how == "usr1":
             os.kill(os.getpid(), signal.SIGUSR1)
+        elif how == "fill":
+            fill(os.environ["FEDMPI_TEST_FILL"])
         else:
             raise RuntimeError(f"injected fault at round {t}")
 
     return fault
+
+
+def fill(path: str) -> None:
+    """Write ``path`` until its file system is full (disk full for every later write)."""
+    with open(path, "wb", buffering=0) as fh:
+        for size in (1 << 16, 1 << 12, 1):
+            try:
+                while True:
+                    fh.write(b"\0" * size)
+            except OSError:
+                pass
 
 
 def env(spec: str) -> dict[str, str]:

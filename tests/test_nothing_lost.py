@@ -67,3 +67,189 @@ def test_export_never_replaces_a_result_an_input_or_an_existing_csv(tmp_path):
     fedmpi(["export", a, b, "--overwrite"])
     assert (tmp_path / "a.csv").read_text().startswith("round,")
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+
+
+# ----------------------------------------------------------------------------- 1, 15: disk full
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MB tmpfs (as root); skipped where mounting is not allowed."""
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+@pytest.mark.parametrize("what", ["mask flush", "checkpoint"])
+def test_disk_full_during_a_run_is_one_line_and_resumes(tmp_path, small_disk, what):
+    from fault_plugin import env
+
+    over = ({"runtime__log_availability": True, "runtime__flush_s": 0, "runtime__checkpoint_every": 10}
+            if what == "mask flush" else {"runtime__flush_s": 3600, "runtime__checkpoint_every": 5})
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(
+        rounds=80, eval_every=1, task__clients=2000, task__synthetic__samples=4000, task__partition={"kind": "iid"},
+        train__local_steps=1, algorithm={"name": "fedavg_active"}, **over))
+    out, pad = small_disk / "r.h5", small_disk / "pad"
+    proc = fedmpi(["run", cfg, "--out", str(out), "--quiet"], check=False,
+                  env={**env("0:42:fill"), "FEDMPI_TEST_FILL": str(pad)})
+    line = _one_line_error(proc, 1, "No space left on device", "resume")
+    assert ("cannot write the checkpoint" in line) == (what == "checkpoint"), line
+    assert not [f for _, _, files in os.walk(small_disk) for f in files if ".tmp" in f]
+    info = fedmpi(["info", str(out), "--no-config"]).stdout
+    assert "status:     failed" in info
+    pad.unlink()
+    fedmpi(["run", cfg, "--out", str(out), "--quiet"])  # resumes from the checkpoint
+    with h5py.File(out, "r") as f:
+        assert f.attrs["status"] == "completed" and list(f["metrics/round"][:]) == list(range(81))
+        if what == "mask flush":
+            assert f["availability/mask"][:].shape == (80, 2000)
+
+
+def test_a_flush_that_finds_no_space_writes_nothing(tmp_path, monkeypatch):
+    """The stand-in for file systems without a tmpfs: reserving space fails (ENOSPC)."""
+    import errno
+
+    from fedmpi.errors import WriteFailed
+    from fedmpi.results import hdf5
+
+    path = str(tmp_path / "r.h5")
+    w = hdf5.ResultWriter(path, "{}", 0, 1, ["test_acc"], 8, True, claim_=hdf5.claim(path, "d"), flush_s=3600)
+    w.append_mask(np.array([1, 2]))
+    w.append({"round": 0, "test_acc": 0.5}, 1)
+    w.flush()
+
+    def no_space(fd, nbytes):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(hdf5, "reserve", no_space)
+    w.append_mask(np.array([3]))
+    w.append({"round": 1, "test_acc": 0.6}, 2)
+    with pytest.raises(WriteFailed, match="No space left on device"):
+        w.flush()
+    with pytest.raises(WriteFailed, match="No space left on device"):
+        w.finish("completed", np.zeros(3), 2)
+    with h5py.File(path, "r") as f:
+        assert f.attrs["status"] == "failed" and f["availability/mask"].shape == (1, 8)
+        assert list(f["metrics/round"][:]) == [0]
+
+
+# ----------------------------------------------------------------------------- sweeps: 7, 10, 14, 16, 21
+
+def _sweep(tmp_path, base_over: dict | None = None, **data) -> str:
+    write_config(tmp_path / "base.yaml", synthetic_config(rounds=2, eval_every=1, **(base_over or {})))
+    path = tmp_path / "s.sweep.yaml"
+    write_config(path, {"base": "base.yaml", "out": str(tmp_path / "out"), **data})
+    return str(path)
+
+
+def test_two_sweep_processes_on_one_sweep_both_succeed(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    s = _sweep(tmp_path, grid={"seed": [0, 1, 2, 3]})
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    procs = [subprocess.Popen([sys.executable, "-m", "fedmpi", "sweep", s, "--quiet"], env=env, cwd=ROOT,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    assert "4 done" in fedmpi(["sweep", s, "--status"]).stdout
+
+
+def test_sweep_size_is_capped_before_cells_are_made(tmp_path):
+    s = _sweep(tmp_path, grid={"seed": list(range(1000)), "train.lr": [0.1 * (i + 1) for i in range(1000)]})
+    _one_line_error(fedmpi(["sweep", s, "--index", "5"], check=False), 2, "grid", "1000000 cells", "100000")
+
+
+def test_one_cell_and_status_check_only_the_configs_they_need(tmp_path):
+    s = _sweep(tmp_path, variants=[{"label": "ok"}, {"label": "bad", "train.lr": -1}], grid={"seed": [0]})
+    assert "2 cells: 0 done" in fedmpi(["sweep", s, "--status"]).stdout
+    fedmpi(["sweep", s, "--index", "0", "--quiet"])
+    _one_line_error(fedmpi(["sweep", s, "--index", "1", "--quiet"], check=False), 2, "train.lr")
+    _one_line_error(fedmpi(["sweep", s], check=False), 2, "cell 1", "train.lr")
+
+
+def test_repeated_grid_values_and_dot_labels(tmp_path):
+    _one_line_error(fedmpi(["sweep", _sweep(tmp_path, grid={"train.lr": [1, 1.0]}), "--list"], check=False),
+                    2, "grid.train.lr", "same value")
+    s = _sweep(tmp_path, variants=[{"label": ".."}, {"label": "."}], grid={"seed": [0]})
+    paths = [line.split()[1] for line in fedmpi(["sweep", s, "--list"]).stdout.splitlines()]
+    out = os.path.realpath(tmp_path / "out")
+    assert len(set(paths)) == 2, paths
+    assert all(os.path.realpath(p).startswith(out + os.sep) for p in paths), paths
+    cfg = write_config(tmp_path / "c.yaml",
+                       synthetic_config(rounds=1, name="..", output=str(tmp_path / "runs/{name}/r.h5")))
+    fedmpi(["run", cfg, "--quiet"])
+    assert not (tmp_path / "r.h5").exists() and (tmp_path / "runs" / "__" / "r.h5").exists()
+
+
+def test_parallel_workers_report_one_bad_input_once(tmp_path):
+    trace = tmp_path / "t.txt"
+    trace.write_text("0 1 99\n")  # client 99 of 12: refused when each cell sets up
+    s = _sweep(tmp_path, {"availability": {"kind": "trace", "trace": str(trace)}}, grid={"seed": [0, 1, 2, 3]})
+    proc = fedmpi(["sweep", s, "-j", "2", "--quiet"], check=False)
+    assert proc.returncode == 2, proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("fedmpi: error:")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr
+
+
+# ----------------------------------------------------------------------------- 11, 23: --out
+
+def test_out_placeholders_are_filled_and_dev_null_is_refused(tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=1))
+    for seed in (1, 2):
+        fedmpi(["run", cfg, "--quiet", "--set", f"seed={seed}",
+                "--out", str(tmp_path / "runs/{seed}-{task.clients}.h5")])
+    assert sorted(os.listdir(tmp_path / "runs")) == ["1-12.h5", "2-12.h5"]
+    proc = fedmpi(["run", cfg, "--quiet", "--out", str(tmp_path / "{nope}.h5")], check=False)
+    _one_line_error(proc, 2, "--out", "nope")
+    _one_line_error(fedmpi(["run", cfg, "--quiet", "--out", "/dev/null"], check=False), 2, "/dev/null", "regular file")
+
+
+# ----------------------------------------------------------------------------- table: 5, 8, 18
+
+def _fixed(p: float) -> dict:
+    return {"kind": "stationary", "base": {"kind": "fixed", "values": [p] * 12}}
+
+
+def test_table_groups_by_a_list_valued_key(tmp_path):
+    for i, (p, seed) in enumerate([(0.5, 0), (0.5, 1), (0.9, 0)]):
+        fake_result(tmp_path / f"r{i}.h5", {"round": [0, 10], "test_acc": [0.1, 0.2 + i]}, seed=seed,
+                    availability=_fixed(p))
+    out = fedmpi(["table", str(tmp_path), "--rows", "availability.base.values", "--format", "csv"]).stdout
+    assert out.splitlines()[1].startswith('"[0.5, 0.5,') and len(out.splitlines()) == 3, out
+
+
+def test_table_and_info_while_a_run_is_in_set_up(tmp_path):
+    from fedmpi.results import hdf5
+
+    done = _fake(tmp_path)
+    starting = str(tmp_path / "b.h5")
+    c = hdf5.claim(starting, "digest")  # a run holds its (still empty) result file
+    try:
+        assert "status:     starting" in fedmpi(["info", starting, "--no-config"]).stdout
+        proc = fedmpi(["table", str(tmp_path)])
+        assert "0.5" in proc.stdout and "left out 1 runs" in proc.stderr
+        _one_line_error(fedmpi(["table", starting], check=False), 2, "no completed runs", "1 not completed")
+    finally:
+        c.release()
+    assert os.path.getsize(done) > 0
+
+
+def test_table_bounds_and_odd_numbers(tmp_path):
+    fake_result(tmp_path / "a.h5", {"round": [0, 10], "test_acc": [0.1, float("inf")]})
+    fake_result(tmp_path / "b.h5", {"round": [0, 10], "test_acc": [0.1, float("-inf")]}, seed=4)
+    fake_result(tmp_path / "c.h5", {"round": [0, 10], "test_acc": [float("nan")] * 2}, seed=5, train__lr=0.2)
+    proc = fedmpi(["table", str(tmp_path), "--best", "max"])
+    assert proc.stderr == "" and "nan" in proc.stdout, proc.stderr
+    _one_line_error(fedmpi(["table", str(tmp_path), "--digits", "-1"], check=False), 2, "digits")
+    _one_line_error(fedmpi(["table", str(tmp_path), "--digits", "100000000"], check=False), 2, "digits")
+    os.mkfifo(tmp_path / "x.h5")
+    _one_line_error(fedmpi(["table", str(tmp_path)], check=False, timeout=20), 2, "x.h5", "regular file")

@@ -15,10 +15,10 @@ import yaml
 
 import fault_plugin
 from conftest import ROOT, fedmpi, synthetic_config, write_config
-from fedmpi import results, sweep
+from fedmpi import results
 from fedmpi.cli import main
 from fedmpi.errors import InputError
-from fedmpi.results import hdf5
+from fedmpi.results import hdf5, sweepfile
 
 
 def _sweep_file(tmp_path, **extra) -> str:
@@ -41,7 +41,7 @@ def _same_numbers(a: str, b: str) -> None:
 
 
 def test_cells_paths_and_overrides(tmp_path):
-    s = sweep.load(_sweep_file(tmp_path))
+    s = sweepfile.load(_sweep_file(tmp_path))
     out = str(tmp_path / "out")
     assert [c.name for c in s.cells] == ["avg/seed=0", "avg/seed=1", "algorithm.name=mifa,train.lr=0.05/seed=0",
                                          "algorithm.name=mifa,train.lr=0.05/seed=1"]
@@ -49,7 +49,7 @@ def test_cells_paths_and_overrides(tmp_path):
     cfg = s.config(s.cells[3])
     assert (cfg.algorithm.name, cfg.train.lr, cfg.seed, cfg.output) == ("mifa", 0.05, 1, s.cells[3].path)
     assert cfg.rounds == 4  # from the base config
-    cell = sweep.load(_sweep_file(tmp_path), out="elsewhere").cells[0]
+    cell = sweepfile.load(_sweep_file(tmp_path), out="elsewhere").cells[0]
     assert cell.path == os.path.join("elsewhere", "avg", "seed=0.h5")
 
 
@@ -64,7 +64,7 @@ def test_cells_paths_and_overrides(tmp_path):
 ])
 def test_bad_sweep_files(tmp_path, capsys, extra, needle):
     path = _sweep_file(tmp_path, **extra)
-    assert main(["sweep", path, "--status"]) == 2
+    assert main(["sweep", path]) == 2  # a whole sweep checks every cell before running any
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0], err
 
@@ -72,8 +72,8 @@ def test_bad_sweep_files(tmp_path, capsys, extra, needle):
 def test_local_sweep_skips_done_cells_and_tabulates(tmp_path, capsys):
     path = _sweep_file(tmp_path)
     assert main(["sweep", path, "--quiet"]) == 0
-    s = sweep.load(path)
-    assert [sweep.cell_state(c)[0] for c in s.cells] == ["done"] * 4
+    s = sweepfile.load(path)
+    assert [sweepfile.cell_state(c)[0] for c in s.cells] == ["done"] * 4
     stamps = [os.stat(c.path).st_mtime_ns for c in s.cells]
     assert main(["sweep", path]) == 0
     assert "4 cells in" in capsys.readouterr().err and [os.stat(c.path).st_mtime_ns for c in s.cells] == stamps
@@ -95,7 +95,7 @@ def test_local_sweep_skips_done_cells_and_tabulates(tmp_path, capsys):
 
 def test_status_of_every_state(tmp_path, capsys):
     path = _sweep_file(tmp_path)
-    s = sweep.load(path)
+    s = sweepfile.load(path)
     fedmpi(["sweep", path, "--index", "0", "--quiet"])
     p = fedmpi(["sweep", path, "--index", "1", "--quiet"], check=False, env=fault_plugin.env("0:2:kill"))
     assert p.returncode == -signal.SIGKILL
@@ -103,42 +103,42 @@ def test_status_of_every_state(tmp_path, capsys):
     assert p.returncode == 1
     held = hdf5.claim(s.cells[3].path, "x")  # as a run that is writing this cell
     try:
-        states = [sweep.cell_state(c)[0] for c in s.cells]
+        states = [sweepfile.cell_state(c)[0] for c in s.cells]
         assert states == ["done", "interrupted", "failed", "running"]
         assert main(["sweep", path, "--status"]) == 0
         assert "4 cells: 1 done, 1 running, 1 interrupted, 1 failed, 0 not started" in capsys.readouterr().out
     finally:
         held.release(discard=True)
-    assert sweep.cell_state(s.cells[3])[0] == "not started"
+    assert sweepfile.cell_state(s.cells[3])[0] == "not started"
 
 
 def test_a_changed_sweep_does_not_reuse_finished_cells(tmp_path, capsys):
     path = _sweep_file(tmp_path, variants=None, grid={"seed": [0]})
     assert main(["sweep", path, "--quiet"]) == 0
     changed = _sweep_file(tmp_path, variants=None, grid={"seed": [0]}, set={"train.lr": 0.3, "runtime.csv": True})
-    assert [sweep.cell_state(c)[0] for c in sweep.load(changed).cells] == ["outdated"]
+    assert [sweepfile.cell_state(c)[0] for c in sweepfile.load(changed).cells] == ["outdated"]
     assert main(["sweep", changed]) == 2
     assert "train.lr: 0.1 in the file, 0.3 in the sweep" in capsys.readouterr().err
     runtime_only = _sweep_file(tmp_path, variants=None, grid={"seed": [0]}, set={"runtime.csv": True})
-    assert [sweep.cell_state(c)[0] for c in sweep.load(runtime_only).cells] == ["done"]
+    assert [sweepfile.cell_state(c)[0] for c in sweepfile.load(runtime_only).cells] == ["done"]
 
 
 def test_a_cell_another_process_writes_is_skipped(tmp_path, capsys):
     path = _sweep_file(tmp_path, variants=None)
-    cells = sweep.load(path).cells
+    cells = sweepfile.load(path).cells
     held = hdf5.claim(cells[0].path, "x")
     try:
         assert main(["sweep", path]) == 0
         err = capsys.readouterr().err
         assert "cell 0 (seed=0) is being run by another process; skipped" in err
-        assert [sweep.cell_state(c)[0] for c in cells] == ["running", "done"]
+        assert [sweepfile.cell_state(c)[0] for c in cells] == ["running", "done"]
     finally:
         held.release(discard=True)
 
 
 def test_interrupted_cell_resumes_from_its_checkpoint(tmp_path):
     path = _sweep_file(tmp_path, set={"rounds": 8, "runtime.checkpoint_every": 2})
-    s = sweep.load(path)
+    s = sweepfile.load(path)
     p = fedmpi(["sweep", path, "--index", "2", "--quiet"], check=False, env=fault_plugin.env("0:5:kill"))
     assert p.returncode == -signal.SIGKILL and os.path.exists(s.cells[2].path + ".ckpt/manifest.json")
     fedmpi(["sweep", path, "--quiet"])  # the whole sweep: the killed cell continues from round 4
@@ -155,7 +155,7 @@ def test_parallel_workers_give_the_same_results(tmp_path):
     p = fedmpi(["sweep", path, "-j", "2"])
     assert "with 2 processes" in p.stderr and "4 done" in p.stderr
     fedmpi(["sweep", path, "--out", seq, "--quiet"])
-    for c in sweep.load(path).cells:
+    for c in sweepfile.load(path).cells:
         _same_numbers(c.path, c.path.replace(str(tmp_path / "out"), seq))
 
 
@@ -164,7 +164,7 @@ def test_parallel_sweep_preempted(tmp_path):
     from conftest import wait_for_rows
 
     path = _sweep_file(tmp_path, set={"rounds": 100000, "runtime.checkpoint_every": 50, "runtime.flush_s": 0})
-    cells = sweep.load(path).cells
+    cells = sweepfile.load(path).cells
     proc = subprocess.Popen([sys.executable, "-m", "fedmpi", "sweep", path, "-j", "2", "--quiet"], cwd=ROOT,
                             env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
@@ -173,7 +173,7 @@ def test_parallel_sweep_preempted(tmp_path):
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=180)
     assert proc.returncode == 3, err
-    assert [sweep.cell_state(c)[0] for c in cells] == ["interrupted", "interrupted", "not started", "not started"]
+    assert [sweepfile.cell_state(c)[0] for c in cells] == ["interrupted", "interrupted", "not started", "not started"]
     assert all(os.path.exists(c.path + ".ckpt/manifest.json") for c in cells[:2])
 
 
@@ -183,7 +183,7 @@ def test_index_and_array_size(tmp_path, capsys):
     assert main(["sweep", path, "--index", "4"]) == 2
     assert "--index: 4 is out of range (the sweep has 4 cells, 0..3)" in capsys.readouterr().err
     assert main(["sweep", path, "--index", "1", "--quiet"]) == 0
-    states = [sweep.cell_state(c)[0] for c in sweep.load(path).cells]
+    states = [sweepfile.cell_state(c)[0] for c in sweepfile.load(path).cells]
     assert states == ["not started", "done", "not started", "not started"]
 
 
@@ -191,7 +191,7 @@ def test_index_and_array_size(tmp_path, capsys):
 def test_index_on_two_ranks(tmp_path):
     path = _sweep_file(tmp_path)
     fedmpi(["sweep", path, "--index", "3", "--quiet"], ranks=2)
-    with h5py.File(sweep.load(path).cells[3].path, "r") as f:
+    with h5py.File(sweepfile.load(path).cells[3].path, "r") as f:
         assert f.attrs["status"] == "completed" and f.attrs["world_size"] == 2
     p = fedmpi(["sweep", path, "--quiet"], ranks=2, check=False)
     assert p.returncode == 2 and "give --index" in p.stderr
@@ -214,7 +214,7 @@ def test_slurm_array_template(tmp_path):
                            'kill -0 $child 2>/dev/null || exit $code; done\n')
     _shim(bin_dir, "scontrol", f'echo "$@" >> {tmp_path}/scontrol.log\n')
     path = _sweep_file(tmp_path, set={"rounds": 100000, "runtime.checkpoint_every": 50})
-    cell = sweep.load(path).cells[1]
+    cell = sweepfile.load(path).cells[1]
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.path.dirname(sys.executable)}{os.pathsep}"
                f"{os.environ['PATH']}", SLURM_JOB_ID="77", SLURM_ARRAY_JOB_ID="70", SLURM_ARRAY_TASK_ID="1",
                SLURM_SUBMIT_DIR=ROOT, PYTHONPATH=ROOT)
@@ -228,14 +228,14 @@ def test_slurm_array_template(tmp_path):
     assert proc.returncode == 3, err
     assert "round" in err  # progress lines in the batch log
     assert "requeue 77" in (tmp_path / "scontrol.log").read_text()
-    assert sweep.cell_state(cell)[0] == "interrupted" and os.path.exists(cell.path + ".ckpt/manifest.json")
+    assert sweepfile.cell_state(cell)[0] == "interrupted" and os.path.exists(cell.path + ".ckpt/manifest.json")
 
 
 def test_sweep_examples_in_configs_are_valid():
     for root, _, files in os.walk(os.path.join(ROOT, "configs")):
         for f in files:
             if f.endswith(".sweep.yaml"):
-                s = sweep.load(os.path.join(root, f))
+                s = sweepfile.load(os.path.join(root, f))
                 assert s.cells and len({c.path for c in s.cells}) == len(s.cells)
 
 
@@ -245,11 +245,11 @@ def test_checking_a_sweep_prints_no_notices(capsys):
     path = os.path.join(ROOT, "configs/unavailability/fmnist_sine.sweep.yaml")
     assert main(["sweep", path, "--status", "--out", "/nonexistent/folder"]) == 0
     captured = capsys.readouterr()
-    assert "notice" not in captured.err and f"{len(sweep.load(path).cells)} cells: 0 done" in captured.out
+    assert "notice" not in captured.err and f"{len(sweepfile.load(path).cells)} cells: 0 done" in captured.out
 
 
 def test_missing_sweep_file(capsys):
     assert main(["sweep", "nope.sweep.yaml"]) == 2
     assert capsys.readouterr().err.strip() == "fedmpi: error: nope.sweep.yaml: sweep file not found"
     with pytest.raises(InputError):
-        sweep.load("nope.yaml")
+        sweepfile.load("nope.yaml")

@@ -65,6 +65,6 @@ def run_cli(args: argparse.Namespace) -> int:
     for target in targets:
         check_target(target, "export", args.files, args.overwrite)
     for r, target in zip(runs, targets):
-        write_text(target, "export", lambda fh: write_one(r, fh))
+        write_text(target, "export", lambda fh, r=r: write_one(r, fh))
         print(target)
     return 0

@@ -13,6 +13,14 @@ first run's file alone; then the claim decides whether the existing content may 
 at most every ``flush_s`` seconds, at checkpoints and at the end: between two flushes the file
 on disk is not touched at all, so a run killed at any moment leaves the file as of its last
 flush, which opens, with ``status = running``.
+
+Disk full. HDF5 cannot undo a write that fails half-way (a compressed mask chunk is left
+corrupt, and closing such a file can crash the process). So before each flush the writer
+reserves the space that flush can use beyond the end of the file (``fallocate`` without changing
+the size; a free-space check where the file system cannot), plus a margin that stays reserved
+for marking the file and closing it. No space: :class:`WriteFailed` (one line, exit 1) before
+anything is written; the file keeps its last flush, is marked ``failed`` and resumes from the
+last checkpoint.
 """
 
 from __future__ import annotations
@@ -27,10 +35,11 @@ import h5py
 import numpy as np
 
 from .. import __version__
-from ..errors import InputError
+from ..errors import InputError, WriteFailed
 
 STATUSES = ("running", "completed", "interrupted", "failed", "diverged")
 _MASK_BUFFER_BYTES = 64 << 20  # flush early rather than hold more participation rows than this
+_CLOSE_MARGIN = 64 << 10  # kept reserved beyond the file's end: status attribute and close
 
 
 class OutputBusy(InputError):
@@ -171,6 +180,8 @@ def claim(path: str, digest: str, inputs: Iterable[str] = (), overwrite: bool = 
         raise InputError("--out: empty result path")
     if os.path.isdir(path):
         raise InputError(f"{path}: is a directory, expected a result file path")
+    if os.path.exists(path) and not os.path.isfile(path):  # /dev/null, a FIFO, a device: results would be lost
+        raise InputError(f"{path}: is not a regular file; choose a result file path")
     for inp in inputs:
         if inp and os.path.exists(inp) and _same_file(path, inp):
             raise InputError(f"{path}: is an input of this run ({inp}); choose another output path")
@@ -209,6 +220,42 @@ def claim(path: str, digest: str, inputs: Iterable[str] = (), overwrite: bool = 
     return Claim(path, fd, created, previous)
 
 
+# ----------------------------------------------------------------------------- disk space
+
+_libc: Any = None
+
+
+def _fallocate_keep_size(fd: int, offset: int, length: int) -> None:
+    """Linux ``fallocate(fd, FALLOC_FL_KEEP_SIZE, offset, length)``; OSError(EOPNOTSUPP) elsewhere."""
+    global _libc
+    import ctypes
+    import ctypes.util
+
+    if _libc is None:
+        _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    fn = getattr(_libc, "fallocate", None)
+    if fn is None:
+        raise OSError(errno.EOPNOTSUPP, "no fallocate")
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    if fn(fd, 1, offset, length) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def reserve(fd: int, nbytes: int) -> None:
+    """Make sure ``nbytes`` can be written past the end of the file open on ``fd``: allocated
+    there without changing its size, or (file systems without fallocate) free on the device.
+    OSError (ENOSPC) when they cannot."""
+    try:
+        _fallocate_keep_size(fd, os.fstat(fd).st_size, nbytes)
+    except OSError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            raise
+        st = os.fstatvfs(fd)
+        if st.f_bavail * st.f_frsize < nbytes:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) from None
+
+
 # ----------------------------------------------------------------------------- writing
 
 class ResultWriter:
@@ -228,6 +275,7 @@ class ResultWriter:
         self._rounds_done = resume_at or 0
         self._last_flush = time.monotonic()
         self.sidecars: list = []
+        self._broken = False  # a write failed inside HDF5: the file is not touched again
         if resume_at is not None:
             self._reopen(resume_at, world_size)
             return
@@ -235,6 +283,8 @@ class ResultWriter:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             # the claim's flock guards the file; HDF5's own lock would conflict with it
             self.f = h5py.File(path, "w", locking=False)
+            self._fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)  # for reserving space
+            reserve(self._fd, 2 * _CLOSE_MARGIN)
         except OSError as e:
             raise InputError(f"{path}: cannot write the result file ({e.strerror or e})") from None
         self.f.attrs["config"] = config_yaml
@@ -258,12 +308,15 @@ class ResultWriter:
     def _reopen(self, rounds_done: int, world_size: int) -> None:
         """Continue a file after a checkpoint: drop rows written after ``rounds_done``."""
         try:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+            reserve(self._fd, 2 * _CLOSE_MARGIN)
             self.f = h5py.File(self.path, "a", locking=False)
             g = self.f["metrics"]
             self.names = ["round"] + [n for n in g if n != "round"]
             keep = int(np.searchsorted(g["round"][:], rounds_done, side="right"))
-        except (OSError, KeyError) as e:
-            raise InputError(f"{self.path}: cannot continue this result file ({e})") from None
+        except (OSError, KeyError, RuntimeError) as e:
+            raise InputError(f"{self.path}: cannot continue this result file ({_short(e)}); free space, "
+                             f"or start afresh with --overwrite") from None
         for n in self.names:
             g[n].resize((keep,))
         self.mask = self.f.get("availability/mask")
@@ -272,6 +325,10 @@ class ResultWriter:
                 raise InputError(f"{self.path}: holds {self.mask.shape[0]} rows of /availability/mask, "
                                  f"fewer than the checkpoint's {rounds_done} rounds")
             self.mask.resize((rounds_done, self.mask.shape[1]))
+            damaged = _first_unreadable_row(self.mask)
+            if damaged is not None:
+                raise InputError(f"{self.path}: /availability/mask is damaged from row {damaged} (an earlier "
+                                 f"write failed); this file cannot be continued: --overwrite starts afresh")
         if "final" in self.f:
             del self.f["final"]
         self.f.attrs["status"] = "running"
@@ -315,8 +372,42 @@ class ResultWriter:
         if time.monotonic() - self._last_flush >= self.flush_s:
             self.flush()
 
-    def flush(self) -> None:
-        """Write the buffered rows and push everything to the file (then it is complete on disk)."""
+    def _flush_bytes(self) -> int:
+        """A bound on what the next flush can add to the file: the chunks its rows start (metric
+        chunks are allocated whole) or rewrite (a compressed mask chunk may move when it grows),
+        and metadata."""
+        need = 32 << 10
+        n = self.f["metrics/round"].shape[0]
+        if self._rows:
+            new_chunks = -(-(n + len(self._rows)) // 1024) - -(-n // 1024)
+            need += len(self.names) * new_chunks * 8 * 1024
+        if self._mask_rows:
+            (rows, cols), n = self.mask.chunks, self.mask.shape[0]
+            touched = -(-(n + len(self._mask_rows)) // rows) - n // rows
+            need += touched * -(-self.mask.shape[1] // cols) * (rows * cols * 101 // 100 + 4096)
+        return need
+
+    def _write_failed(self, e: BaseException, broken: bool) -> WriteFailed:
+        self._broken = self._broken or broken
+        return WriteFailed(f"{self.path}: cannot write the result file ({_short(e)}); it keeps the rows up to "
+                           f"its last flush: free space and run the same command to resume from the last checkpoint")
+
+    def flush(self, extra_bytes: int = 0) -> None:
+        """Write the buffered rows and push everything to the file (then it is complete on disk).
+        WriteFailed, before anything is written, when the space for it cannot be reserved."""
+        if self._broken:
+            raise self._write_failed(OSError("an earlier write failed"), True)
+        try:
+            reserve(self._fd, self._flush_bytes() + extra_bytes + _CLOSE_MARGIN)
+        except OSError as e:
+            raise self._write_failed(e, False) from None
+        try:
+            self._write_buffered()
+        except (OSError, RuntimeError, ValueError) as e:
+            raise self._write_failed(e, True) from None
+        self._last_flush = time.monotonic()
+
+    def _write_buffered(self) -> None:
         if self._rows:
             g = self.f["metrics"]
             n, k = g["round"].shape[0], len(self._rows)
@@ -332,23 +423,38 @@ class ResultWriter:
             self._mask_rows.clear()
         self.f.attrs["rounds_done"] = self._rounds_done
         self.f.flush()
-        self._last_flush = time.monotonic()
 
     def write_group(self, name: str, arrays: dict[str, np.ndarray]) -> None:
         """A static group (e.g. /partition, /topology), written once."""
+        arrays = {k: np.asarray(v) for k, v in arrays.items()}
+        try:
+            reserve(self._fd, sum(a.nbytes for a in arrays.values()) + (64 << 10) + _CLOSE_MARGIN)
+        except OSError as e:  # set-up: nothing has run yet
+            raise InputError(f"{self.path}: cannot write the result file ({_short(e)})") from None
         g = self.f.require_group(name)
         for k, v in arrays.items():
-            g.create_dataset(k, data=np.asarray(v))
+            g.create_dataset(k, data=v)
         self.f.flush()
 
     def finish(self, status: str, final_params: np.ndarray | None = None, rounds_done: int | None = None) -> None:
-        """Write what is buffered, the final model and ``status``; close and release the claim."""
+        """Write what is buffered, the final model and ``status``; close and release the claim.
+        When the rows cannot be written, the file is marked as of its last flush (``failed``
+        instead of ``completed``, then WriteFailed), in the space kept reserved for that."""
         try:
             if rounds_done is not None:
                 self._rounds_done = rounds_done
-            self.flush()
-            if final_params is not None:
-                self.f.create_dataset("final/params", data=np.asarray(final_params, dtype=np.float32))
+            params = None if final_params is None else np.asarray(final_params, dtype=np.float32)
+            try:
+                self.flush(extra_bytes=0 if params is None else params.nbytes + (64 << 10))
+            except WriteFailed:  # mark the file as of its last flush (in the space kept for it)
+                if not self._broken:
+                    self.f.attrs["status"] = "failed" if status == "completed" else status
+                    self.f.close()
+                if status == "completed":
+                    raise
+                return  # another error ended the run: that one is reported
+            if params is not None:
+                self.f.create_dataset("final/params", data=params)
             self.f.attrs["status"] = status
             self.f.flush()
             self.f.close()
@@ -357,6 +463,24 @@ class ResultWriter:
                 s.close()
             if self.claim is not None:
                 self.claim.release()
+            os.close(self._fd)
+
+
+def _short(e: BaseException) -> str:
+    """An OSError's reason, or the first line of an HDF5 error (they run over several lines)."""
+    text = getattr(e, "strerror", None) or str(e) or type(e).__name__
+    return text.splitlines()[0][:160]
+
+
+def _first_unreadable_row(ds: h5py.Dataset) -> int | None:
+    """The first row of a chunked dataset whose chunk no longer decodes (None: all read)."""
+    step = ds.chunks[0] if ds.chunks else 1024
+    for lo in range(0, ds.shape[0], step):
+        try:
+            ds[lo:lo + step]
+        except (OSError, RuntimeError, ValueError):
+            return lo
+    return None
 
 
 # ----------------------------------------------------------------------------- reading
@@ -367,6 +491,8 @@ def open_result(path: str) -> h5py.File:
         raise InputError(f"{path}: no such result file")
     if os.path.isdir(path):
         raise InputError(f"{path}: is a directory, expected a result file")
+    if not os.path.isfile(path):  # a FIFO would block the reader forever
+        raise InputError(f"{path}: is not a regular file, expected a result file")
     for attempt in range(3):  # a running writer may be mid-flush: look again shortly
         try:
             f = h5py.File(path, "r", locking=False)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import os
 
+import h5py
 import numpy as np
-import yaml
 
 from ..errors import InputError
 from ..participation.markov import chain_shape, check_weights
@@ -52,17 +52,31 @@ def figure1_study(p: np.ndarray, B: int, Rs: list[int], rounds: int, seed: int) 
 def participation_shares(path: str) -> tuple[np.ndarray, int, dict]:
     """From a result file: each client's share of all participations (sums to 1; = frequency / B
     for a fixed |S_t| = B), the number of rounds in the mask, and the stored config (a dict)."""
+    from .. import yamlio
     from .hdf5 import open_result
 
     with open_result(path) as f:
-        if "availability/mask" not in f:
+        mask = f.get("availability/mask")
+        if not isinstance(mask, h5py.Dataset):
             raise InputError(f"{path}: has no /availability/mask (run with runtime.log_availability: true)")
-        mask = f["availability/mask"][:]
-        cfg = yaml.safe_load(f.attrs.get("config", "")) or {}
-    if mask.ndim != 2 or mask.shape[0] == 0 or mask.sum() == 0:
+        if mask.ndim != 2 or mask.shape[0] == 0 or mask.dtype.kind not in "iub":
+            raise InputError(f"{path}: /availability/mask holds no participation (shape {mask.shape})")
+        counts = np.zeros(mask.shape[1], dtype=np.int64)
+        step = max(1, (64 << 20) // max(1, mask.shape[1]))  # 64 MB of rows at a time
+        for lo in range(0, mask.shape[0], step):
+            try:
+                counts += (mask[lo:lo + step] != 0).sum(axis=0, dtype=np.int64)
+            except (OSError, RuntimeError, ValueError) as e:
+                raise InputError(f"{path}: /availability/mask is damaged near row {lo} "
+                                 f"({str(e).splitlines()[0][:80]})") from None
+        rounds = mask.shape[0]
+        try:
+            cfg = yamlio.loads(str(f.attrs.get("config", "")), f"{path}: config") or {}
+        except InputError:
+            cfg = {}
+    if counts.sum() == 0:
         raise InputError(f"{path}: /availability/mask holds no participation (shape {mask.shape})")
-    counts = mask.sum(axis=0, dtype=np.int64)
-    return counts / counts.sum(), mask.shape[0], cfg
+    return counts / counts.sum(), rounds, cfg if isinstance(cfg, dict) else {}
 
 
 def reference_pi(cfg_dict: dict, rounds: int) -> tuple[np.ndarray, str, str] | None:

@@ -17,7 +17,8 @@ _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 
 
 def value_text(value: Any) -> str:
-    """A config value as a short, file-name-safe word: 0.1, 1e-05, true, null, [1,2] -> _1,2_."""
+    """A config value as a short, file-name-safe word: 0.1, 1e-05, true, null, [1,2] -> _1,2_,
+    '..' -> '__'."""
     if isinstance(value, bool):
         text = "true" if value else "false"
     elif value is None:
@@ -30,7 +31,8 @@ def value_text(value: Any) -> str:
         text = "{" + ",".join(f"{k}={value_text(v)}" for k, v in value.items()) + "}"
     else:
         text = str(value)
-    return _UNSAFE.sub("_", text) or "_"
+    text = _UNSAFE.sub("_", text)
+    return "_" * len(text) if text.strip(".") == "" else text  # never '', '.' or '..' (a folder)
 
 
 def lookup(tree: dict, dotted: str) -> Any:

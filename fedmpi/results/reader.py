@@ -16,6 +16,7 @@ differ only in ``seed`` or in rounds, evaluation, output or runtime keys are the
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -23,7 +24,7 @@ import numpy as np
 
 from .. import yamlio
 from ..errors import InputError
-from .hdf5 import read_metrics
+from .hdf5 import is_locked, read_metrics
 
 RESULT_SECTIONS = ("task", "train", "algorithm", "availability", "topology", "sporadicity")
 
@@ -80,7 +81,13 @@ class Result:
 
 
 def load(path: str) -> Result:
-    """Read a result file (also one a run is still writing). Bad files raise InputError."""
+    """Read a result file (also one a run is still writing). Bad files raise InputError. An
+    empty file is a run in set-up (status ``starting`` while its writer holds it, else
+    ``empty``): no rows yet."""
+    if os.path.isfile(path) and os.path.getsize(path) == 0:
+        status = "starting" if is_locked(path) else "empty"
+        return Result(path=path, status=status, config={}, metrics={"round": np.zeros(0, np.int64)},
+                      attrs={"status": status, "rounds_done": 0})
     metrics, attrs = read_metrics(path)
     try:  # the stored config is text from the file: read it with the input limits (no alias bombs)
         config = yamlio.loads(str(attrs.get("config", "")), f"{path}: config") or {}

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, WriteFailed
 from .outfiles import AtomicFile, check_target, is_metric_csv
 
 
@@ -59,8 +59,12 @@ class CsvSidecar:
         out.commit()  # the rows so far are in place; later rows go to the same (renamed) file
 
     def row(self, row: dict[str, float]) -> None:
-        self.w.writerow([csv_value(k, row.get(k, math.nan)) for k in self.names])
-        self.fh.flush()
+        try:
+            self.w.writerow([csv_value(k, row.get(k, math.nan)) for k in self.names])
+            self.fh.flush()
+        except OSError as e:
+            raise WriteFailed(f"runtime.csv: cannot write {self.path} ({e.strerror or e}); the result file "
+                              f"keeps every row: fedmpi export rewrites the CSV") from None
 
     def close(self) -> None:
         if self.fh is not None:

@@ -22,6 +22,7 @@ import glob
 import math
 import os
 import sys
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,7 @@ from .reader import Result, is_result_key, load
 FORMATS = ("md", "csv", "latex")
 _METRIC_KEYS = ("metric", "last", "at", "window", "best", "x", "scale", "digits", "label", "bold")
 _TABLE_KEYS = ("rows", "cols", "metrics", "format")
+MAX_DIGITS = 17  # a float64 has at most 17 significant decimals
 
 
 @dataclass
@@ -64,6 +66,11 @@ class MetricSpec:
             return None
         if self.x not in r.metrics:
             raise InputError(f"{r.path}: has no metric {self.x!r} for the x axis (has: {', '.join(sorted(r.metrics))})")
+        with np.errstate(all="ignore"), warnings.catch_warnings():  # NaN/inf runs are numbers too
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return self._value(r)
+
+    def _value(self, r: Result) -> float:
         y, x = r.metrics[self.metric].astype(float), r.metrics[self.x].astype(float)
         if self.window is not None:
             keep = (x >= self.window[0]) & (x <= self.window[1])
@@ -101,7 +108,9 @@ def metric_spec(data: Any, where: str) -> MetricSpec:
             s.window = (lo, hi)
         s.scale = float(data.get("scale", 1.0))
         s.digits = int(data.get("digits", 4))
-    except (TypeError, ValueError):
+        if not 0 <= s.digits <= MAX_DIGITS or isinstance(data.get("digits"), bool):
+            raise InputError(f"{where}.digits: must be an integer in 0..{MAX_DIGITS}, got {data.get('digits')!r}")
+    except (TypeError, ValueError, OverflowError):
         raise InputError(f"{where}: last must be an integer >= 1, at/scale numbers, window [lo, hi], "
                          f"digits an integer; got {data!r}") from None
     for k, allowed in (("best", ("max", "min")), ("bold", ("max", "min"))):
@@ -137,9 +146,9 @@ def gather(inputs: list[str], partial: bool = False, folder: str | None = None) 
     skipped = 0
     for inp in inputs:
         if _is_sweep(inp):
-            from ..sweep import cell_state, load as load_sweep
+            from .sweepfile import cell_state, load as load_sweep
 
-            sweep = load_sweep(inp, folder)
+            sweep = load_sweep(inp, folder, validate=False)  # only completed cells' configs are compared
             spec = sweep.table if len(inputs) == 1 else {}
             from_sweep = True
             for c in sweep.cells:
@@ -162,6 +171,8 @@ def gather(inputs: list[str], partial: bool = False, folder: str | None = None) 
             continue
         r.keys = {**r.result.flat_config(), **r.keys}
         kept.append(r)
+    if skipped and not kept:
+        raise InputError(f"table: no completed runs to tabulate ({skipped} not completed; --partial includes them)")
     if skipped:
         print(f"fedmpi table: left out {skipped} runs that are not completed (--partial includes them)",
               file=sys.stderr)
@@ -176,6 +187,22 @@ def _order(values: list[tuple], keep_order: bool) -> list[tuple]:
         return uniq
     return sorted(uniq, key=lambda t: tuple((0, v, "") if isinstance(v, (int, float)) and not isinstance(v, bool)
                                             else (1, 0, str(v)) for v in t))
+
+
+class _List(tuple):
+    """A list-valued key (availability.base.values, train.augment) as a group key: hashable,
+    printed as the list it is."""
+
+    def __str__(self) -> str:
+        return "[" + ", ".join(map(str, self)) + "]"
+
+
+def _frozen(v: Any) -> Any:
+    if isinstance(v, list):
+        return _List(_frozen(x) for x in v)
+    if isinstance(v, dict):
+        return _List((k, _frozen(x)) for k, x in sorted(v.items(), key=lambda kv: str(kv[0])))
+    return v
 
 
 def _fmt(v: Any) -> str:
@@ -195,7 +222,8 @@ class Table:
         if not xs:
             return None
         a = np.asarray(xs, dtype=float)
-        return float(a.mean()), float(a.std()), len(xs)
+        with np.errstate(all="ignore"):  # inf - inf in the std is NaN, without a warning
+            return float(a.mean()), float(a.std()), len(xs)
 
 
 def build(runs: list[Run], rows: list[str], cols: list[str], specs: list[MetricSpec], keep_order: bool) -> Table:
@@ -207,8 +235,8 @@ def build(runs: list[Run], rows: list[str], cols: list[str], specs: list[MetricS
             raise InputError(f"--rows/--cols: {key}: not a config key of these runs")
     groups: dict[tuple[tuple, tuple], list[Run]] = {}
     for r in runs:
-        rk = tuple(r.keys.get(k) for k in rows)
-        ck = tuple(r.keys.get(k) for k in cols)
+        rk = tuple(_frozen(r.keys.get(k)) for k in rows)
+        ck = tuple(_frozen(r.keys.get(k)) for k in cols)
         groups.setdefault((rk, ck), []).append(r)
     grouped = set(rows) | set(cols) | {"seed"}
     for (rk, ck), members in groups.items():

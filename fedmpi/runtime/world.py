@@ -210,8 +210,9 @@ class World:
             set_cuda_math(tf32)
         else:
             dev = torch.device("cpu")
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-            torch.set_num_threads(threads or max(1, cores // local_size))
+            from ..cores import available_cores
+
+            torch.set_num_threads(threads or max(1, available_cores() // local_size))
         sharing = node_gpus.count(node_gpus[local_rank]) if choice.device == "cuda" else 1
         world = cls(rank, size, local_rank, local_size, dev, choice.name if size > 1 else "none", comm,
                     staged=choice.staged and size > 1, ranks_on_device=sharing)

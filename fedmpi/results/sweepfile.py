@@ -1,0 +1,271 @@
+"""Sweep files: many runs of one base config, each cell in its own result file (read here; run
+by ``fedmpi.sweeprun``; ``fedmpi sweep`` is ``fedmpi.sweep``; ``fedmpi table`` reads the cells' files).
+
+A sweep file::
+
+    base: fmnist_sine.yaml            # the config every cell starts from (relative to this file)
+    out: runs/fmnist_sine             # folder of the cells' result files (default runs/<sweep name>)
+    set:                              # overrides for every cell (dotted keys)
+      rounds: 200
+      runtime.threads: 1
+    variants:                         # a list of override sets, each with an optional label
+      - {label: fedswe_k100, algorithm.name: fedswe, algorithm.k: 100}
+      - {label: fedavg, algorithm.name: fedavg_active, train.lr: 0.05}
+    grid:                             # every combination of these values, for every variant
+      seed: [0, 1, 2]
+    table: {...}                      # what ``fedmpi table SWEEP.yaml`` prints (results/table.py)
+
+Cells are variants x grid, in that order (variant outer); cell ``i`` is the same on every
+machine, so ``--index i`` (a SLURM array task) names one cell. A cell's result file is
+``OUT/<variant label or its key=value list>/<grid key=value list>.h5``, e.g.
+``runs/fmnist_sine/fedswe_k100/seed=0.h5``.
+
+A cell's state (:func:`cell_state`) is read from its result file: done, running (another
+process holds its lock), interrupted, failed, not started, or outdated (its config is no longer
+the cell's).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import log, yamlio
+from ..errors import InputError
+from .paths import assignments, value_text
+
+_TOP_KEYS = ("base", "out", "set", "variants", "grid", "table")
+MAX_CELLS = 100_000  # checked before any cell is made (a SLURM array is at most this long, too)
+STATES = ("done", "running", "interrupted", "failed", "not started", "outdated")
+_NOT_COMPARED = ("output", "runtime")  # a cell's file may differ from the sweep in these keys only
+
+
+@dataclass
+class Cell:
+    """One run of a sweep."""
+
+    index: int
+    name: str                    # path inside the sweep folder without .h5, e.g. 'fedswe_k100/seed=0'
+    variant: str | None          # the variant's label (None without variants)
+    values: dict[str, Any]       # the grid values of this cell (dotted key -> value)
+    overrides: dict[str, Any]    # everything applied on top of the base config
+    path: str                    # the result file
+    sweep: Sweep | None = field(default=None, repr=False)
+    _expected: dict | None = field(default=None, repr=False)
+
+    @property
+    def expected(self) -> dict:
+        """Its validated config, flat, without output/runtime (made when first asked for)."""
+        if self._expected is None:
+            with log.muted():
+                self._expected = _comparable(self.sweep.config(self).to_dict()) if self.sweep else {}
+        return self._expected
+
+
+@dataclass
+class Sweep:
+    file: str
+    base: str
+    folder: str
+    cells: list[Cell]
+    grid_keys: list[str]
+    variants: list[str]
+    table: dict = field(default_factory=dict)
+
+    def config(self, cell: Cell, world_size: int = 1, threads: int | None = None):
+        """The validated Config of ``cell`` (``threads`` fills runtime.threads when the config
+        leaves it null)."""
+        from .. import config
+
+        try:
+            cfg = config.load(self.base, world_size=world_size, values={**cell.overrides, "output": cell.path})
+        except InputError as e:
+            if str(e).startswith(self.base):
+                raise
+            raise InputError(f"{self.file}: cell {cell.index} ({cell.name}): {e}") from None
+        if threads is not None and cfg.runtime.threads is None:
+            cfg.runtime.threads = threads
+        return cfg
+
+
+# ----------------------------------------------------------------------------- reading a sweep file
+
+def _flat_overrides(data: Any, where: str) -> dict[str, Any]:
+    """A mapping of overrides; nested mappings become dotted keys (merged into the base)."""
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise InputError(f"{where}: must be a mapping of dotted keys to values, got {data!r}")
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        if not isinstance(k, str) or not k.strip():
+            raise InputError(f"{where}: keys must be dotted config keys, got {k!r}")
+        if isinstance(v, dict) and v:
+            out.update({f"{k}.{kk}": vv for kk, vv in _flat_overrides(v, f"{where}.{k}").items()})
+        else:
+            out[k] = v
+    if "output" in out:
+        raise InputError(f"{where}.output: a sweep names each cell's result file itself (use 'out:' for the folder)")
+    return out
+
+
+def load(path: str, out: str | None = None, validate: bool = True) -> Sweep:
+    """Read and check a sweep file; every cell's config is validated too (exit 2 naming the cell)
+    unless ``validate`` is false (listings that need only the cells' overrides and paths)."""
+    data = yamlio.load_file(path, "sweep file")  # 1e-3 is a number; duplicate keys, bombs refused
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: top level must be a mapping with base, set, variants, grid")
+    for k in data:
+        if k not in _TOP_KEYS:
+            raise InputError(f"{path}: {k}: unknown key (allowed: {', '.join(_TOP_KEYS)})")
+    if not isinstance(data.get("base"), str):
+        raise InputError(f"{path}: base: the base config file is required (a path relative to the sweep file)")
+    base = os.path.normpath(os.path.join(os.path.dirname(path), data["base"]))
+    common = _flat_overrides(data.get("set"), "set")
+    grid = _flat_overrides(data.get("grid"), "grid")
+    for k, vals in grid.items():
+        if not isinstance(vals, list) or not vals:
+            raise InputError(f"{path}: grid.{k}: must be a non-empty list of values, got {vals!r}")
+    for k, vals in grid.items():
+        _refuse_repeated_values(path, k, vals)
+    variants = _variants(data.get("variants"), path, grid)
+    size = len(variants)
+    for vals in grid.values():
+        size *= len(vals)
+    if size > MAX_CELLS:
+        raise InputError(f"{path}: grid: {size} cells (variants x grid values); at most {MAX_CELLS} per sweep file, "
+                         f"split it into several")
+    folder = out if out is not None else data.get("out") or os.path.join("runs", _stem(path))
+    if not isinstance(folder, str) or not folder.strip():
+        raise InputError(f"{path}: out: must be a folder path, got {folder!r}")
+    cells = []
+    for (label, vset), combo in itertools.product(variants, itertools.product(*grid.values())):
+        values = dict(zip(grid, combo))
+        parts = [p for p in (label if vset is not None else None, assignments(values) if values else None) if p]
+        name = "/".join(parts) or "run"
+        cells.append(Cell(len(cells), name, label if vset is not None else None, values,
+                          {**common, **(vset or {}), **values}, os.path.join(folder, name + ".h5")))
+    seen: dict[str, int] = {}
+    for c in cells:
+        if c.name in seen:
+            raise InputError(f"{path}: cells {seen[c.name]} and {c.index} get the same file name {c.name!r}; "
+                             f"give the variants distinct labels")
+        seen[c.name] = c.index
+    table = data.get("table") or {}
+    if not isinstance(table, dict):
+        raise InputError(f"{path}: table: must be a mapping (see fedmpi table --help)")
+    sweep = Sweep(path, base, folder, cells, list(grid), [v[0] for v in variants if v[1] is not None], table)
+    for c in cells:
+        c.sweep = sweep
+    if validate:  # every cell's config is valid before anything runs (notices come when a cell runs)
+        for c in cells:
+            c.expected  # noqa: B018 (validates and keeps it)
+    return sweep
+
+
+def _refuse_repeated_values(path: str, key: str, values: list) -> None:
+    """Two values of one grid key that a config cannot tell apart (1 and 1.0, true and 1) would
+    make two cells of one experiment, which no table could put apart."""
+    seen: dict[Any, Any] = {}
+    for v in values:
+        same = float(v) if isinstance(v, (int, float)) else repr(v)
+        if same in seen:
+            raise InputError(f"{path}: grid.{key}: {seen[same]!r} and {v!r} are the same value; give each value once")
+        seen[same] = v
+
+
+def _comparable(config_dict: dict) -> dict:
+    from .reader import flatten
+
+    return {k: v for k, v in flatten(config_dict).items() if k.split(".", 1)[0] not in _NOT_COMPARED}
+
+
+def first_difference(cell: Cell, stored_yaml: str) -> str | None:
+    """The first key where a finished cell's stored config differs from what the sweep asks now.
+    Keys only one side has (a newer or older fedmpi's parameters) are not compared."""
+    try:  # text from a file: read with the input limits
+        stored = yamlio.loads(stored_yaml, "config") or {}
+        stored = _comparable(stored) if isinstance(stored, dict) else {}
+    except InputError:
+        return "config"
+    for k in cell.expected:
+        if k in stored and repr(cell.expected[k]) != repr(stored[k]):
+            return f"{k}: {stored.get(k)!r} in the file, {cell.expected.get(k)!r} in the sweep"
+    return None
+
+
+def _stem(path: str) -> str:
+    name = os.path.basename(path)
+    for ext in (".sweep.yaml", ".sweep.yml", ".yaml", ".yml"):
+        if name.endswith(ext):
+            return name[: -len(ext)]
+    return name
+
+
+def _variants(data: Any, path: str, grid: dict) -> list[tuple[str, dict | None]]:
+    """(label, overrides) per variant; one unnamed (label '', None) when there are none."""
+    if data is None:
+        return [("", None)]
+    if not isinstance(data, list) or not data:
+        raise InputError(f"{path}: variants: must be a non-empty list of mappings")
+    out = []
+    for i, v in enumerate(data):
+        if not isinstance(v, dict):
+            raise InputError(f"{path}: variants[{i}]: must be a mapping of dotted keys (and an optional label)")
+        v = dict(v)
+        label = v.pop("label", None)
+        sets = _flat_overrides(v, f"variants[{i}]")
+        both = sorted(set(sets) & set(grid))
+        if both:
+            raise InputError(f"{path}: variants[{i}].{both[0]}: also a grid key; set it in one place")
+        if label is None:
+            label = assignments(sets) or f"variant{i}"
+        elif not isinstance(label, (str, int)) or not str(label).strip():
+            raise InputError(f"{path}: variants[{i}].label: must be a non-empty name, got {label!r}")
+        out.append((value_text(str(label)), sets))
+    return out
+
+
+# ----------------------------------------------------------------------------- cell state
+
+def cell_state(cell: Cell) -> tuple[str, int]:
+    """(one of STATES, rounds done in the file). A file left 'running' by a killed run is
+    'interrupted': it resumes from its checkpoint (or restarts) when the sweep runs again. A
+    completed file whose config is no longer the cell's (the sweep file changed) is 'outdated'."""
+    from .hdf5 import is_locked, peek
+
+    status, attrs = peek(cell.path)
+    rounds = int(attrs.get("rounds_done", 0) or 0)
+    if status in ("missing", "empty"):
+        return ("running" if status == "empty" and is_locked(cell.path) else "not started"), 0
+    if is_locked(cell.path):
+        return "running", rounds
+    if status == "completed":
+        try:
+            outdated = first_difference(cell, str(attrs.get("config", "")))
+        except InputError:  # the sweep now gives this cell a config that is not valid
+            outdated = "config"
+        return ("outdated" if outdated else "done"), rounds
+    if status in ("running", "interrupted"):
+        return "interrupted", rounds
+    return "failed", rounds
+
+
+def peek_config(path: str) -> str:
+    from .hdf5 import peek
+
+    return str(peek(path)[1].get("config", ""))
+
+
+def status_text(sweep: Sweep) -> str:
+    """The ``--status`` listing: one line per cell, then the counts."""
+    counts = dict.fromkeys(STATES, 0)
+    lines = [f"{'#':>4}  {'state':<12} {'rounds':>7}  file"]
+    for c in sweep.cells:
+        state, rounds = cell_state(c)
+        counts[state] += 1
+        lines.append(f"{c.index:>4}  {state:<12} {rounds:>7}  {c.path}")
+    lines.append(f"{len(sweep.cells)} cells: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    return "\n".join(lines)
