@@ -3,8 +3,10 @@
 What a checkpoint holds: the algorithm's and the participation model's declared state
 (``fedmpi.state``) and the wall time so far; no random-generator state, because every draw is a
 function of (seed, purpose, round, client). When: every ``runtime.checkpoint_every`` rounds and
-after a preemption signal (SIGTERM, SIGINT, SIGUSR1), which the ranks agree on at the next
-round boundary before raising ``Interrupted`` (exit 3). Resume: the same config (its
+after a stop signal (``fedmpi.signals``: SIGTERM, SIGINT, SIGHUP, SIGUSR1, trapped from the
+start of the process), which the ranks agree on at the next round boundary before raising
+``Interrupted`` (exit 3); a signal before the first round of this start stops with nothing to
+save. Resume: the same config (its
 ``resume_digest``) continues from the last committed checkpoint, on any number of ranks. The
 storage format (atomic files, manifest, re-sharding) is ``fedmpi.checkpoint``.
 """
@@ -12,12 +14,11 @@ storage format (atomic files, manifest, re-sharding) is ``fedmpi.checkpoint``.
 from __future__ import annotations
 
 import shutil
-import signal
 from typing import Callable
 
 import torch
 
-from . import checkpoint, guards
+from . import checkpoint, guards, signals
 from .build import Run
 from .errors import InputError, Interrupted
 from .state import State
@@ -26,21 +27,20 @@ from .state import State
 class Checkpointer:
     """Loads the last checkpoint at construction (collective); ``after_round`` saves when due.
 
-    Use it as a context manager around the round loop: inside, preemption signals set a flag
-    instead of killing the process. ``flush`` runs on every rank before each save (rank 0
-    flushes the result file, which must hold every row up to the checkpoint)."""
+    Use it as a context manager around the round loop: inside, stop signals are trapped
+    (``signals.trapped``) instead of killing the process. ``flush`` runs on every rank before
+    each save (rank 0 flushes the result file, which must hold every row up to the checkpoint).
+    ``fresh``: ignore an existing checkpoint (``--overwrite``; the caller deletes it)."""
 
-    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
-
-    def __init__(self, run: Run, out_path: str, required: bool = False, flush: Callable[[], None] = lambda: None):
+    def __init__(self, run: Run, out_path: str, required: bool = False, flush: Callable[[], None] = lambda: None,
+                 fresh: bool = False):
         self.run, self.flush = run, flush
         self.folder = checkpoint.folder_for(out_path)
         self.every = run.cfg.runtime.checkpoint_every
         self.rounds_done, self.wall_time = 0, 0.0  # of the resumed checkpoint (0 when fresh)
         self.last_saved: int | None = None  # rounds done at the last committed checkpoint
-        self.signame = ""
-        self._old_handlers: dict = {}
-        loaded = checkpoint.load(run.world, self.folder, run.cfg.resume_digest(), run.m, run.cfg.rounds)
+        loaded = None if fresh else checkpoint.load(run.world, self.folder, run.cfg.resume_digest(), run.m,
+                                                    run.cfg.rounds)
         if loaded is None and required:
             raise InputError(f"--resume: no checkpoint at {self.folder}")
         if loaded is not None:
@@ -68,11 +68,19 @@ class Checkpointer:
         checkpoint.save(self.run.world, self.folder, rounds_done, self.run.cfg.resume_digest(), self.run.m, parts)
         self.last_saved = rounds_done
 
+    def before_rounds(self) -> None:
+        """Collective, before the first round of this start: after a signal on any rank, raise
+        ``Interrupted`` at once (nothing new to save: the resumed checkpoint, if any, stays)."""
+        if self._signalled():
+            kept = f"the checkpoint of round {self.last_saved} is kept" if self.last_saved else "no round was run"
+            raise Interrupted(f"signal {self._signame()} before round {self.rounds_done + 1}; {kept}, run the same "
+                              f"command again to continue")
+
     def after_round(self, rounds_done: int, wall_time: float) -> None:
-        """Save when due; after a preemption signal on any rank, save and raise ``Interrupted``."""
+        """Save when due; after a stop signal on any rank, save and raise ``Interrupted``."""
         if self._signalled():
             self.save(rounds_done, wall_time)
-            raise Interrupted(f"signal {self.signame or 'on another rank'} at round {rounds_done}; checkpoint "
+            raise Interrupted(f"signal {self._signame()} at round {rounds_done}; checkpoint "
                               f"written, run the same command again (or with --resume) to continue")
         if self.every and rounds_done % self.every == 0:
             self.save(rounds_done, wall_time)
@@ -82,24 +90,20 @@ class Checkpointer:
         if self.run.world.rank == 0:
             shutil.rmtree(self.folder, ignore_errors=True)
 
-    # ------------------------------------------------------------------ preemption signals
+    # ------------------------------------------------------------------ stop signals
     def _signalled(self) -> bool:
         """True on every rank when any rank got a signal (one tiny collective per round)."""
-        world = self.run.world
-        return world.max_float(1.0 if self.signame else 0.0) > 0 if world.size > 1 else bool(self.signame)
+        world, got = self.run.world, bool(signals.received())
+        return world.max_float(1.0 if got else 0.0) > 0 if world.size > 1 else got
 
-    def _on_signal(self, signum: int, frame: object) -> None:
-        self.signame = signal.Signals(signum).name
+    @staticmethod
+    def _signame() -> str:
+        return signals.received() or "on another rank"
 
     def __enter__(self) -> "Checkpointer":
-        for sig in self.SIGNALS:
-            try:
-                self._old_handlers[sig] = signal.signal(sig, self._on_signal)
-            except ValueError:  # not the main thread
-                pass
+        self._trap = signals.trapped()
+        self._trap.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for sig, old in self._old_handlers.items():
-            signal.signal(sig, old)
-        self._old_handlers.clear()
+        self._trap.__exit__(*exc)

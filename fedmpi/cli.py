@@ -14,7 +14,7 @@ import importlib
 import os
 import sys
 
-from . import __version__, log
+from . import __version__, log, signals
 from .errors import Diverged, InputError, Interrupted, exit_code
 from .runtime.launcher import launched_rank
 
@@ -170,6 +170,8 @@ def _quiet_broken_pipe() -> int:
 def main(argv: list[str] | None = None) -> int:
     log.setup(launched_rank())
     argv = sys.argv[1:] if argv is None else list(argv)
+    if _command_in(argv) in ("run", "sweep"):  # a stop signal from now on: exit 3, never a kill
+        signals.install()
     try:
         args = build_parser(argv).parse_args(argv)
         handler = getattr(args, "_handler", None) or {"run": _cmd_run, "info": _cmd_info}[args.command]
@@ -201,4 +203,5 @@ def entry() -> None:
         code = main()
     finally:
         _record_exit(code)
+        signals.ignore_from_now()  # the code is settled; teardown must not turn it into a kill
     sys.exit(code)

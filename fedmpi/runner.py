@@ -10,6 +10,8 @@ components: callbacks, ``algorithm.round``, evaluation, checkpoints.
 from __future__ import annotations
 
 import faulthandler
+import logging
+import os
 import shutil
 import sys
 import threading
@@ -27,6 +29,7 @@ from .errors import Diverged, InputError, Interrupted, WriteFailed
 from .evaluator import Evaluator
 from .registry import CALLBACKS
 from .runtime import World
+from .runtime.launcher import restart_count
 
 Callback = Callable[[Run, int], None]  # (run, t) before round t, on every rank
 
@@ -59,15 +62,23 @@ class Runner:
         self.callbacks = [e.obj for e in CALLBACKS] + list(callbacks)
         self.writer = None
         self.claim = None
+        if overwrite and restart_count() > 0:  # a requeued SLURM job continues what its first start began
+            overwrite = False
+            logging.getLogger(__name__).info(f"--overwrite ignored: this is restart {restart_count()} of SLURM job "
+                       f"{os.environ.get('SLURM_JOB_ID', '?')}, which resumes")
         agree(world, lambda: self._claim_output(overwrite, inputs))
         try:
-            agree(world, lambda: self._setup(resume))
+            agree(world, lambda: self._setup(resume, fresh=overwrite))
         except BaseException:  # set-up failed (here or on another rank): let go of the file
             if self.writer is not None:
                 self.writer.finish("failed")
             elif self.claim is not None:
                 self.claim.release(discard=True)
             raise
+        if overwrite:  # a fresh run, set up everywhere: only now may the old checkpoint go
+            if world.rank == 0:
+                shutil.rmtree(checkpoint.folder_for(out_path), ignore_errors=True)
+            world.barrier()  # before any rank saves a checkpoint of its own
 
     def _claim_output(self, overwrite: bool, inputs: tuple[str, ...]) -> None:
         """Rank 0 locks the result file before anything reads or writes it (results/hdf5.py)."""
@@ -75,13 +86,12 @@ class Runner:
             from .results.hdf5 import claim
 
             self.claim = claim(self.out_path, self.cfg.resume_digest(), inputs, overwrite)
-            if overwrite:  # a fresh run: an old checkpoint must not be resumed
-                shutil.rmtree(checkpoint.folder_for(self.out_path), ignore_errors=True)
 
-    def _setup(self, resume: bool) -> None:
+    def _setup(self, resume: bool, fresh: bool) -> None:
         self.components = build_run(self.cfg, self.world)
         self.evaluator = Evaluator(self.components)
-        self.checkpointer = Checkpointer(self.components, self.out_path, required=resume, flush=self._flush)
+        self.checkpointer = Checkpointer(self.components, self.out_path, required=resume, flush=self._flush,
+                                         fresh=fresh)
         self._t0 = time.perf_counter() - self.checkpointer.wall_time  # wall_time counts from here
         if self.world.rank == 0:
             self._open_results()
@@ -115,7 +125,8 @@ class Runner:
         bar = self._progress(start)
         done, status = start, "failed"
         try:
-            with self.checkpointer:  # preemption signals: checkpoint at the next round boundary, exit 3
+            with self.checkpointer:  # stop signals: checkpoint at the next round boundary, exit 3
+                self.checkpointer.before_rounds()
                 if start == 0:
                     row = self._evaluate(0, 0)
                     if bar is not None:

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 
+from . import signals
 from .cores import available_cores
 from .errors import InputError
 from .results.sweepfile import Cell, Sweep, cell_state
@@ -52,21 +53,18 @@ def run_cell(sweep: Sweep, cell: Cell, quiet: bool = False, threads: int | None 
 
 class _Stop:
     """A signal between cells stops the sweep before the next one (during a cell the run
-    itself checkpoints and returns 3)."""
+    itself checkpoints and returns 3); ``forward`` also gets each signal."""
 
     def __init__(self, forward=None):
-        self.signame = ""
-        self._forward = forward
-        self._old = {s: signal.signal(s, self._set) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+        self._trap = signals.trapped(forward)
+        self._trap.__enter__()
 
-    def _set(self, signum, frame) -> None:
-        self.signame = signal.Signals(signum).name
-        if self._forward is not None:
-            self._forward(signum)
+    @property
+    def signame(self) -> str:
+        return signals.received()
 
     def restore(self) -> None:
-        for s, old in self._old.items():
-            signal.signal(s, old)
+        self._trap.__exit__(None, None, None)
 
 
 def run_sequential(sweep: Sweep, cells: list[Cell], quiet: bool, threads: int | None = None) -> int:

@@ -9,6 +9,7 @@ import signal
 import stat
 import subprocess
 import sys
+import time
 
 import h5py
 import numpy as np
@@ -16,7 +17,12 @@ import pytest
 import torch
 
 import fault_plugin
+import fedmpi.runner as runner_module
 from conftest import ROOT, fedmpi, synthetic_config, wait_for_rows, write_config
+from fedmpi.config import Config
+from fedmpi.errors import InputError, Interrupted
+from fedmpi.runner import Runner
+from fedmpi.runtime import World
 
 LAUNCH = os.path.join(ROOT, "launch", "fedmpi-launch")
 
@@ -67,14 +73,17 @@ def _fake_srun(folder, code_on_failure: int) -> None:
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
-@pytest.mark.parametrize("fault, code", [(fault_plugin.env("0:3:usr1"), 3), ({}, 4)])
+@pytest.mark.parametrize("fault, code", [(fault_plugin.env("0:3:usr1"), 3), ({}, 4), ({}, 2)])
 def test_launcher_returns_rank0_code_when_the_launcher_misreports(tmp_path, fault, code):
+    """srun --kill-on-bad-exit ends the other ranks when one exits 2, 3 or 4: rank 0's code wins."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     _fake_srun(bin_dir, 137)
     over = {"runtime": {"checkpoint_every": 2, "progress": False}}
     if code == 4:
         over["train.lr"] = 1.0e300
+    if code == 2:
+        over["availability.kind"] = "no-such-kind"
     out = tmp_path / "r.h5"
     cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=20, **over))
     env = _env(FEDMPI_LAUNCHER="srun", SLURM_NTASKS="1", FEDMPI_EXIT_FILE=str(tmp_path / "exit"), **fault,
@@ -83,7 +92,127 @@ def test_launcher_returns_rank0_code_when_the_launcher_misreports(tmp_path, faul
                        text=True, timeout=300)
     assert p.returncode == code, p.stderr
     assert not os.path.exists(tmp_path / "exit")
-    assert _status(out) == ("interrupted" if code == 3 else "diverged")
+    if code == 2:
+        assert p.stderr.startswith("fedmpi: error: availability.kind") and not os.path.exists(out)
+    else:
+        assert _status(out) == ("interrupted" if code == 3 else "diverged")
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("delay", [0.2, 1.0, 3.0])
+def test_signal_at_any_moment_of_start_up_exits_3(tmp_path, delay):
+    """SIGTERM 0.5, 1.5 or 3 s after fedmpi-launch started killed the ranks with USR1: exit 138,
+    the file left running. Now: 3, and either nothing was run or a checkpoint holds every round."""
+    out = tmp_path / "r.h5"
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(
+        rounds=100000, eval_every=2, runtime={"checkpoint_every": 2, "progress": False}))
+    proc = subprocess.Popen([LAUNCH, "-n", "2", cfg, "--out", str(out), "--quiet"], cwd=tmp_path, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3, err
+    assert "Traceback" not in err
+    if os.path.exists(out):
+        with h5py.File(out, "r") as f:
+            status, done = str(f.attrs["status"]), int(f.attrs.get("rounds_done", 0))
+        assert status == "interrupted"
+        assert done == 0 or json.load(open(f"{out}.ckpt/manifest.json"))["round"] == done
+
+
+def _plugin(tmp_path, body: str) -> str:
+    path = tmp_path / "signal_plugin.py"
+    path.write_text("import atexit, os, signal\n" + body + "\n")
+    return str(path)
+
+
+def test_signal_while_starting_stops_cleanly_and_the_same_command_starts_again(tmp_path):
+    """A signal before the first round (here: while plug-ins load) is exit 3 with nothing lost."""
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=4))
+    out = str(tmp_path / "r.h5")
+    early = _plugin(tmp_path, "os.kill(os.getpid(), signal.SIGTERM)")
+    p = fedmpi(["run", cfg, "--out", out, "--plugin", early], check=False)
+    assert p.returncode == 3, p.stderr
+    assert p.stderr.strip().endswith("fedmpi: interrupted: signal SIGTERM before round 1; no round was run, "
+                                     "run the same command again to continue")
+    assert _status(out) == "interrupted"
+    assert fedmpi(["run", cfg, "--out", out, "--quiet"]).returncode == 0
+    assert _status(out) == "completed"
+
+
+def test_signal_during_teardown_is_a_normal_finish(tmp_path):
+    """USR1 after the last round (here: while the interpreter exits) killed the run (exit 138)."""
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=2))
+    out = str(tmp_path / "r.h5")
+    late = _plugin(tmp_path, "atexit.register(lambda: os.kill(os.getpid(), signal.SIGUSR1))")
+    p = fedmpi(["run", cfg, "--out", out, "--quiet", "--plugin", late], check=False)
+    assert p.returncode == 0, p.stderr
+    assert _status(out) == "completed"
+
+
+def test_world_size_must_be_what_the_launcher_asked_for(tmp_path):
+    """srun without the right --mpi starts N worlds of one rank each, which raced for one file."""
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=2))
+    p = fedmpi(["run", cfg, "--out", str(tmp_path / "r.h5")], env={"SLURM_NTASKS": "2"}, check=False)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip().splitlines() == [
+        "fedmpi: error: runtime: the launcher asked for 2 ranks (SLURM_NTASKS=2) but MPI started a world of 1 "
+        "(srun needs --mpi=pmix, or the type your MPI library was built for: srun --mpi=list; "
+        "launch/fedmpi-launch passes it)"]
+    assert not os.path.exists(tmp_path / "r.h5")
+
+
+@pytest.mark.parametrize("args, shown", [(["-n"], ""), (["-n", "0"], "0"), (["-n", "-2"], "-2"),
+                                         (["-n", "two"], "two")])
+def test_launcher_rank_count_is_checked(tmp_path, args, shown):
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=2))
+    p = subprocess.run([LAUNCH, *args, *([cfg] if args != ["-n"] else [])], cwd=tmp_path, env=_env(),
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2
+    assert p.stderr == f"fedmpi-launch: -n: expected a number of ranks >= 1, got '{shown}'\n"
+    assert p.stdout == ""
+
+
+# ----------------------------------------------------------------------------- --overwrite and checkpoints
+
+def _interrupted_run(tmp_path) -> tuple[Config, str]:
+    """A run interrupted at round 3 with its checkpoint (round 3) on disk."""
+    from fedmpi.config import load
+
+    cfg = load(write_config(tmp_path / "c.yaml", synthetic_config(rounds=8, runtime={"checkpoint_every": 2})))
+    out = str(tmp_path / "r.h5")
+    with pytest.raises(Interrupted):
+        Runner(cfg, World(), out, quiet=True, callbacks=[fault_plugin.inject("0:2:usr1")]).run()
+    assert json.load(open(f"{out}.ckpt/manifest.json"))["round"] == 3
+    return cfg, out
+
+
+def test_refused_overwrite_keeps_the_old_checkpoint(tmp_path, monkeypatch):
+    """--overwrite deleted RUN.h5.ckpt before set-up, so a run refused for bad input lost it."""
+    cfg, out = _interrupted_run(tmp_path)
+
+    def bad_input(cfg, world):
+        raise InputError("task.synthetic: refused")
+
+    monkeypatch.setattr(runner_module, "build_run", bad_input)
+    with pytest.raises(InputError):
+        Runner(cfg, World(), out, quiet=True, overwrite=True)
+    assert json.load(open(f"{out}.ckpt/manifest.json"))["round"] == 3
+    monkeypatch.undo()
+    fresh = Runner(cfg, World(), out, quiet=True, overwrite=True)  # set up: now the old checkpoint goes
+    assert fresh.checkpointer.rounds_done == 0 and not os.path.exists(f"{out}.ckpt")
+    assert fresh.run() == 0
+
+
+def test_overwrite_applies_to_the_first_start_of_a_slurm_job_only(tmp_path, monkeypatch):
+    """--overwrite among the sbatch arguments restarted every requeued job from round 0."""
+    cfg, out = _interrupted_run(tmp_path)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    again = Runner(cfg, World(), out, quiet=True, overwrite=True)
+    assert again.checkpointer.rounds_done == 3
+    assert again.run() == 0
+    with h5py.File(out, "r") as f:
+        assert f.attrs["status"] == "completed" and f.attrs["rounds_done"] == 8
 
 
 # ----------------------------------------------------------------------------- divergence

@@ -1,4 +1,5 @@
-"""The SLURM templates' preemption logic, run by bash with stand-ins for srun and scontrol."""
+"""The SLURM templates' preemption logic, run by bash with stand-ins for srun and scontrol
+(tests/test_slurm_cluster.py runs them on a real Slurm)."""
 
 from __future__ import annotations
 
@@ -20,11 +21,14 @@ def _shim(folder, name: str, body: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
-@pytest.mark.parametrize("template, srun_code", [("single_node_gpus.sbatch", ""), ("cpu_ranks.sbatch", ""),
-                                                 ("multi_node.sbatch", "137")])
-def test_usr1_checkpoints_and_requeues(tmp_path, template, srun_code):
+@pytest.mark.parametrize("template, srun_code, sig", [("single_node_gpus.sbatch", "", signal.SIGUSR1),
+                                                      ("cpu_ranks.sbatch", "", signal.SIGUSR1),
+                                                      ("multi_node.sbatch", "137", signal.SIGUSR1),
+                                                      ("cpu_ranks.sbatch", "", signal.SIGTERM)])
+def test_usr1_requeues_and_term_stops(tmp_path, template, srun_code, sig):
     """srun_code: what srun reports when a task failed; 137 is srun's answer when --kill-on-bad-exit
-    killed a task that had not exited yet: the template must still see rank 0's 3 and requeue."""
+    killed a task that had not exited yet: the template must still see rank 0's 3 and requeue.
+    USR1 (a preemption warning) requeues; TERM alone (a user's scancel) checkpoints and stops."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     # srun stand-in: drop srun's own options, run the command (one task), forward signals to it
@@ -42,10 +46,12 @@ def test_usr1_checkpoints_and_requeues(tmp_path, template, srun_code):
     proc = subprocess.Popen(["bash", os.path.join(ROOT, "slurm", template), cfg, "--quiet"], cwd=tmp_path,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_rows(out, 2)
-    proc.send_signal(signal.SIGUSR1)
+    proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 3, stderr
-    assert "requeue 4242" in (tmp_path / "scontrol.log").read_text()
+    requeued = os.path.exists(tmp_path / "scontrol.log") and "requeue 4242" in (tmp_path / "scontrol.log").read_text()
+    assert requeued == (sig == signal.SIGUSR1), stdout
+    assert ("requeueing job 4242" if requeued else "stopped by scancel") in stdout
     assert os.path.exists(str(out) + ".ckpt/manifest.json")
     with h5py.File(out, "r") as f:
         assert f.attrs["status"] == "interrupted"

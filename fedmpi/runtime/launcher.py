@@ -1,30 +1,61 @@
 """What the launcher told this process: its rank and the world size, from the environment.
 
 Torch-free, so the command line can ask before anything heavy is imported. Variables of Open
-MPI, MPICH / Intel MPI (PMI), PMIx and SLURM, in that order of preference.
+MPI, MPICH / Intel MPI (PMI), PMIx and SLURM, in that order of preference. Also: whether MPI's
+world is what the launcher asked for (``check_world_size``), and whether this is a restart of
+a requeued SLURM job (``restart_count``).
 """
 
 from __future__ import annotations
 
 import os
 
+from ..errors import InputError
+
 RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
 SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS")
 
 
-def _first(names: tuple[str, ...], default: int) -> int:
+def _first(names: tuple[str, ...], default: int) -> tuple[int, str]:
+    """The first of ``names`` set to a number, and its name (``default`` and "" when none)."""
     for var in names:
         v = os.environ.get(var)
         if v and v.isdigit():
-            return int(v)
-    return default
+            return int(v), var
+    return default, ""
 
 
 def launched_rank() -> int:
     """This process's rank announced by the launcher (0 when none)."""
-    return _first(RANK_VARS, 0)
+    return _first(RANK_VARS, 0)[0]
 
 
 def launched_size() -> int:
     """World size announced by the launcher's environment (1 when none)."""
+    return announced_size()[0]
+
+
+def announced_size() -> tuple[int, str]:
+    """(world size announced by the launcher, the variable that says so); (1, "") when none."""
     return _first(SIZE_VARS, 1)
+
+
+def check_world_size(mpi_size: int, announced: tuple[int, str] | None = None) -> None:
+    """Raise InputError (exit 2) when MPI's world is not the size the launcher announced.
+
+    Under ``srun`` without the right ``--mpi`` type each task starts a world of its own: N
+    independent 1-rank runs that race for one result file. ``announced``: (size, variable) as
+    read before MPI started (``announced_size()``, the default: now). Every rank may call
+    it; each raises the same error."""
+    size, var = announced or announced_size()
+    if var and size != mpi_size:
+        hint = (" (srun needs --mpi=pmix, or the type your MPI library was built for: srun --mpi=list; "
+                "launch/fedmpi-launch passes it)" if var == "SLURM_NTASKS" else "")
+        raise InputError(f"runtime: the launcher asked for {size} ranks ({var}={size}) but MPI started a world "
+                         f"of {mpi_size}{hint}")
+
+
+def restart_count() -> int:
+    """How many times SLURM has requeued this job (``SLURM_RESTART_COUNT``; 0 outside SLURM)."""
+    v = os.environ.get("SLURM_RESTART_COUNT", "")
+    return int(v) if v.isdigit() else 0

@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from ..errors import InputError
 
-from .launcher import launched_size
+from .launcher import announced_size, check_world_size, launched_size
 
 
 def set_cuda_math(tf32: bool) -> None:
@@ -188,6 +188,7 @@ class World:
         gpu_of = _gpu_identity if looks_for_gpu else (lambda r: None)
         node_gpus = [gpu_of(0)]  # the GPU each rank of this node binds to, by local rank
         if _want_mpi():
+            announced = announced_size()  # before MPI starts (a singleton sets variables of its own)
             try:
                 from mpi4py import MPI
             except ImportError:
@@ -195,6 +196,7 @@ class World:
                                  "(pip install 'fedmpi[mpi]')") from None
             comm = MPI.COMM_WORLD
             rank, size = comm.Get_rank(), comm.Get_size()
+            check_world_size(size, announced)
             node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
             local_rank, local_size = node.Get_rank(), node.Get_size()
             node_gpus = node.allgather(gpu_of(local_rank))

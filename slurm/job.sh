@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The body of every template (slurm/*.sbatch exec it, so it is the batch shell): runs
+# launch/fedmpi-launch "$@" and decides what a stop signal means for the job.
+# - USR1 (the templates' --signal=B:USR1@90 before the time limit, or scancel --signal=USR1 --batch):
+#   a preemption warning. The run checkpoints and exits 3, and the job requeues itself; its next
+#   start finds the checkpoint and continues to the same results.
+# - TERM (or INT, HUP) with no USR1 before it: a user's plain scancel. The run checkpoints and exits
+#   3, the job ends CANCELLED; submitting the same command again continues it.
+# - Exit 3 with no signal here (scancel -s USR1 reaches the ranks only): requeued as a preemption.
+# (scontrol requeue and Slurm's own preemption send TERM and requeue the job themselves.)
+set -euo pipefail
+warned="" cancelled="" step=""
+forward() { if [[ -n "$step" ]]; then kill -USR1 "$step" 2>/dev/null || true; fi; }
+trap 'warned=1; forward' USR1
+trap '[[ -n "$warned" ]] || cancelled=1; forward' TERM INT HUP
+mkdir -p runs
+# fedmpi-launch returns rank 0's code even when srun reports a task it ended (--kill-on-bad-exit),
+# through this file on the shared file system:
+export FEDMPI_EXIT_FILE="$PWD/runs/.fedmpi-exit-${SLURM_JOB_ID}"
+"${SLURM_SUBMIT_DIR:-$PWD}/launch/fedmpi-launch" "$@" &   # = srun --mpi=pmix --kill-on-bad-exit=1 python3 -m fedmpi ...
+step=$!
+[[ -z "$warned$cancelled" ]] || forward    # a signal came before the step had started
+while true; do
+  code=0; wait "$step" || code=$?
+  kill -0 "$step" 2>/dev/null || break      # wait returned because of the trap: keep waiting
+done
+job="job $SLURM_JOB_ID${SLURM_ARRAY_JOB_ID:+ (array task ${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID})}"
+if [[ $code -eq 3 && -z "$cancelled" ]]; then
+  echo "fedmpi interrupted and checkpointed; requeueing $job"
+  scontrol requeue "$SLURM_JOB_ID"
+elif [[ $code -eq 3 ]]; then
+  echo "fedmpi stopped by scancel and checkpointed: $job; submit the same command again to continue"
+fi
+exit $code
