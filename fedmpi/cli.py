@@ -10,6 +10,7 @@ being run is imported (``fedmpi --help`` and ``fedmpi info`` never load torch).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -167,15 +168,22 @@ def _quiet_broken_pipe() -> int:
     return 0
 
 
+def _stops(argv: list[str]) -> bool:
+    """Whether the command is one that a stop signal must end with exit 3 (never a kill)."""
+    return _command_in(argv) in ("run", "sweep")
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns its exit code. Called in-process (tests, notebooks), ``run`` and
+    ``sweep`` trap the stop signals for the call only, starting with none remembered; the
+    process entry point (``entry``) traps them for good, before anything slow."""
     log.setup(launched_rank())
     argv = sys.argv[1:] if argv is None else list(argv)
-    if _command_in(argv) in ("run", "sweep"):  # a stop signal from now on: exit 3, never a kill
-        signals.install()
     try:
-        args = build_parser(argv).parse_args(argv)
-        handler = getattr(args, "_handler", None) or {"run": _cmd_run, "info": _cmd_info}[args.command]
-        code = int(handler(args) or 0)
+        with signals.trapped() if _stops(argv) else contextlib.nullcontext():
+            args = build_parser(argv).parse_args(argv)
+            handler = getattr(args, "_handler", None) or {"run": _cmd_run, "info": _cmd_info}[args.command]
+            code = int(handler(args) or 0)
         sys.stdout.flush()
         return code
     except BrokenPipeError:
@@ -198,7 +206,10 @@ def _record_exit(code: int) -> None:
 
 
 def entry() -> None:
+    """The process entry point (``fedmpi``, ``python -m fedmpi``)."""
     code = 1
+    if _stops(sys.argv[1:]):  # a stop signal from now on: exit 3, never a kill
+        signals.install()
     try:
         code = main()
     finally:
