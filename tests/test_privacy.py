@@ -103,6 +103,27 @@ def test_a_target_epsilon_calibrates_the_noise_multiplier():
     assert priv.epsilon(30) == acc.get_epsilon(1e-6)
 
 
+@pytest.mark.parametrize("availability, want", [
+    ({"kind": "always"}, Sampling(12.0)),
+    ({"kind": "cohort", "size": 4}, Sampling(4.0, fixed=(12, 4))),
+    ({"kind": "stationary", "base": {"kind": "fixed", "values": [0.25]}}, Sampling(3.0, q=0.25)),
+    ({"kind": "cyclic", "groups": 3, "base": {"kind": "fixed", "values": [0.5]}}, Sampling(2.0, q=0.5, separation=3)),
+    ({"kind": "markov", "B": 3, "R": 2}, Sampling(3.0, separation=3)),
+])
+def test_the_sampling_each_availability_gives_the_accountant(availability, want):
+    cfg = markov_cfg({"mechanism": "gaussian", "clip": 1.0, "noise_multiplier": 1.0}, "fedavg_active")
+    cfg["availability"] = availability
+    assert build_run(config.from_dict(cfg), World()).algorithm.privacy.sampling == want
+
+
+def test_a_fixed_size_cohort_is_accounted_as_sampling_without_replacement():
+    s = Sampling(4.0, fixed=(12, 4))
+    priv = Privacy(PrivacyParams("gaussian", 1.0, 2.0), s, 10, 0, 1, torch.device("cpu"))
+    acc = dp.rdp.RdpAccountant(neighboring_relation=dp.NeighboringRelation.REPLACE_ONE)
+    acc.compose(dp.SampledWithoutReplacementDpEvent(12, 4, dp.GaussianDpEvent(1.0)), 10)  # sensitivity 2C
+    assert priv.epsilon(10) == acc.get_epsilon(1e-6)
+
+
 # ----------------------------------------------------------------------------- banded MF
 
 def test_banded_coefficients_are_the_square_root_of_prefix_sums():
