@@ -124,6 +124,17 @@ def test_a_fixed_size_cohort_is_accounted_as_sampling_without_replacement():
     assert priv.epsilon(10) == acc.get_epsilon(1e-6)
 
 
+def test_a_resumed_run_keeps_its_calibrated_noise_when_given_more_rounds():
+    def algorithm(rounds: int):
+        cfg = markov_cfg({"mechanism": "gaussian", "clip": 1.0, "epsilon": 4.0}, rounds=rounds)
+        return build_run(config.from_dict(cfg), World()).algorithm
+
+    first, longer = algorithm(30), algorithm(60)
+    assert longer.privacy.sigma > first.privacy.sigma
+    longer.load_state_dict(first.state_dict())
+    assert longer.privacy.sigma == first.privacy.sigma and longer.privacy.epsilon(60) > 4.0
+
+
 # ----------------------------------------------------------------------------- banded MF
 
 def test_banded_coefficients_are_the_square_root_of_prefix_sums():

@@ -13,7 +13,7 @@ bands, scaled to unit column norm -- solved one round at a time from the last b 
     y_t = (z_t - sum_{j=1}^{b-1} c_j y_{t-j}) / c_0          (O(b d) memory: ``history``)
 
 z_t comes from the keyed stream (seed, "privacy", t), so the noise is the same on any number of
-ranks, and ``history`` is declared state (checkpointed by rank 0, restored on every rank).
+ranks; ``history`` and sigma are declared state (checkpointed by rank 0, restored on every rank).
 """
 
 from __future__ import annotations
@@ -46,16 +46,17 @@ class Privacy(Stateful):
     ``clip`` runs on every rank, ``noise`` on rank 0 only, once per round in order; neither is
     collective."""
 
-    shared_state = ("history",)
+    shared_state = ("history", "sigma")  # sigma too: a resumed run keeps the noise it was calibrated with
 
     def __init__(self, params: PrivacyParams, sampling: Sampling | None, rounds: int, seed: int, dim: int,
                  device: torch.device):
         self.params, self.sampling, self.seed = params, sampling, seed
         self.on = params.mechanism != "none"
-        self.sigma = 0.0
+        self.sigma = np.float64(0.0)  # float64 in checkpoints (a Python float would be saved as float32)
         if self.on:
-            self.sigma = (params.noise_multiplier if params.epsilon is None else
-                          accounting.calibrate(sampling, params.epsilon, rounds, params.delta, params.mechanism))
+            self.sigma = np.float64(params.noise_multiplier if params.epsilon is None else
+                                    accounting.calibrate(sampling, params.epsilon, rounds, params.delta,
+                                                         params.mechanism))
         banded = params.mechanism == "banded_mf"
         self.c = banded_sqrt_coefficients(params.band) if banded else np.ones(1)
         self.history = torch.zeros(len(self.c) - 1, dim if self.on else 0, dtype=torch.float64, device=device)
