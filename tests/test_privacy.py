@@ -48,7 +48,7 @@ def test_zero_noise_without_clipping_is_the_algorithm_bit_for_bit(name, tmp_path
 
 def test_noise_std_is_sigma_clip_over_expected_cohort():
     sigma, clip, cohort, d, rounds = 1.3, 0.7, 5.0, 2000, 100
-    priv = Privacy(PrivacyParams("gaussian", clip, sigma), Sampling(cohort), rounds, 11, d, torch.device("cpu"))
+    priv = Privacy(PrivacyParams("gaussian", clip, sigma), Sampling(cohort), rounds, 11, d, World())
     noise = torch.stack([priv.noise(t, d, torch.device("cpu")) for t in range(rounds)])
     assert float(noise.std()) == pytest.approx(sigma * clip / cohort, rel=0.01)
     assert abs(float(noise.mean())) < 0.01 * sigma * clip / cohort
@@ -72,11 +72,31 @@ def test_the_server_adds_the_noise_once_to_the_mean_of_clipped_updates():
 
 
 def test_clipping_shrinks_long_updates_only():
-    priv = Privacy(PrivacyParams("gaussian", 1.0, 0.0), Sampling(2.0), 1, 0, 3, torch.device("cpu"))
+    priv = Privacy(PrivacyParams("gaussian", 1.0, 0.0), Sampling(2.0), 1, 0, 3, World())
     start = torch.zeros(2, 3)
     end = torch.tensor([[3.0, 4.0, 0.0], [0.3, 0.4, 0.0]])
-    out = priv.clip(start, end)
+    out = priv.clip(0, start, end)
     torch.testing.assert_close(out, torch.tensor([[0.6, 0.8, 0.0], [0.3, 0.4, 0.0]]))
+
+
+def test_adaptive_clipping_follows_the_quantile_of_the_update_norms():
+    params = PrivacyParams("gaussian", clip=0.1, noise_multiplier=0.0, target_quantile=0.3)
+    priv = Privacy(params, Sampling(10.0), 300, 0, 1, World())
+    start, end = torch.zeros(10, 1), torch.arange(1.0, 11.0)[:, None]  # update norms 1..10
+    for t in range(300):
+        priv.clip(t, start, end)
+    assert 3.0 <= priv.C < 4.0  # 3 of the 10 updates unclipped
+
+
+def test_adaptive_clipping_spends_part_of_the_budget_on_the_count():
+    def privacy(sigma: float, count_noise: float | None, cohort: float = 10.0) -> Privacy:
+        params = PrivacyParams("gaussian", 1.0, sigma, target_quantile=0.5, count_noise=count_noise)
+        return Privacy(params, Sampling(cohort), 10, 0, 1, World())
+
+    assert privacy(2.0, 4.0).sigma_update == pytest.approx((2.0 ** -2 - 4.0 ** -2) ** -0.5)
+    assert privacy(2.0, None, cohort=100.0).sigma_count == 5.0  # n~ / 20
+    with pytest.raises(config.InputError, match="privacy.count_noise"):
+        privacy(2.0, 1.5)
 
 
 def test_epsilon_is_the_libraries_answer_for_poisson_sampling(tmp_path):
@@ -118,7 +138,7 @@ def test_the_sampling_each_availability_gives_the_accountant(availability, want)
 
 def test_a_fixed_size_cohort_is_accounted_as_sampling_without_replacement():
     s = Sampling(4.0, fixed=(12, 4))
-    priv = Privacy(PrivacyParams("gaussian", 1.0, 2.0), s, 10, 0, 1, torch.device("cpu"))
+    priv = Privacy(PrivacyParams("gaussian", 1.0, 2.0), s, 10, 0, 1, World())
     acc = dp.rdp.RdpAccountant(neighboring_relation=dp.NeighboringRelation.REPLACE_ONE)
     acc.compose(dp.SampledWithoutReplacementDpEvent(12, 4, dp.GaussianDpEvent(1.0)), 10)  # sensitivity 2C
     assert priv.epsilon(10) == acc.get_epsilon(1e-6)
@@ -151,8 +171,7 @@ def test_banded_noise_is_the_dense_triangular_solve():
     from scipy.linalg import solve_triangular
 
     b, T, d, seed, sigma, clip, cohort = 3, 10, 4, 5, 1.5, 2.0, 4.0
-    priv = Privacy(PrivacyParams("banded_mf", clip, sigma, band=b), Sampling(cohort, separation=b), T, seed, d,
-                   torch.device("cpu"))
+    priv = Privacy(PrivacyParams("banded_mf", clip, sigma, band=b), Sampling(cohort, separation=b), T, seed, d, World())
     got = torch.stack([priv.noise(t, d, torch.device("cpu")) for t in range(T)]).numpy()
     c = banded_sqrt_coefficients(b)
     C = sum(np.diag(np.full(T - j, c[j]), -j) for j in range(b))
@@ -190,18 +209,22 @@ def test_algorithms_whose_sum_is_not_a_clipped_mean_are_refused():
 
 
 BANDED = {"mechanism": "banded_mf", "clip": 0.5, "noise_multiplier": 0.3, "band": 3}
+ADAPTIVE = {"mechanism": "gaussian", "clip": 0.05, "noise_multiplier": 0.3, "target_quantile": 0.5,
+            "count_noise": 2.0}
 
 
-def test_resume_is_bit_identical_with_banded_noise(tmp_path):
-    cfg = config.from_dict(markov_cfg(BANDED, "debiased_fedavg"))
+@pytest.mark.parametrize("privacy", [BANDED, ADAPTIVE], ids=["banded", "adaptive"])
+def test_resume_is_bit_identical_with_privacy(privacy, tmp_path):
+    cfg = config.from_dict(markov_cfg(privacy, "debiased_fedavg"))
     cfg.rounds, cfg.eval_every, cfg.runtime.checkpoint_every = 8, 2, 2
     assert_resume_identical(cfg, tmp_path)
 
 
 @pytest.mark.mpi
-def test_one_and_two_ranks_are_bit_identical_with_privacy(tmp_path):
-    cfg = markov_cfg(BANDED, "debiased_fedavg", train={"engine": "sequential", "local_steps": 3,
-                                                       "batch_size": 8, "lr": 0.1})
+@pytest.mark.parametrize("privacy", [BANDED, ADAPTIVE], ids=["banded", "adaptive"])
+def test_one_and_two_ranks_are_bit_identical_with_privacy(privacy, tmp_path):
+    cfg = markov_cfg(privacy, "debiased_fedavg", train={"engine": "sequential", "local_steps": 3,
+                                                        "batch_size": 8, "lr": 0.1})
     fedmpi(["run", write_config(tmp_path / "c.yaml", cfg), "--quiet", "--out", str(tmp_path / "two.h5")], ranks=2)
     with run_h5(cfg, tmp_path / "one.h5") as a, h5py.File(tmp_path / "two.h5") as b:
         assert b.attrs["world_size"] == 2

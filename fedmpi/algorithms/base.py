@@ -35,7 +35,7 @@ The runner calls (every "collective" method must be called on every rank, in the
 | 1. ``select(t, available)`` | every rank, once per round, same input | update replicated per-round state |
 | 2. ``start_models(local)``, ``lr_scale(t, local)`` | every rank, its local active clients | read state |
 | 3. ``local_training(t, local, start)`` (default: ``ctx.trainer``) | every rank | client state (e.g. SCAFFOLD) |
-| 3b. privacy: each update clipped to ``privacy.clip`` (``fedmpi.privacy``) | every rank | -- |
+| 3b. privacy: each update clipped to ``privacy.clip`` (``fedmpi.privacy``) | every rank; adaptive: collective | its C |
 | 4. ``contribution(...)`` (default ``weights``) | every rank, on blocks, twice each | nothing: pure |
 | 5. one reproducible sum of the rows into rank 0; privacy: plus its noise | collective | -- |
 | 6. ``server_update(t, active, total)`` -> x^{t+1} | rank 0 only | server state |
@@ -174,7 +174,7 @@ class ServerAlgorithm(Algorithm):
         self.active = np.zeros(0, dtype=np.int64)
         p = self.cfg.privacy  # ---- privacy hook (#27): one mechanism for every algorithm with ``private_sum``
         self.privacy = Privacy(p, sampling_of(self.cfg, ctx.participation) if p.mechanism != "none" else None,
-                               self.cfg.rounds, self.cfg.seed, ctx.spec.dim, ctx.device)
+                               self.cfg.rounds, self.cfg.seed, ctx.spec.dim, ctx.world)
 
     # ---------------------------------------------------------------- the round
     def round(self, t: int) -> int:
@@ -183,7 +183,7 @@ class ServerAlgorithm(Algorithm):
         self.active = active
         local = self.ctx.local(active)
         start = self.start_models(local)
-        end = self.privacy.clip(start, self.local_training(t, local, start))  # privacy: ||Delta_i|| <= C
+        end = self.privacy.clip(t, start, self.local_training(t, local, start))  # privacy: ||Delta_i|| <= C
         buf = reproducible_sum_blocks(  # one reduction; rows made block by block to bound memory
             self.world, lambda s: self.contribution(t, active, local[s], start[s], end[s]), len(local), len(active),
             overwrite=self._rows_are_new())

@@ -22,6 +22,13 @@ class PrivacyParams:
                                       "(only with a zero noise_multiplier)", gt=0)
     noise_multiplier: Optional[float] = opt(
         None, "sigma: noise of std sigma * C on the sum of updates; null = calibrated from privacy.epsilon", ge=0)
+    target_quantile: Optional[float] = opt(
+        None, "adaptive clipping (Andrew et al. 2021): the share of updates C should leave unclipped, "
+              "privacy.clip then being the initial C; null = a fixed C", gt=0, lt=1)
+    clip_lr: float = opt(0.2, "adaptive clipping: eta_C in C <- C exp(-eta_C (unclipped share - quantile))", gt=0)
+    count_noise: Optional[float] = opt(
+        None, "adaptive clipping: std of the noise on the count of unclipped updates (> noise_multiplier); "
+              "null = expected cohort / 20", gt=0)
     band: int = opt(1, "b: bands of banded_mf's factor (1 = independent noise); needs separation >= b", ge=1)
     delta: float = opt(1e-6, "delta of the (epsilon, delta) guarantee reported as the metric epsilon", gt=0, lt=1)
     epsilon: Optional[float] = opt(None, "target epsilon after all rounds: calibrates noise_multiplier "
@@ -42,8 +49,10 @@ def check(cfg) -> None:
     if (p.noise_multiplier is None) == (p.epsilon is None):
         raise InputError("privacy.noise_multiplier: give either noise_multiplier or a target privacy.epsilon "
                          f"(got noise_multiplier {p.noise_multiplier}, epsilon {p.epsilon})")
-    if p.clip is None and (p.epsilon is not None or p.noise_multiplier > 0):
-        raise InputError("privacy.clip: the noise is calibrated to the clip norm C; set privacy.clip")
+    if p.clip is None and (p.epsilon is not None or p.noise_multiplier > 0 or p.target_quantile is not None):
+        what = "the initial C of adaptive clipping" if p.target_quantile is not None else \
+            "the clip norm C the noise is calibrated to"
+        raise InputError(f"privacy.clip: set {what}")
     cls = registry.ALGORITHMS.get(cfg.algorithm.name).obj
     if not getattr(cls, "private_sum", lambda: False)():
         raise InputError(f"privacy.mechanism: algorithm {cfg.algorithm.name!r} does not aggregate client updates "
