@@ -91,7 +91,8 @@ class Privacy(Stateful):
     def clip(self, t: int, start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
         """End models whose updates end - start are clipped to norm C (``end`` itself without clipping);
         with adaptive clipping, then C for round t + 1."""
-        self.C_used = C = self.C
+        self.C_used = self.C
+        C = float(self.C)  # a Python float in tensor arithmetic, on any device
         if not self.on or C == 0:
             return end
         delta = end - start
@@ -111,7 +112,8 @@ class Privacy(Stateful):
         self.C = np.float64(self.C * np.exp(-p.clip_lr * (share - p.target_quantile)))
 
     def noise(self, t: int, dim: int, device: torch.device) -> torch.Tensor | None:
-        """sigma C / n~ * y_t, float64 (rank 0, rounds in order); None when there is no noise."""
+        """sigma_u C / n~ * y_t (sigma_u = sigma without adaptive clipping), float64; rank 0, rounds in
+        order; None when there is no noise."""
         if not self.on or self.sigma == 0:
             return None
         z = torch.from_numpy(rng.normal(rng.key(self.seed, "privacy", t), np.arange(dim))).to(device)
@@ -120,7 +122,7 @@ class Privacy(Stateful):
             c = torch.as_tensor(self.c[1:], dtype=torch.float64, device=device)
             y = (z - c @ self.history) / self.c[0]
             self.history = torch.cat([y[None], self.history[:-1]])
-        return y * (self.sigma_update * self.C_used / self.cohort)
+        return y * float(self.sigma_update * self.C_used / self.cohort)
 
     def epsilon(self, rounds: int) -> float:
         """Epsilon at ``privacy.delta`` after ``rounds`` rounds."""
