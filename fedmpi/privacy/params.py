@@ -41,6 +41,11 @@ def separation_of(cfg) -> int:
     return {"markov": getattr(av, "R", 0) + 1, "cyclic": getattr(av, "groups", 1)}.get(av.kind, 1)
 
 
+def applies_to(algorithm: type) -> bool:
+    """Whether the mechanism applies to an algorithm class (``ServerAlgorithm.private_sum``)."""
+    return bool(getattr(algorithm, "private_sum", lambda: False)())
+
+
 def check(cfg) -> None:
     """Cross-key checks of ``cfg.privacy`` (raise InputError naming the key)."""
     p = cfg.privacy
@@ -53,11 +58,10 @@ def check(cfg) -> None:
         what = "the initial C of adaptive clipping" if p.target_quantile is not None else \
             "the clip norm C the noise is calibrated to"
         raise InputError(f"privacy.clip: set {what}")
-    cls = registry.ALGORITHMS.get(cfg.algorithm.name).obj
-    if not getattr(cls, "private_sum", lambda: False)():
+    if not applies_to(registry.ALGORITHMS.get(cfg.algorithm.name).obj):
+        able = [e.name for e in registry.ALGORITHMS.entries() if applies_to(e.obj)]
         raise InputError(f"privacy.mechanism: algorithm {cfg.algorithm.name!r} does not aggregate client updates "
-                         "as sum / expected cohort, which the noise is calibrated to (use fedavg_active, "
-                         "fedavg_markov, debiased_fedavg, fedprox, the fedopt family or gfedavg)")
+                         f"as sum / expected cohort, which the noise is calibrated to (use one of {', '.join(able)})")
     if cfg.availability.kind not in KNOWN_SAMPLING:
         raise InputError(f"privacy.mechanism: availability.kind {cfg.availability.kind!r} has no sampling model "
                          f"the accountant knows (use one of {', '.join(KNOWN_SAMPLING)})")
