@@ -207,6 +207,9 @@ class RuntimeConfig:
                                            "(needs the tensorboard package: fedmpi[tensorboard])")
 
 
+from .privacy.params import PrivacyParams, check as check_privacy  # noqa: E402 -- its owner declares it (#27)
+
+
 @dataclass
 class Config:
     name: str = opt("run", "experiment name, used in the default output path")
@@ -223,6 +226,7 @@ class Config:
     sporadicity: SporadicityConfig = opt(SporadicityConfig(), "sporadic SGD and links (decentralized)")
     evaluation: EvaluationConfig = opt(EvaluationConfig(), "evaluation")
     runtime: RuntimeConfig = opt(RuntimeConfig(), "processes, devices, checkpoints")
+    privacy: PrivacyParams = opt(PrivacyParams(), "client-level differential privacy (centralized)")
 
     @property
     def output_path(self) -> str:
@@ -243,6 +247,7 @@ class Config:
         """Hash of what a checkpoint depends on (not rounds, evaluation, output or runtime)."""
         d = self.to_dict()
         keep = {k: d[k] for k in ("seed", "task", "train", "algorithm", "availability", "topology", "sporadicity")}
+        keep.update({"privacy": d["privacy"]} if self.privacy.mechanism != "none" else {})  # old digests stay valid
         return hashlib.sha256(yaml.safe_dump(keep, sort_keys=True).encode()).hexdigest()[:16]
 
     def components(self) -> list[registry.Entry]:
@@ -481,6 +486,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     for entry in cfg.components():
         if entry.check is not None:
             entry.check(cfg)
+    check_privacy(cfg)
 
 
 def check_availability(cfg: Config) -> None:

@@ -3,8 +3,8 @@
 Metric names follow from the task and the algorithm's declarations: for each label of
 ``algorithm.evaluated_models`` (``""`` -> no suffix) ``test_loss``, ``test_acc`` (classification),
 ``x`` (a scalar model), and ``train_loss``/``train_acc`` for the main model when
-``evaluation.train``; then the algorithm's own ``metrics``; then ``n_active``, ``wall_time`` and
-``peak_rss_mb``. The result-file contract is in docs/INTERFACES.md.
+``evaluation.train``; then the algorithm's own ``metrics``; ``epsilon`` under ``privacy``; then
+``n_active``, ``wall_time`` and ``peak_rss_mb``. The result-file contract is in docs/INTERFACES.md.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ class Evaluator:
                 names += ["train_loss", "train_acc"]
             if scalar:
                 names.append(f"x{sfx}")
-        return list(dict.fromkeys(names + list(algo.metrics) + list(RUN_METRICS)))
+        private = ["epsilon"] if cfg.privacy.mechanism != "none" else []  # privacy (#27): the accountant's
+        return list(dict.fromkeys(names + list(algo.metrics) + private + list(RUN_METRICS)))
 
     def _train_eval_subset(self) -> torch.Tensor | None:
         k, x = self.run.cfg.evaluation.train_samples, self.run.task.train_x
@@ -88,5 +89,7 @@ class Evaluator:
                 loss, acc = evaluate(task, spec, model, x, y, bs)
                 row["train_loss"], row["train_acc"] = float(loss[0]), float(acc[0])
         row.update(snap.metrics)
+        if "epsilon" in self.names:  # privacy (#27): epsilon at privacy.delta after rounds_done rounds
+            row["epsilon"] = self.run.algorithm.privacy.epsilon(rounds_done)
         row.update(round=rounds_done, n_active=n_active, wall_time=wall_time, peak_rss_mb=rss)
         return row

@@ -35,8 +35,9 @@ The runner calls (every "collective" method must be called on every rank, in the
 | 1. ``select(t, available)`` | every rank, once per round, same input | update replicated per-round state |
 | 2. ``start_models(local)``, ``lr_scale(t, local)`` | every rank, its local active clients | read state |
 | 3. ``local_training(t, local, start)`` (default: ``ctx.trainer``) | every rank | client state (e.g. SCAFFOLD) |
+| 3b. privacy: each update clipped to ``privacy.clip`` (``fedmpi.privacy``) | every rank; adaptive: collective | its C |
 | 4. ``contribution(...)`` (default ``weights``) | every rank, on blocks, twice each | nothing: pure |
-| 5. one reproducible sum of the rows into rank 0 | collective | -- |
+| 5. one reproducible sum of the rows into rank 0; privacy: plus its noise | collective | -- |
 | 6. ``server_update(t, active, total)`` -> x^{t+1} | rank 0 only | server state |
 | 7. broadcast of x^{t+1} | collective | -- |
 | 8. ``after_round(t, active, local, start, end)`` | every rank | client and replicated state |
@@ -60,9 +61,11 @@ from ..engine.params import ParamSpec
 from ..engine.reduce import reproducible_sum_blocks
 from ..errors import InputError
 from ..participation import Participation
+from ..privacy.mechanism import Privacy
+from ..privacy.sampling import sampling_of
 from ..registry import ALGORITHMS
 from ..runtime import World
-from ..state import Stateful
+from ..state import State, Stateful
 
 
 @dataclass
@@ -169,6 +172,9 @@ class ServerAlgorithm(Algorithm):
         self.eta_g = self.cfg.train.global_lr
         self.x = ctx.spec.flatten(ctx.task.model).to(ctx.device)  # x^t, identical on every rank
         self.active = np.zeros(0, dtype=np.int64)
+        p = self.cfg.privacy  # ---- privacy hook (#27): one mechanism for every algorithm with ``private_sum``
+        self.privacy = Privacy(p, sampling_of(self.cfg, ctx.participation) if p.mechanism != "none" else None,
+                               self.cfg.rounds, self.cfg.seed, ctx.spec.dim, ctx.world)
 
     # ---------------------------------------------------------------- the round
     def round(self, t: int) -> int:
@@ -177,10 +183,12 @@ class ServerAlgorithm(Algorithm):
         self.active = active
         local = self.ctx.local(active)
         start = self.start_models(local)
-        end = self.local_training(t, local, start)
+        end = self.privacy.clip(t, start, self.local_training(t, local, start))  # privacy: ||Delta_i|| <= C
         buf = reproducible_sum_blocks(  # one reduction; rows made block by block to bound memory
             self.world, lambda s: self.contribution(t, active, local[s], start[s], end[s]), len(local), len(active),
             overwrite=self._rows_are_new())
+        noise = self.privacy.noise(t, buf.shape[0], buf.device) if self.world.is_server else None
+        buf = buf if noise is None else buf + noise  # privacy: the server's Gaussian (or banded) noise
         # x^{t+1} goes into a fresh tensor on every rank: ``start`` may view x^t
         self.x = self.server_update(t, active, buf).float() if self.world.is_server else torch.empty_like(self.x)
         self.world.broadcast_(self.x)
@@ -229,6 +237,21 @@ class ServerAlgorithm(Algorithm):
         """Weight w_i of each local active client's change Delta_i (used by ``contribution``)."""
         raise NotImplementedError
 
+    #: Declared by a class that defines ``weights``: True when they are 1 / ``cohort(active)``.
+    weights_are_cohort_mean = False
+
+    def cohort(self, active: np.ndarray) -> float:
+        """The divisor of a mean over the active clients: their number (at least 1), or under
+        privacy the fixed expected cohort n~ (the realised count would reveal who took part)."""
+        return self.privacy.cohort if self.privacy.on else max(len(active), 1)
+
+    @classmethod
+    def private_sum(cls) -> bool:
+        """Whether the summed rows are w_i Delta_i with w_i = 1 / cohort -- the base ``contribution``
+        and ``weights`` declaring ``weights_are_cohort_mean`` -- the sum ``fedmpi.privacy`` noises."""
+        owner = {m: next(c for c in cls.__mro__ if m in vars(c)) for m in ("contribution", "weights")}
+        return owner["contribution"] is ServerAlgorithm and bool(vars(owner["weights"]).get("weights_are_cohort_mean"))
+
     def server_update(self, t: int, active: np.ndarray, total: torch.Tensor) -> torch.Tensor:
         """x^{t+1} from the summed buffer (rank 0 only). Default: x^t + eta_g * total."""
         return (self.x.double() + self.eta_g * total)
@@ -246,6 +269,20 @@ class ServerAlgorithm(Algorithm):
 
     def last_mask(self) -> np.ndarray:
         return self.active
+
+    # ---------------------------------------------------------------- checkpoints
+    def state_dict(self) -> State:
+        """The declared state, plus under privacy the mechanism's (``privacy.<name>``, shared)."""
+        state = super().state_dict()
+        if self.privacy.on:  # privacy hook (#27): banded MF's noise history
+            state.shared.update({f"privacy.{k}": v for k, v in self.privacy.state_dict().shared.items()})
+        return state
+
+    def load_state_dict(self, state: State) -> None:
+        super().load_state_dict(state)
+        if self.privacy.on:
+            mine = {k.removeprefix("privacy."): v for k, v in state.shared.items() if k.startswith("privacy.")}
+            self.privacy.load_state_dict(State(shared=mine))
 
 
 def register(name: str) -> Callable[[type[Algorithm]], type[Algorithm]]:

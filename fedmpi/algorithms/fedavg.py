@@ -15,5 +15,7 @@ from .base import ServerAlgorithm, register
 @register("fedavg_markov")
 @register("fedavg_active")
 class FedAvgActive(ServerAlgorithm):
+    weights_are_cohort_mean = True  # so DP-FedAvg (fedmpi.privacy) applies
+
     def weights(self, t: int, active: np.ndarray, local: np.ndarray) -> np.ndarray:
-        return np.full(len(local), 1.0 / max(len(active), 1))
+        return np.full(len(local), 1.0 / self.cohort(active))

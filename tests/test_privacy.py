@@ -1,0 +1,233 @@
+"""Client-level differential privacy (issue #27, docs/PRIVACY.md): clipping, DP-FedAvg noise,
+banded matrix-factorization noise, the accountant, the refusals, ranks and resume."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from conftest import assert_resume_identical, fedmpi, synthetic_config, write_config
+
+from fedmpi import config, rng
+from fedmpi.build import build_run
+from fedmpi.privacy.mechanism import Privacy, banded_sqrt_coefficients
+from fedmpi.privacy.params import PrivacyParams
+from fedmpi.privacy.sampling import Sampling
+from fedmpi.runner import Runner
+from fedmpi.runtime import World
+
+dp = pytest.importorskip("dp_accounting")
+
+
+def markov_cfg(privacy: dict | None = None, name: str = "fedavg_markov", R: int = 2, **over) -> dict:
+    """12 clients, B = 3 per round, minimum separation R; ``privacy`` the section (None = off)."""
+    cfg = synthetic_config(**{"rounds": 8, "algorithm": {"name": name},
+                              "availability": {"kind": "markov", "B": 3, "R": R,
+                                               "base": {"kind": "uniform", "lo": 0.1, "hi": 0.9}}, **over})
+    if privacy is not None:
+        cfg["privacy"] = privacy
+    return cfg
+
+
+def run_h5(cfg: dict, path) -> h5py.File:
+    Runner(config.from_dict(cfg), World(), str(path), quiet=True).run()
+    return h5py.File(path)
+
+
+# ----------------------------------------------------------------------------- DP-FedAvg
+
+@pytest.mark.parametrize("name", ["fedavg_markov", "debiased_fedavg"])
+def test_zero_noise_without_clipping_is_the_algorithm_bit_for_bit(name, tmp_path):
+    with run_h5(markov_cfg(None, name), tmp_path / "plain.h5") as a, \
+            run_h5(markov_cfg({"mechanism": "gaussian", "noise_multiplier": 0.0}, name), tmp_path / "dp.h5") as b:
+        assert np.array_equal(a["final/params"][:], b["final/params"][:])
+        assert np.array_equal(a["metrics/test_loss"][:], b["metrics/test_loss"][:])
+        assert b["metrics/epsilon"][0] == 0 and np.isinf(b["metrics/epsilon"][-1])  # no noise: no guarantee
+
+
+def test_noise_std_is_sigma_clip_over_expected_cohort():
+    sigma, clip, cohort, d, rounds = 1.3, 0.7, 5.0, 2000, 100
+    priv = Privacy(PrivacyParams("gaussian", clip, sigma), Sampling(cohort), rounds, 11, d, World())
+    noise = torch.stack([priv.noise(t, d, torch.device("cpu")) for t in range(rounds)])
+    assert float(noise.std()) == pytest.approx(sigma * clip / cohort, rel=0.01)
+    assert abs(float(noise.mean())) < 0.01 * sigma * clip / cohort
+    assert not torch.equal(noise[0], noise[1])  # a new draw every round
+
+
+def test_the_server_adds_the_noise_once_to_the_mean_of_clipped_updates():
+    """Round 0 with noise minus round 0 without = eta_g sigma C / n~ z_0; the updates are clipped."""
+    def first_round(sigma: float):
+        cfg = config.from_dict(markov_cfg({"mechanism": "gaussian", "clip": 0.05, "noise_multiplier": sigma},
+                                          train={"local_steps": 3, "batch_size": 8, "lr": 0.5, "global_lr": 0.5}))
+        run = build_run(cfg, World())
+        x0 = run.algorithm.x.clone()
+        run.algorithm.round(0)
+        return run.algorithm.x - x0, run.spec.dim
+
+    (step0, d), (step1, _) = first_round(0.0), first_round(2.0)
+    assert float(step0.norm()) <= 0.5 * 0.05 * (1 + 1e-5)  # eta_g * mean of B updates of norm <= C
+    z0 = torch.from_numpy(rng.normal(rng.key(3, "privacy", 0), np.arange(d))).float()
+    torch.testing.assert_close(step1 - step0, 0.5 * 2.0 * 0.05 / 3 * z0, rtol=1e-4, atol=1e-7)
+
+
+def test_clipping_shrinks_long_updates_only():
+    priv = Privacy(PrivacyParams("gaussian", 1.0, 0.0), Sampling(2.0), 1, 0, 3, World())
+    start = torch.zeros(2, 3)
+    end = torch.tensor([[3.0, 4.0, 0.0], [0.3, 0.4, 0.0]])
+    out = priv.clip(0, start, end)
+    torch.testing.assert_close(out, torch.tensor([[0.6, 0.8, 0.0], [0.3, 0.4, 0.0]]))
+
+
+def test_adaptive_clipping_follows_the_quantile_of_the_update_norms():
+    params = PrivacyParams("gaussian", clip=0.1, noise_multiplier=0.0, target_quantile=0.3)
+    priv = Privacy(params, Sampling(10.0), 300, 0, 1, World())
+    start, end = torch.zeros(10, 1), torch.arange(1.0, 11.0)[:, None]  # update norms 1..10
+    for t in range(300):
+        priv.clip(t, start, end)
+    assert 3.0 <= priv.C < 4.0  # 3 of the 10 updates unclipped
+
+
+def test_adaptive_clipping_spends_part_of_the_budget_on_the_count():
+    def privacy(sigma: float, count_noise: float | None, cohort: float = 10.0) -> Privacy:
+        params = PrivacyParams("gaussian", 1.0, sigma, target_quantile=0.5, count_noise=count_noise)
+        return Privacy(params, Sampling(cohort), 10, 0, 1, World())
+
+    assert privacy(2.0, 4.0).sigma_update == pytest.approx((2.0 ** -2 - 4.0 ** -2) ** -0.5)
+    assert privacy(2.0, None, cohort=100.0).sigma_count == 5.0  # n~ / 20
+    with pytest.raises(config.InputError, match="privacy.count_noise"):
+        privacy(2.0, 1.5)
+
+
+def test_epsilon_is_the_libraries_answer_for_poisson_sampling(tmp_path):
+    q, sigma, delta = 0.4, 1.1, 1e-6
+    cfg = synthetic_config(algorithm={"name": "fedavg_active"},
+                           availability={"kind": "stationary", "base": {"kind": "fixed", "values": [q]}},
+                           privacy={"mechanism": "gaussian", "clip": 1.0, "noise_multiplier": sigma, "delta": delta})
+    with run_h5(cfg, tmp_path / "r.h5") as f:
+        rounds, eps = f["metrics/round"][:], f["metrics/epsilon"][:]
+    for T, e in zip(rounds[1:], eps[1:]):
+        acc = dp.rdp.RdpAccountant()
+        acc.compose(dp.PoissonSampledDpEvent(q, dp.GaussianDpEvent(sigma)), int(T))
+        assert e == acc.get_epsilon(delta)
+    assert eps[0] == 0 and np.all(np.diff(eps) > 0)
+
+
+def test_a_target_epsilon_calibrates_the_noise_multiplier():
+    cfg = config.from_dict(markov_cfg({"mechanism": "gaussian", "clip": 1.0, "epsilon": 4.0}, rounds=30))
+    priv = build_run(cfg, World()).algorithm.privacy
+    assert priv.epsilon(30) <= 4.0 and priv.epsilon(30) == pytest.approx(4.0, rel=1e-3)
+    # min separation R = 2: a client takes part in at most ceil(30 / 3) = 10 rounds, no amplification
+    acc = dp.rdp.RdpAccountant()
+    acc.compose(dp.GaussianDpEvent(priv.sigma), 10)
+    assert priv.epsilon(30) == acc.get_epsilon(1e-6)
+
+
+@pytest.mark.parametrize("availability, want", [
+    ({"kind": "always"}, Sampling(12.0)),
+    ({"kind": "cohort", "size": 4}, Sampling(4.0, fixed=(12, 4))),
+    ({"kind": "stationary", "base": {"kind": "fixed", "values": [0.25]}}, Sampling(3.0, q=0.25)),
+    ({"kind": "cyclic", "groups": 3, "base": {"kind": "fixed", "values": [0.5]}}, Sampling(2.0, q=0.5, separation=3)),
+    ({"kind": "markov", "B": 3, "R": 2}, Sampling(3.0, separation=3)),
+])
+def test_the_sampling_each_availability_gives_the_accountant(availability, want):
+    cfg = markov_cfg({"mechanism": "gaussian", "clip": 1.0, "noise_multiplier": 1.0}, "fedavg_active")
+    cfg["availability"] = availability
+    assert build_run(config.from_dict(cfg), World()).algorithm.privacy.sampling == want
+
+
+def test_a_fixed_size_cohort_is_accounted_as_sampling_without_replacement():
+    s = Sampling(4.0, fixed=(12, 4))
+    priv = Privacy(PrivacyParams("gaussian", 1.0, 2.0), s, 10, 0, 1, World())
+    acc = dp.rdp.RdpAccountant(neighboring_relation=dp.NeighboringRelation.REPLACE_ONE)
+    acc.compose(dp.SampledWithoutReplacementDpEvent(12, 4, dp.GaussianDpEvent(1.0)), 10)  # sensitivity 2C
+    assert priv.epsilon(10) == acc.get_epsilon(1e-6)
+
+
+def test_a_resumed_run_keeps_its_calibrated_noise_when_given_more_rounds():
+    def algorithm(rounds: int):
+        cfg = markov_cfg({"mechanism": "gaussian", "clip": 1.0, "epsilon": 4.0}, rounds=rounds)
+        return build_run(config.from_dict(cfg), World()).algorithm
+
+    first, longer = algorithm(30), algorithm(60)
+    assert longer.privacy.sigma > first.privacy.sigma
+    longer.load_state_dict(first.state_dict())
+    assert longer.privacy.sigma == first.privacy.sigma and longer.privacy.epsilon(60) > 4.0
+
+
+# ----------------------------------------------------------------------------- banded MF
+
+def test_banded_coefficients_are_the_square_root_of_prefix_sums():
+    n = 7
+    c = banded_sqrt_coefficients(n)
+    c = c / c[0]  # before the unit-norm scaling: c_j = binom(2j, j) / 4^j
+    C = sum(np.diag(np.full(n - j, c[j]), -j) for j in range(n))
+    np.testing.assert_allclose(C @ C, np.tril(np.ones((n, n))), atol=1e-12)
+    assert np.linalg.norm(banded_sqrt_coefficients(3)) == pytest.approx(1.0)
+
+
+def test_banded_noise_is_the_dense_triangular_solve():
+    """Round t's noise is the t-th row of C^{-1} Z: incremental (O(b d)) == plain triangular solve."""
+    from scipy.linalg import solve_triangular
+
+    b, T, d, seed, sigma, clip, cohort = 3, 10, 4, 5, 1.5, 2.0, 4.0
+    priv = Privacy(PrivacyParams("banded_mf", clip, sigma, band=b), Sampling(cohort, separation=b), T, seed, d, World())
+    got = torch.stack([priv.noise(t, d, torch.device("cpu")) for t in range(T)]).numpy()
+    c = banded_sqrt_coefficients(b)
+    C = sum(np.diag(np.full(T - j, c[j]), -j) for j in range(b))
+    Z = np.stack([rng.normal(rng.key(seed, "privacy", t), np.arange(d)) for t in range(T)])
+    want = solve_triangular(C, Z, lower=True) * sigma * clip / cohort
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("availability, message", [
+    ({"kind": "markov", "B": 3, "R": 1}, "privacy.band: banded_mf needs participations >= b = 3 rounds apart"),
+    ({"kind": "cyclic", "groups": 2}, "availability.groups >= 3"),
+    ({"kind": "stationary"}, "privacy.band"),
+])
+def test_banded_is_refused_without_separation(availability, message, tmp_path):
+    cfg = markov_cfg({"mechanism": "banded_mf", "clip": 1.0, "noise_multiplier": 1.0, "band": 3})
+    cfg["availability"] = availability
+    p = fedmpi(["run", write_config(tmp_path / "c.yaml", cfg), "--quiet", "--out", str(tmp_path / "r.h5")],
+               check=False)
+    assert p.returncode == 2 and message in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("privacy, key", [
+    ({"mechanism": "gaussian", "clip": 1.0}, "privacy.noise_multiplier"),
+    ({"mechanism": "gaussian", "noise_multiplier": 1.0}, "privacy.clip"),
+    ({"mechanism": "gaussian", "clip": 1.0, "noise_multiplier": 1.0, "epsilon": 2.0}, "privacy.noise_multiplier"),
+])
+def test_incomplete_sections_are_refused(privacy, key):
+    with pytest.raises(config.InputError, match=key):
+        config.from_dict(markov_cfg(privacy))
+
+
+def test_algorithms_whose_sum_is_not_a_clipped_mean_are_refused():
+    with pytest.raises(config.InputError, match="privacy.mechanism: algorithm 'fedswe'"):
+        config.from_dict(markov_cfg({"mechanism": "gaussian", "clip": 1.0, "noise_multiplier": 1.0}, "fedswe"))
+
+
+BANDED = {"mechanism": "banded_mf", "clip": 0.5, "noise_multiplier": 0.3, "band": 3}
+ADAPTIVE = {"mechanism": "gaussian", "clip": 0.05, "noise_multiplier": 0.3, "target_quantile": 0.5,
+            "count_noise": 2.0}
+
+
+@pytest.mark.parametrize("privacy", [BANDED, ADAPTIVE], ids=["banded", "adaptive"])
+def test_resume_is_bit_identical_with_privacy(privacy, tmp_path):
+    cfg = config.from_dict(markov_cfg(privacy, "debiased_fedavg"))
+    cfg.rounds, cfg.eval_every, cfg.runtime.checkpoint_every = 8, 2, 2
+    assert_resume_identical(cfg, tmp_path)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("privacy", [BANDED, ADAPTIVE], ids=["banded", "adaptive"])
+def test_one_and_two_ranks_are_bit_identical_with_privacy(privacy, tmp_path):
+    cfg = markov_cfg(privacy, "debiased_fedavg", train={"engine": "sequential", "local_steps": 3,
+                                                        "batch_size": 8, "lr": 0.1})
+    fedmpi(["run", write_config(tmp_path / "c.yaml", cfg), "--quiet", "--out", str(tmp_path / "two.h5")], ranks=2)
+    with run_h5(cfg, tmp_path / "one.h5") as a, h5py.File(tmp_path / "two.h5") as b:
+        assert b.attrs["world_size"] == 2
+        assert np.array_equal(a["final/params"][:], b["final/params"][:])
+        for key in ("test_loss", "epsilon"):
+            assert np.array_equal(a["metrics"][key][:], b["metrics"][key][:]), key
