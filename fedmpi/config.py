@@ -26,7 +26,7 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 
-from . import registry, yamlio
+from . import plugins, registry, yamlio
 from .errors import InputError
 from .registry import Registry
 
@@ -446,6 +446,7 @@ def load(path: str | None = None, overrides: list[str] | None = None, world_size
          values: dict[str, Any] | None = None) -> Config:
     """Read a YAML file (or nothing), apply ``--set`` overrides (then ``values``: dotted key ->
     value, as a sweep cell's), validate everything."""
+    plugins.load()  # the registries the config is checked against
     data: Any = {}
     if path is not None:
         data = yamlio.load_file(path, "config file")  # YAML 1.2 numbers, duplicate keys and bombs refused
@@ -464,6 +465,7 @@ def load(path: str | None = None, overrides: list[str] | None = None, world_size
 
 def from_dict(data: dict, world_size: int = 1) -> Config:
     """Build and validate a config from a plain dict (tests, API users)."""
+    plugins.load()
     cfg = _build(Config, _copy(data), "")
     validate(cfg, world_size)
     return cfg
@@ -508,6 +510,7 @@ def check_availability(cfg: Config) -> None:
 def reference(cls: type = Config, prefix: str = "", who: str = "") -> list[str]:
     """The config reference as markdown table rows (key, default, allowed, meaning) of the
     built-in components; ``who`` prefixes the meanings (the components a key belongs to)."""
+    plugins.load()
     rows = []
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):

@@ -1,4 +1,9 @@
-"""Loading user code: the one door through which plug-ins come in.
+"""Loading the components: the one loader, and the one door through which plug-ins come in.
+
+``load`` imports the built-in components (each module registers its own into
+``fedmpi.registry``), then the plug-ins; the entry points (``fedmpi run``, ``fedmpi sweep``) and
+``fedmpi.config.load``/``from_dict`` call it. Imports go one way: this module imports the
+components, the components import ``fedmpi.registry``, and the registry imports neither.
 
 A plug-in is a Python module (or package) that registers components when imported, e.g. an
 algorithm with ``@fedmpi.algorithms.register("fedavgm")``. It is loaded on every rank, before
@@ -30,14 +35,17 @@ from .errors import InputError
 ENV = "FEDMPI_PLUGINS"
 GROUP = "fedmpi.plugins"
 
+#: The packages whose import registers the built-in components.
+BUILTINS = ("fedmpi.algorithms", "fedmpi.models", "fedmpi.participation", "fedmpi.data.task")
+
 _done: set[str] = set()
 
 
 def load(specs: Iterable[str] = ()) -> None:
-    """Load the installed plug-ins and ``$FEDMPI_PLUGINS`` (each once), then ``specs`` (``--plugin``)."""
-    from . import registry
-
-    registry.ensure_loaded()  # built-ins first: a plug-in may not take their names
+    """Import the built-ins, then the installed plug-ins and ``$FEDMPI_PLUGINS`` (each once),
+    then ``specs`` (``--plugin``). Every rank calls it, before its config is validated."""
+    for name in BUILTINS:  # first: a plug-in may not take a built-in's name
+        importlib.import_module(name)
     for ep in _entry_points():
         _once(f"entry point {ep.value}", f"entry point {ep.name} ({ep.value})", ep.load)
     for spec in filter(None, os.environ.get(ENV, "").split(os.pathsep)):
