@@ -24,7 +24,7 @@ from common import machine  # noqa: E402
 
 from fedmpi import config  # noqa: E402
 from fedmpi.build import build_run  # noqa: E402
-from fedmpi.data.task import Task  # noqa: E402
+from fedmpi.task import Task  # noqa: E402
 from fedmpi.evaluator import peak_rss_mb  # noqa: E402
 from fedmpi.models import build_model, loss_fn  # noqa: E402
 from fedmpi.runtime import World  # noqa: E402

@@ -97,9 +97,8 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 def input_files(cfg, config_path: str | None) -> tuple[str, ...]:
     """Files a run reads, which its result file must never be: the config and the trace,
     schedule and graph files it names."""
-    sched = cfg.availability.schedule
-    return tuple(p for p in (config_path, cfg.availability.trace, sched if isinstance(sched, str) else None,
-                             cfg.topology.file) if p)
+    graph = cfg.topology.input_files() if cfg.topology else ()
+    return ((config_path,) if config_path else ()) + cfg.availability.input_files() + graph
 
 
 def execute(cfg, out: str, *, quiet: bool = False, resume: bool = False, overwrite: bool = False,
@@ -125,6 +124,7 @@ def execute(cfg, out: str, *, quiet: bool = False, resume: bool = False, overwri
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from . import config, plugins
+    from .results.paths import output_path
     from .runtime import launched_size
 
     if args.out is not None and not args.out.strip():
@@ -133,7 +133,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise InputError("--overwrite: cannot be combined with --resume (one starts afresh, the other continues)")
     plugins.load(args.plugins)  # on every rank, before the config is checked against the registries
     cfg = config.load(args.config, args.overrides, world_size=launched_size())
-    out = args.out or cfg.output_path
+    out = args.out or output_path(cfg)
     code = execute(cfg, out, quiet=args.quiet, resume=args.resume, overwrite=args.overwrite,
                    inputs=input_files(cfg, args.config))
     if code == 0 and launched_rank() == 0:

@@ -35,23 +35,28 @@ from .errors import InputError
 ENV = "FEDMPI_PLUGINS"
 GROUP = "fedmpi.plugins"
 
-#: The packages whose import registers the built-in components.
-BUILTINS = ("fedmpi.algorithms", "fedmpi.models", "fedmpi.participation", "fedmpi.data.task")
-
 _done: set[str] = set()
 
 
 def load(specs: Iterable[str] = ()) -> None:
     """Import the built-ins, then the installed plug-ins and ``$FEDMPI_PLUGINS`` (each once),
     then ``specs`` (``--plugin``). Every rank calls it, before its config is validated."""
-    for name in BUILTINS:  # first: a plug-in may not take a built-in's name
-        importlib.import_module(name)
+    _builtins()  # first: a plug-in may not take a built-in's name
     for ep in _entry_points():
         _once(f"entry point {ep.value}", f"entry point {ep.name} ({ep.value})", ep.load)
     for spec in filter(None, os.environ.get(ENV, "").split(os.pathsep)):
         _once(spec, f"{ENV}: {spec}", lambda spec=spec: import_spec(spec))
     for spec in specs:
         _once(spec, f"--plugin {spec}", lambda spec=spec: import_spec(spec))
+
+
+def _builtins() -> None:
+    """Import the modules that register the built-in components (each once per process)."""
+    from .algorithms import fedavg, fedavg_all, fedknown, gfedavg, fedau, f3ast, mifa, fedvarp, fedswe  # noqa: F401
+    from .algorithms import fedopt, fedprox, scaffold, debiased, dspodfl  # noqa: F401
+    from . import models, participation  # noqa: F401  (models, availability kinds)
+    from .data import datasets  # noqa: F401
+    from . import task  # noqa: F401  (quadratic)
 
 
 def _entry_points() -> list:

@@ -7,7 +7,7 @@ the registries AFTER plug-ins are loaded (``fedmpi.plugins``), so a user's compo
 configured and validated exactly like a built-in one.
 
 The packages register into the registries below (``fedmpi.algorithms.register``,
-``fedmpi.models.register``, ``fedmpi.data.task.register_dataset``,
+``fedmpi.models.register``, ``fedmpi.data.datasets.register_dataset``,
 ``fedmpi.participation.register``). This module imports nothing that registers: filling the
 registries is the loader's job (``fedmpi.plugins.load``: the built-ins, then the plug-ins).
 """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -10,7 +11,9 @@ import sys
 import pytest
 import yaml
 
+from fedmpi import plugins
 from fedmpi.config import _set_dotted
+from fedmpi.registry import AVAILABILITY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FMNIST = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"
@@ -107,3 +110,13 @@ def assert_resume_identical(cfg, tmp_path, fail_at: int = 5) -> None:
         assert np.array_equal(a["final/params"][:], b["final/params"][:])
         assert np.array_equal(a["metrics/test_loss"][:], b["metrics/test_loss"][:])
         assert not np.array_equal(a["metrics/test_loss"][0], a["metrics/test_loss"][-1])
+
+
+def availability_params(kind: str, lenient: bool = False, **keys):
+    """The parameters of availability kind ``kind`` (its own dataclass) with ``keys``;
+    ``lenient`` drops the keys the kind does not declare."""
+    plugins.load()
+    cls = AVAILABILITY.get(kind).params
+    if lenient:
+        keys = {k: v for k, v in keys.items() if k in {f.name for f in dataclasses.fields(cls)}}
+    return cls(kind=kind, **keys)

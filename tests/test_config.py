@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from fedmpi import config
 from fedmpi.errors import InputError
+from fedmpi.results.paths import output_path
 
 
 def err(data: dict, world_size: int = 1) -> str:
@@ -21,7 +22,7 @@ def err(data: dict, world_size: int = 1) -> str:
 def test_defaults_are_valid_and_typed():
     cfg = config.from_dict({})
     assert cfg.rounds == 100 and isinstance(cfg.train.lr, float)
-    assert cfg.output_path == "runs/run-fedavg_active-s0.h5"
+    assert output_path(cfg) == "runs/run-fedavg_active-s0.h5"
     assert cfg.algorithm.name == "fedavg_active"
 
 
@@ -33,8 +34,8 @@ def test_defaults_are_valid_and_typed():
     ({"task": {"partition": {"kind": "stripes"}}}, "task.partition.kind: must be one of"),
     ({"task": {"clients": 2.5}}, "task.clients: must be an integer"),
     ({"task": {"clients": True}}, "task.clients: must be an integer"),
-    ({"availability": {"base": {"lo": 1.5}}}, "availability.base.lo: must be <= 1"),
-    ({"availability": {"base": {"values": [0.2, 2.0]}}, "task": {"clients": 2}},
+    ({"availability": {"kind": "stationary", "base": {"lo": 1.5}}}, "availability.base.lo: must be <= 1"),
+    ({"availability": {"kind": "stationary", "base": {"values": [0.2, 2.0]}}, "task": {"clients": 2}},
      "availability.base.values: probabilities must be in [0, 1]"),
     ({"availability": {"kind": "cohort", "size": 500}}, "availability.size"),
     ({"task": {"dataset": "quadratic", "model": "scalar", "clients": 2}}, "task.u"),
@@ -87,7 +88,7 @@ def test_resolved_config_round_trips():
 
 
 def test_reference_lists_every_leaf_key():
-    rows = config.reference()
+    rows = [row for _, row in config.reference()]
     assert any("`train.lr`" in r for r in rows) and any("`sporadicity.link_prob.a`" in r for r in rows)
 
 

@@ -10,7 +10,7 @@ import torch
 
 from conftest import synthetic_config
 from fedmpi import config
-from fedmpi.data.task import build_task
+from fedmpi.build import build_task
 from fedmpi.engine.evaluate import evaluate
 from fedmpi.engine.local import LocalTrainer, choose_path, lr_at
 from fedmpi.engine.reduce import preround
@@ -108,7 +108,7 @@ def test_train_in_place_is_train(monkeypatch):
 
 def _image_trainer(path: str, seed: int = 0, device: torch.device = CPU) -> LocalTrainer:
     """cinic_cnn (3 dropout layers) on 5 clients of tiny random 3x8x8 images."""
-    from fedmpi.data.task import Task
+    from fedmpi.task import Task
     from fedmpi.models import build_model, loss_fn
 
     g = torch.Generator().manual_seed(0)

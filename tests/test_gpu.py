@@ -9,7 +9,7 @@ import torch
 from conftest import synthetic_config
 from fedmpi import config
 from fedmpi.config import TopologyConfig
-from fedmpi.data.task import build_task
+from fedmpi.build import build_task
 from fedmpi.decentral.exchange import Exchanger
 from fedmpi.decentral.topology import build_graph
 from fedmpi.engine.local import LocalTrainer

@@ -12,7 +12,9 @@ from torch.func import functional_call
 
 from conftest import synthetic_config
 from fedmpi import config
-from fedmpi.data.task import ScalarModel, Task, build_task
+from fedmpi.models.nets import ScalarModel
+from fedmpi.build import build_task
+from fedmpi.task import Task
 from fedmpi.engine.layers import CONV_IMPLS, StackedNet
 from fedmpi.engine.local import LocalTrainer
 from fedmpi.models import MLPParams, build_model, loss_fn

@@ -12,7 +12,7 @@ from test_fedswe import CPU, Scripted, scalar
 from test_scaffold import LR, SCRIPT, X0, A, M, S, U, curved_build
 
 from fedmpi import config
-from fedmpi.data.task import build_task
+from fedmpi.build import build_task
 from fedmpi.engine.local import LocalTrainer
 from fedmpi.errors import InputError
 

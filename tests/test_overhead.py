@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from fedmpi import evaluator
-from fedmpi.data.task import Task
+from fedmpi.task import Task
 from fedmpi.engine.layers import StackedNet
 from fedmpi.models import build_model
 

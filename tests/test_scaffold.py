@@ -13,7 +13,7 @@ import torch
 from test_fedswe import CPU, Scripted, quadratic_cfg, scalar
 
 from fedmpi.build import build_run
-from fedmpi.data.task import build_task
+from fedmpi.build import build_task
 from fedmpi.runtime import World
 
 U, A = [0.0, 8.0, -4.0], [0.5, 1.0, 3.0]  # optima and curvatures

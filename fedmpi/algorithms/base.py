@@ -5,6 +5,8 @@ An algorithm is a subclass of ``Algorithm`` (or ``ServerAlgorithm``) registered 
 
 - ``Params``: the dataclass of its keys in the ``algorithm:`` block (a subclass of
   ``AlgorithmParams``), read as ``self.params``;
+- ``sections``: the top-level config sections only it and its kin read (the decentralized
+  family's ``topology`` and ``sporadicity``); with another algorithm they are ignored;
 - ``needs_participation``: whether it runs on an availability model (``ctx.participation``);
 - ``shared_state`` / ``client_state``: the attributes a checkpoint saves (``fedmpi.state``):
   shared = the same on every rank or the server's own (e.g. a momentum buffer), client = one
@@ -48,21 +50,31 @@ override only the steps their paper changes, so each algorithm file reads like i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
 
-from ..config import AlgorithmParams, Config
-from ..data.task import Task
-from ..engine.local import LocalTrainer
-from ..engine.params import ParamSpec
 from ..engine.reduce import reproducible_sum_blocks
 from ..errors import InputError
-from ..participation import Participation
 from ..registry import ALGORITHMS
-from ..runtime import World
+from ..schema import opt
 from ..state import Stateful
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..engine.local import LocalTrainer
+    from ..engine.params import ParamSpec
+    from ..participation import Participation
+    from ..runtime import World
+    from ..task import Task
+
+
+@dataclass
+class AlgorithmParams:
+    """The ``algorithm`` block: ``name``, then the chosen algorithm's own parameters (a subclass)."""
+
+    name: str = opt("fedavg_active", "the algorithm", selects=ALGORITHMS)
 
 
 @dataclass
@@ -110,6 +122,7 @@ class Algorithm(Stateful):
     """Base of every algorithm; the contract is in the module docstring."""
 
     Params: type[AlgorithmParams] = AlgorithmParams
+    sections: tuple[str, ...] = ()  # top-level config sections of its own (e.g. ``topology``)
     needs_participation: bool = False
     evaluated_models: tuple[str, ...] = ("",)
     metrics: tuple[str, ...] = ()
@@ -250,12 +263,13 @@ class ServerAlgorithm(Algorithm):
 
 def register(name: str) -> Callable[[type[Algorithm]], type[Algorithm]]:
     """Class decorator: ``@register("fedavg_active") class FedAvgActive(ServerAlgorithm)``; the
-    class's ``Params`` and ``check_config`` validate the ``algorithm:`` block."""
+    class's ``Params`` and ``check_config`` validate the ``algorithm:`` block, its ``sections``
+    are the top-level sections it reads (others' are ignored with a notice)."""
 
     def deco(cls: type[Algorithm]) -> type[Algorithm]:
         if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
             raise TypeError(f"algorithm {name!r}: register a subclass of fedmpi.algorithms.Algorithm")
-        return ALGORITHMS.register(name, params=cls.Params, check=cls.check_config)(cls)
+        return ALGORITHMS.register(name, params=cls.Params, check=cls.check_config, sections=cls.sections)(cls)
 
     return deco
 

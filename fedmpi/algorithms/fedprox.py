@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..config import AlgorithmParams, opt
-from .base import register
+from ..schema import opt
+from .base import AlgorithmParams, register
 from .fedavg import FedAvgActive
 
 

@@ -34,11 +34,11 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..config import AlgorithmParams, opt
 from ..engine.reduce import reproducible_sum, reproducible_sum_blocks
 from ..engine.store import VersionStore
 from ..state import State
-from .base import Context, ServerAlgorithm, Snapshot, register
+from ..schema import opt
+from .base import AlgorithmParams, Context, ServerAlgorithm, Snapshot, register
 
 
 @dataclass

@@ -21,6 +21,8 @@ masks come from the same kind of stream, (seed, "dropout", round, step) and the 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import math
 
 import numpy as np
@@ -28,9 +30,8 @@ import torch
 from torch.func import functional_call, grad, vmap
 
 from .. import rng
-from ..config import TrainConfig
+from .local_step import TrainConfig
 from ..data.augment import require_images
-from ..data.task import Task
 from ..models import has_conv
 from ..models.dropout import KeyedDropout
 from ..models.losses import per_sample
@@ -39,6 +40,9 @@ from .local_step import LocalStep
 from .params import ParamSpec
 from .shapes import MAX_FIXED_BLOCK, fixed_shapes, pad_rows
 from .threads import one_thread
+
+if TYPE_CHECKING:
+    from ..task import Task
 
 
 def lr_at(cfg: TrainConfig, t: int) -> float:

@@ -19,9 +19,31 @@ itself (the same bits as plain SGD).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal, Optional
+
 import torch
 
-from ..config import TrainConfig
+from ..schema import opt
+
+
+@dataclass
+class TrainConfig:
+    local_steps: int = opt(5, "s: local SGD steps per round", ge=1)
+    batch_size: int = opt(32, "minibatch size (drawn uniformly with replacement)", ge=1)
+    lr: float = opt(0.05, "eta_l (eta_0 when scheduled)", gt=0)
+    lr_schedule: Literal["constant", "inv_sqrt"] = opt(
+        "constant", "inv_sqrt: eta_0 / sqrt(t/10 + 1), t the 0-based round")
+    global_lr: float = opt(1.0, "eta_g, server learning rate", gt=0)
+    grad_clip: Optional[float] = opt(None, "clip each client's gradient to this norm; null = off", gt=0)
+    momentum: float = opt(0.0, "local SGD momentum, buffer reset every round; 0 = plain SGD", ge=0, lt=1)
+    weight_decay: float = opt(0.0, "local L2 weight decay, added to each (clipped) gradient; 0 = off", ge=0)
+    augment: list = opt([], "on-device augmentation: any of crop, flip")
+    augment_mode: Literal["per_image", "per_batch"] = opt(
+        "per_image", "per_batch draws one crop/flip per minibatch (authors' code)")
+    full_gradient: bool = opt(False, "local steps use the client's full local gradient (GD)")
+    engine: Literal["auto", "batched", "sequential"] = opt(
+        "auto", "batched = all clients of a rank at once; auto picks the faster path")
 
 
 class LocalStep:
