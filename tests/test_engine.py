@@ -12,6 +12,8 @@ from conftest import synthetic_config
 from fedmpi import config
 from fedmpi.build import build_task
 from fedmpi.engine.evaluate import evaluate
+from fedmpi.algorithms.fedprox import Proximal
+from fedmpi.algorithms.scaffold import Correction
 from fedmpi.engine.local import LocalTrainer, choose_path, lr_at
 from fedmpi.engine.reduce import preround
 from fedmpi.engine.store import ClientTable, VersionStore
@@ -69,8 +71,8 @@ def test_fixed_shape_blocks_change_no_bit(monkeypatch, model, stacked):
     x0 = plain.spec.flatten(task.model).expand(len(ids), -1) + 0.01 * torch.randn(len(ids), plain.spec.dim, generator=g)
     scale = torch.linspace(0.5, 1.5, len(ids))
     corr = 0.01 * torch.randn(len(ids), plain.spec.dim, generator=g)
-    a = plain.train(x0, ids, t=3, lr_scale=scale, prox=0.1, correction=corr)
-    b = padded.train(x0, ids, t=3, lr_scale=scale, prox=0.1, correction=corr)
+    a = plain.train(x0, ids, t=3, lr_scale=scale, terms=(Proximal(0.1, x0), Correction(corr)))
+    b = padded.train(x0, ids, t=3, lr_scale=scale, terms=(Proximal(0.1, x0), Correction(corr)))
     assert seen == [4, 4]
     assert (a - x0).abs().max() > 1e-4 and torch.equal(a, b)
 

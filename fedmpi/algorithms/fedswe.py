@@ -68,8 +68,6 @@ class FedSWE(ServerAlgorithm):
     def start_models(self, local: np.ndarray) -> torch.Tensor:
         return self.store.gather(local)  # x_i^{t,0} <- x_i
 
-    new_contribution_rows = True  # contribution computes new rows every call
-
     def contribution(self, t: int, active: np.ndarray, local: np.ndarray,
                      start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
         """x_i^dag per local active client; with server_clip the pair (x_i, (t - tau_i)(x_i^{t,s} - x_i))."""
