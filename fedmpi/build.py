@@ -1,4 +1,4 @@
-"""``build_run(cfg, world)``: the components of one run, built the same way by the runner, the
+"""``build_components(cfg, world)``: the components of one run, built the same way by the runner, the
 tests and the benchmarks -- task (data + model), local trainer, participation model, algorithm.
 
 ``build_task(cfg, device)`` gets the arrays of the dataset named by ``task.dataset`` (a
@@ -35,14 +35,14 @@ from .task import Task
 
 
 @dataclass
-class Run(Context):
-    """The algorithm's ``Context`` and the algorithm itself."""
+class Components(Context):
+    """The components of one run on this rank: the algorithm's ``Context`` and the algorithm."""
 
     algorithm: Algorithm | None = None
 
 
-def build_run(cfg: Config, world: World, participation: Participation | None = None,
-              task: Task | None = None) -> Run:
+def build_components(cfg: Config, world: World, participation: Participation | None = None,
+                     task: Task | None = None) -> Components:
     """Build every component of ``cfg`` on this rank; ``participation`` and ``task`` replace the
     configured ones (tests script who is available, benchmarks bring synthetic tasks)."""
     task = task if task is not None else build_task(cfg, world.device)
@@ -51,9 +51,9 @@ def build_run(cfg: Config, world: World, participation: Participation | None = N
     if participation is None and cls.needs_participation:
         participation = build_participation(cfg.availability, task.client_info(cfg.seed))
     check_memory(cfg, world, task.m, trainer.spec.dim, task, trainer.path)
-    run = Run(cfg, world, task, trainer, participation)
-    run.algorithm = cls(Context(cfg, world, task, trainer, participation))
-    return run
+    components = Components(cfg, world, task, trainer, participation)
+    components.algorithm = cls(Context(cfg, world, task, trainer, participation))
+    return components
 
 
 def check_memory(cfg: Config, world: World, m: int, d: int, task: Task | None = None,

@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 
 from . import checkpoint, guards
-from .build import Run
+from .build import Components
 from .errors import InputError, Interrupted
 from .state import State
 
@@ -32,7 +32,8 @@ class Checkpointer:
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
-    def __init__(self, run: Run, out_path: str, required: bool = False, flush: Callable[[], None] = lambda: None):
+    def __init__(self, run: Components, out_path: str, required: bool = False,
+                 flush: Callable[[], None] = lambda: None):
         self.run, self.flush = run, flush
         self.folder = checkpoint.folder_for(out_path)
         self.every = run.cfg.runtime.checkpoint_every

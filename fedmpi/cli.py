@@ -94,36 +94,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return p
 
 
-def input_files(cfg, config_path: str | None) -> tuple[str, ...]:
-    """Files a run reads, which its result file must never be: the config and the trace,
-    schedule and graph files it names."""
-    graph = cfg.topology.input_files() if cfg.topology else ()
-    return ((config_path,) if config_path else ()) + cfg.availability.input_files() + graph
-
-
-def execute(cfg, out: str, *, quiet: bool = False, resume: bool = False, overwrite: bool = False,
-            inputs: tuple[str, ...] = (), label: str = "") -> int:
-    """One run of ``cfg`` into ``out`` in this process (all ranks of the launched world call it):
-    the MPI/torch world is set up, the run made, the world closed. Returns the exit code."""
-    from .runtime import World
-
-    world = World.create(cfg.runtime.device, cfg.runtime.backend, cfg.runtime.timeout_s, cfg.runtime.threads,
-                         cfg.runtime.tf32)
-    from .runner import run
-
-    finished = False
-    try:
-        code = run(cfg, world, out, quiet=quiet, resume=resume, overwrite=overwrite, inputs=inputs, label=label)
-        finished = code == 0
-        return code
-    except (Interrupted, Diverged, KeyboardInterrupt) as e:  # 3 or 4 (also for a sweep's cell)
-        return exit_code(e, world.rank)
-    finally:
-        world.close(finished)
-
-
 def _cmd_run(args: argparse.Namespace) -> int:
     from . import config, plugins
+    from .execute import execute, input_files
     from .results.paths import output_path
     from .runtime import launched_size
 

@@ -23,7 +23,7 @@ from .engine.evaluate import evaluate
 from .schema import opt
 
 if TYPE_CHECKING:
-    from .build import Run
+    from .build import Components
 
 
 @dataclass
@@ -51,7 +51,7 @@ def peak_rss_mb() -> float:
 class Evaluator:
     """Metric names (``names``) and ``evaluate``, collective: every rank calls it."""
 
-    def __init__(self, run: Run):
+    def __init__(self, run: Components):
         self.run = run
         self.names = self._names()
         self._train_subset = self._train_eval_subset()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import subprocess
@@ -11,16 +10,25 @@ import sys
 import pytest
 import yaml
 
-from fedmpi import plugins
 from fedmpi.config import _set_dotted
-from fedmpi.registry import AVAILABILITY
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FMNIST = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"
 
 
+_MPI_TESTS: set[str] = set()  # node ids of the tests marked mpi
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    _MPI_TESTS.update(item.nodeid for item in items if item.get_closest_marker("mpi"))
+
+
 def mpiexec(n: int) -> list[str]:
-    """The mpiexec prefix for n local ranks (Open MPI flags when it is Open MPI)."""
+    """The mpiexec prefix for n local ranks (Open MPI flags when it is Open MPI); only inside a
+    test marked ``mpi``, so that ``-m "not mpi"`` runs exactly the single-process tests."""
+    current = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+    if current and current not in _MPI_TESTS:
+        raise AssertionError(f"{current} runs mpiexec: mark it @pytest.mark.mpi")
     exe = shutil.which("mpiexec")
     if exe is None:
         pytest.skip("mpiexec not found (install openmpi or mpich)")
@@ -110,13 +118,3 @@ def assert_resume_identical(cfg, tmp_path, fail_at: int = 5) -> None:
         assert np.array_equal(a["final/params"][:], b["final/params"][:])
         assert np.array_equal(a["metrics/test_loss"][:], b["metrics/test_loss"][:])
         assert not np.array_equal(a["metrics/test_loss"][0], a["metrics/test_loss"][-1])
-
-
-def availability_params(kind: str, lenient: bool = False, **keys):
-    """The parameters of availability kind ``kind`` (its own dataclass) with ``keys``;
-    ``lenient`` drops the keys the kind does not declare."""
-    plugins.load()
-    cls = AVAILABILITY.get(kind).params
-    if lenient:
-        keys = {k: v for k, v in keys.items() if k in {f.name for f in dataclasses.fields(cls)}}
-    return cls(kind=kind, **keys)

@@ -15,7 +15,7 @@ from fedmpi.participation.probs import BaseProbConfig
 from fedmpi.errors import InputError
 from fedmpi.participation import ClientInfo, base_probabilities, build, show
 from fedmpi.participation.probs import class_weights
-from conftest import availability_params
+from helpers import availability_params
 
 
 def make(kind: str, p, m: int | None = None, seed: int = 0, group=None, hist=None, **kw):

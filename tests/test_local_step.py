@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 from conftest import synthetic_config
-from test_fedswe import CPU, Scripted, scalar
-from test_scaffold import LR, SCRIPT, X0, A, M, S, U, curved_build
+from helpers.quadratic import CPU, Scripted, scalar
+from helpers.curved import LR, SCRIPT, X0, A, M, S, U, curved_build
 
 from fedmpi import config
 from fedmpi.build import build_task

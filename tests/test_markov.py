@@ -11,7 +11,7 @@ from fedmpi.errors import InputError
 from fedmpi.participation import ClientInfo, build
 from fedmpi.participation.markov import NEVER, Markov
 from fedmpi.state import State
-from conftest import availability_params
+from helpers import availability_params
 
 
 def run(chain: Markov, rounds: int, start: int = 0) -> list[np.ndarray]:

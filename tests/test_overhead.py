@@ -79,7 +79,7 @@ def test_the_reduction_pre_rounds_in_place_only_rows_the_algorithm_does_not_hold
     """Row ownership is decided once, in ServerAlgorithm: fresh rows are rounded in place (no
     copy); an override returning rows it keeps (a plug-in caching what it sent, a view of its
     state or of the round's models) has them left intact, with the same model."""
-    from test_fedswe import build, quadratic_cfg
+    from helpers.quadratic import build, quadratic_cfg
 
     from fedmpi.algorithms.fedavg import FedAvgActive
 

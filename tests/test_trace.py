@@ -14,7 +14,7 @@ import pytest
 from fedmpi.config import from_dict
 from fedmpi.errors import InputError
 from fedmpi.participation import ClientInfo, build
-from conftest import availability_params
+from helpers import availability_params
 
 
 def trace(path, m, fmt="auto"):
