@@ -73,7 +73,7 @@ def check_memory(cfg: Config, world: World, m: int, d: int, task: Task | None = 
     step = guards.step_bytes(task, batch, hi - lo, path)
     if need + step > 0.9 * free:
         key = "train.full_gradient" if cfg.train.full_gradient else "train.batch_size"
-        raise InputError(f"{key}: a local step of {min(guards.MIN_CHUNK, hi - lo)} clients x {batch} samples needs "
+        raise InputError(f"{key}: a local step of {min(guards.STEP_CLIENTS, hi - lo)} clients x {batch} samples needs "
                          f"{step / 2**30:.1f} GiB, more than the {free / 2**30:.1f} GiB {where} available"
                          + (f" besides {need / 2**30:.1f} GiB of per-client state" if need else ""))
 

@@ -82,7 +82,6 @@ class Runner:
         self.components = build_components(self.cfg, self.world)
         self.evaluator = Evaluator(self.components)
         self.checkpointer = Checkpointer(self.components, self.out_path, required=resume, flush=self._flush)
-        self._t0 = time.perf_counter() - self.checkpointer.wall_time  # wall_time counts from here
         if self.world.rank == 0:
             self._open_results()
 
@@ -111,7 +110,7 @@ class Runner:
         """The round loop. Returns 0, or raises Interrupted after checkpointing on a signal."""
         algo, rounds = self.components.algorithm, self.cfg.rounds
         start = self.checkpointer.rounds_done
-        self._t0 = time.perf_counter() - self.checkpointer.wall_time
+        self._t0 = time.perf_counter() - self.checkpointer.wall_time  # wall_time counts from here
         bar = self._progress(start)
         done, status = start, "failed"
         try:

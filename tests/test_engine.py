@@ -123,7 +123,7 @@ def test_dropout_masks_follow_the_client_not_its_companions():
     assert not torch.allclose(image_trainer("sequential", seed=1).train(x0, ids, t=1), together, atol=1e-3)
     with pytest.raises(ValueError, match="pass keys"):
         xb, yb, wb = seq.batch(ids, 1, 0)
-        seq.gradients(x0, xb, yb, wb)
+        seq.param_gradients(x0, xb, yb, wb)
 
 
 def test_minibatches_come_from_the_client_only():

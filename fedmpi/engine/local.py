@@ -215,17 +215,12 @@ class LocalTrainer:
         keys = torch.as_tensor(rng.as_int64(k), device=self.device)
         return {name: keys for name in self._key_names}
 
-    def gradients(self, x: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor, wb: torch.Tensor | None,
-                  keys: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
-        """Per-client gradients (n, d) at the rows of ``x`` (``keys``: see ``dropout_keys``)."""
-        return self.spec.cat(self.param_gradients(x, xb, yb, wb, keys), x.shape[0])
-
     def param_gradients(self, x: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor, wb: torch.Tensor | None,
                         keys: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-        """``gradients`` as {name: (n, *shape)}."""
+        """Per-client gradients {name: (n, *shape)} at the rows of ``x`` (``keys``: see ``dropout_keys``)."""
         if keys is None:
             if self._key_names:
-                raise ValueError("gradients: this model has dropout; pass keys=dropout_keys(clients, t, step)")
+                raise ValueError("param_gradients: this model has dropout; pass keys=dropout_keys(clients, t, step)")
             keys = {}
         if self.path == "batched" and self.net is not None:
             return self.net.gradients(self.task.loss, self.spec.views(x), self.task.inputs(xb), yb, wb, keys)
