@@ -150,3 +150,9 @@ def test_the_checks_see_what_they_look_for(tmp_path):
     assert upward({"low": {"high"}, "high": {"low"}}, {"low": 0, "high": 1}) == {("low", "high")}
     tree = ast.parse("import x\nif TYPE_CHECKING:\n    import y\nelse:\n    import z\ndef f():\n    import w\n")
     assert [ast.unparse(n) for n in _runtime_imports(tree)] == ["import x", "import z", "import w"]
+
+
+def test_the_registry_and_the_loader_do_not_import_each_other():
+    graph = imports(modules())
+    assert "fedmpi.plugins" not in graph["fedmpi.registry"] and "fedmpi.registry" not in graph["fedmpi.plugins"]
+    assert graph["fedmpi.schema"] == set()  # how a key is declared: nothing else of fedmpi
