@@ -109,7 +109,7 @@ def cpu_per_round(cfg: dict, ranks: int, tmp: str, full_cpu: float) -> float:
 def per_client_loop(cfg_dict: dict, threads: int) -> tuple[float, float, float]:
     """(ms/round, final test accuracy, CPU ms/round) of the hand-written loop on the anchor task."""
     from fedmpi import config
-    from fedmpi.data.task import build_task
+    from fedmpi.build import build_task
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import torch
 
-from fedmpi.data.task import Task
+from fedmpi.task import Task
 from fedmpi.models import build_model, loss_fn
 
 

@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import image_task, machine, sync  # noqa: E402
 
 from fedmpi import config  # noqa: E402
-from fedmpi.build import build_run  # noqa: E402
+from fedmpi.build import build_components  # noqa: E402
 from fedmpi.runtime import World  # noqa: E402
 
 
@@ -44,7 +44,7 @@ def build(name: str, m: int, world: World):
     cfg = config.from_dict({"task": {"dataset": "synthetic", "clients": m, "model": "linear_svm"},
                             "train": {"batch_size": 16, "lr": 0.01}, "algorithm": {"name": name},
                             "topology": {"kind": "rgg", "radius": radius}}, world.size)
-    return build_run(cfg, world, task=image_task("linear_svm", (1, 28, 28), m, 60, world.device)).algorithm
+    return build_components(cfg, world, task=image_task("linear_svm", (1, 28, 28), m, 60, world.device)).algorithm
 
 
 class Reference:

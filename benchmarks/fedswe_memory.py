@@ -23,8 +23,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import machine  # noqa: E402
 
 from fedmpi import config  # noqa: E402
-from fedmpi.build import build_run  # noqa: E402
-from fedmpi.data.task import Task  # noqa: E402
+from fedmpi.build import build_components  # noqa: E402
+from fedmpi.task import Task  # noqa: E402
 from fedmpi.evaluator import peak_rss_mb  # noqa: E402
 from fedmpi.models import build_model, loss_fn  # noqa: E402
 from fedmpi.runtime import World  # noqa: E402
@@ -52,7 +52,7 @@ def main() -> None:
     task = Task(model=build_model("logreg", (features,), classes), loss=loss_fn("logreg"), train_x=x, train_y=y,
                 test_x=x, test_y=y, order=order, offsets=np.arange(args.clients + 1), classes=classes,
                 label_hist=None, groups=None)
-    run = build_run(cfg, world, task=task)
+    run = build_components(cfg, world, task=task)
     d, algo = run.spec.dim, run.algorithm
     print(f"# FedSWE memory on {machine()}: m={args.clients}, d={d}, {args.rounds} rounds, p_i ~ U(0.01, 0.2)")
     print(f"# baseline RSS before the first round: {peak_rss_mb():.0f} MB")

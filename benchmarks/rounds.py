@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import machine  # noqa: E402
 
 from fedmpi import config  # noqa: E402
-from fedmpi.build import build_run  # noqa: E402
+from fedmpi.build import build_components  # noqa: E402
 from fedmpi.runtime import World  # noqa: E402
 
 
@@ -31,7 +31,7 @@ def rounds_per_s(algo_name: str, m: int, p: float, rounds: int) -> float:
                             "train": {"local_steps": 1, "lr": 0.5, "batch_size": 1},
                             "algorithm": {"name": algo_name},
                             "availability": {"kind": "stationary", "base": {"kind": "fixed", "values": [p]}}})
-    algo = build_run(cfg, World()).algorithm
+    algo = build_components(cfg, World()).algorithm
     algo.round(0)  # warm-up
     t = time.perf_counter()
     for r in range(1, rounds + 1):

@@ -1,5 +1,10 @@
-"""``build_run(cfg, world)``: the components of one run, built the same way by the runner, the
+"""``build_components(cfg, world)``: the components of one run, built the same way by the runner, the
 tests and the benchmarks -- task (data + model), local trainer, participation model, algorithm.
+
+``build_task(cfg, device)`` gets the arrays of the dataset named by ``task.dataset`` (a
+registered factory, ``fedmpi.data.datasets``), splits them over the clients (``partition``),
+builds the model named by ``task.model`` (``fedmpi.models``) and puts the training and test
+tensors on ``device``.
 
 Every rank builds the same components for its shard of clients; nothing here communicates
 except what the algorithm's constructor does. Bad input raises ``InputError`` (the runner
@@ -10,27 +15,34 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import guards
+import numpy as np
+import torch
+
+from . import guards, rng
 from .algorithms.base import Algorithm, Context
 from .config import Config
-from .data.task import Task, build_task
+from .data.datasets import checked_arrays, dataset_arrays
+from .data.partition import client_groups, label_histogram, partition
 from .engine.local import LocalTrainer
 from .errors import InputError
+from .models import build_model, loss_fn
+from .participation import ClientInfo
 from .participation import Participation
 from .participation import build as build_participation
 from .registry import ALGORITHMS
 from .runtime import World
+from .task import Task
 
 
 @dataclass
-class Run(Context):
-    """The algorithm's ``Context`` and the algorithm itself."""
+class Components(Context):
+    """The components of one run on this rank: the algorithm's ``Context`` and the algorithm."""
 
     algorithm: Algorithm | None = None
 
 
-def build_run(cfg: Config, world: World, participation: Participation | None = None,
-              task: Task | None = None) -> Run:
+def build_components(cfg: Config, world: World, participation: Participation | None = None,
+                     task: Task | None = None) -> Components:
     """Build every component of ``cfg`` on this rank; ``participation`` and ``task`` replace the
     configured ones (tests script who is available, benchmarks bring synthetic tasks)."""
     task = task if task is not None else build_task(cfg, world.device)
@@ -39,9 +51,9 @@ def build_run(cfg: Config, world: World, participation: Participation | None = N
     if participation is None and cls.needs_participation:
         participation = build_participation(cfg.availability, task.client_info(cfg.seed))
     check_memory(cfg, world, task.m, trainer.spec.dim, task, trainer.path)
-    run = Run(cfg, world, task, trainer, participation)
-    run.algorithm = cls(Context(cfg, world, task, trainer, participation))
-    return run
+    components = Components(cfg, world, task, trainer, participation)
+    components.algorithm = cls(Context(cfg, world, task, trainer, participation))
+    return components
 
 
 def check_memory(cfg: Config, world: World, m: int, d: int, task: Task | None = None,
@@ -61,6 +73,40 @@ def check_memory(cfg: Config, world: World, m: int, d: int, task: Task | None = 
     step = guards.step_bytes(task, batch, hi - lo, path)
     if need + step > 0.9 * free:
         key = "train.full_gradient" if cfg.train.full_gradient else "train.batch_size"
-        raise InputError(f"{key}: a local step of {min(guards.MIN_CHUNK, hi - lo)} clients x {batch} samples needs "
+        raise InputError(f"{key}: a local step of {min(guards.STEP_CLIENTS, hi - lo)} clients x {batch} samples needs "
                          f"{step / 2**30:.1f} GiB, more than the {free / 2**30:.1f} GiB {where} available"
                          + (f" besides {need / 2**30:.1f} GiB of per-client state" if need else ""))
+
+
+def build_task(cfg: Config, device: torch.device) -> Task:
+    """Get, partition and place the data of ``cfg.task`` on ``device``; build the model."""
+    data = dataset_arrays(cfg)
+    if isinstance(data, Task):
+        return data.to(device)
+    data = checked_arrays(data, cfg.task.dataset)
+    xtr, ytr, xte, yte, classes = data.x_train, data.y_train, data.x_test, data.y_test, data.classes
+    mean = std = None
+    if data.image:
+        mean = torch.tensor(data.mean, dtype=torch.float32, device=device)
+        std = torch.tensor(data.std, dtype=torch.float32, device=device)
+    m = cfg.task.clients
+    if m > len(ytr):
+        raise InputError(f"task.clients: {m} clients but only {len(ytr)} training samples")
+    parts = partition(ytr, m, cfg.task.partition, rng.generator(cfg.seed, "partition"))
+    sizes = np.array([len(p) for p in parts])
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    order = np.concatenate(parts).astype(np.int64)
+    model = build_model(cfg.task.model, tuple(xtr.shape[1:]), classes, seed=cfg.seed, params=cfg.task)
+    return Task(model=model.to(device), loss=loss_fn(cfg.task.model),
+                train_x=torch.from_numpy(np.ascontiguousarray(xtr)).to(device),
+                train_y=torch.from_numpy(ytr.astype(np.int64)).to(device),
+                test_x=torch.from_numpy(np.ascontiguousarray(xte)).to(device),
+                test_y=torch.from_numpy(yte.astype(np.int64)).to(device),
+                order=torch.from_numpy(order).to(device), offsets=offsets, classes=classes,
+                label_hist=label_histogram(ytr, parts, classes),
+                groups=client_groups(m, cfg.task.partition), mean=mean, std=std, image=data.image)
+
+
+def client_info(cfg: Config) -> ClientInfo:
+    """The clients' label histograms and groups for ``cfg`` without keeping the tensors."""
+    return build_task(cfg, torch.device("cpu")).client_info(cfg.seed)

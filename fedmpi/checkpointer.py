@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 
 from . import checkpoint, guards, signals
-from .build import Run
+from .build import Components
 from .errors import InputError, Interrupted
 from .state import State
 
@@ -32,8 +32,8 @@ class Checkpointer:
     each save (rank 0 flushes the result file, which must hold every row up to the checkpoint).
     ``fresh``: ignore an existing checkpoint (``--overwrite``; the caller deletes it)."""
 
-    def __init__(self, run: Run, out_path: str, required: bool = False, flush: Callable[[], None] = lambda: None,
-                 fresh: bool = False):
+    def __init__(self, run: Components, out_path: str, required: bool = False,
+                 flush: Callable[[], None] = lambda: None, fresh: bool = False):
         self.run, self.flush = run, flush
         self.folder = checkpoint.folder_for(out_path)
         self.every = run.cfg.runtime.checkpoint_every

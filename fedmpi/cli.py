@@ -89,37 +89,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return p
 
 
-def input_files(cfg, config_path: str | None) -> tuple[str, ...]:
-    """Files a run reads, which its result file must never be: the config and the trace,
-    schedule and graph files it names."""
-    sched = cfg.availability.schedule
-    return tuple(p for p in (config_path, cfg.availability.trace, sched if isinstance(sched, str) else None,
-                             cfg.topology.file) if p)
-
-
-def execute(cfg, out: str, *, quiet: bool = False, resume: bool = False, overwrite: bool = False,
-            inputs: tuple[str, ...] = (), label: str = "") -> int:
-    """One run of ``cfg`` into ``out`` in this process (all ranks of the launched world call it):
-    the MPI/torch world is set up, the run made, the world closed. Returns the exit code."""
-    from .runtime import World
-
-    world = World.create(cfg.runtime.device, cfg.runtime.backend, cfg.runtime.timeout_s, cfg.runtime.threads,
-                         cfg.runtime.tf32)
-    from .runner import run
-
-    finished = False
-    try:
-        code = run(cfg, world, out, quiet=quiet, resume=resume, overwrite=overwrite, inputs=inputs, label=label)
-        finished = code == 0
-        return code
-    except (Interrupted, Diverged, KeyboardInterrupt) as e:  # 3 or 4 (also for a sweep's cell)
-        return exit_code(e, world.rank)
-    finally:
-        world.close(finished)
-
-
 def _cmd_run(args: argparse.Namespace) -> int:
     from . import config, plugins
+    from .execute import execute, input_files
+    from .results.paths import output_path
     from .runtime import launched_size
 
     if args.out is not None and not args.out.strip():
@@ -133,7 +106,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         out = fill_placeholders(args.out, cfg.to_dict(), "--out")
     else:
-        out = cfg.output_path
+        out = output_path(cfg)
     code = execute(cfg, out, quiet=args.quiet, resume=args.resume, overwrite=args.overwrite,
                    inputs=input_files(cfg, args.config))
     if code == 0 and launched_rank() == 0:

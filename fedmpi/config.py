@@ -1,15 +1,22 @@
-"""YAML -> typed, validated config objects; ``--set dotted.key=value`` overrides.
+"""The root config, assembled from the sections their owners declare; YAML parsing and ``--set``.
 
-Every key, its type, default, allowed range and meaning is declared once, in a dataclass
-(``opt(default, doc, ...)``): the sections below, and the parameters of each pluggable
-component next to its code. Three blocks select components from the registries
-(``fedmpi.registry``): ``algorithm`` (``name``), ``task`` (``dataset`` and ``model``) and
-``availability`` (``kind``). Such a block is validated against the chosen components' own
-dataclasses (e.g. ``algorithm: {name: fedswe, k: 100}`` against ``FedSWEParams``); a key that
-belongs only to another registered component is ignored with a notice, any other unknown key
-is an error. The README's config reference is generated from the built-in components
-(``python -m fedmpi.config`` prints it). Any problem raises ``InputError`` whose message starts
-with the dotted key path, e.g. ``train.lr: must be > 0, got -1``.
+Every key, its type, default, allowed range and meaning is declared once, with
+``fedmpi.schema.opt``, in a dataclass next to the code that reads it: ``train`` in the local
+step (``fedmpi.engine.local_step``), ``evaluation`` in the evaluator, ``topology`` and
+``sporadicity`` in ``fedmpi.decentral`` (sections of the decentralized algorithms), the
+parameters of each pluggable component next to its code. This module owns the run's own keys
+(the top level and ``runtime``) and assembles the root ``Config``.
+
+Three blocks select components from the registries (``fedmpi.registry``): ``algorithm``
+(``name``), ``task`` (``dataset`` and ``model``) and ``availability`` (``kind``). Such a block is
+validated against the chosen components' own dataclasses (e.g. ``algorithm: {name: fedswe, k:
+100}`` against ``FedSWEParams``); a section used only by some components (``topology``) is read
+when one of them is selected. One rule for every block and section: a key that belongs only to
+another registered component is ignored with a notice naming its owners (a config written for
+one algorithm keeps working with ``--set algorithm.name=...``), any other unknown key is an
+error. The README's config reference is generated from the built-in components, grouped by
+owner (``python -m fedmpi.docs``). Any problem raises ``InputError`` whose message starts with
+the dotted key path, e.g. ``train.lr: must be > 0, got -1``.
 """
 
 from __future__ import annotations
@@ -18,175 +25,36 @@ import dataclasses
 import hashlib
 import logging
 import math
+import os
 import reprlib
+import sys
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, Optional, Union
 
 import yaml
 
-from . import registry, yamlio
+from . import plugins, registry, yamlio
+from .algorithms.base import AlgorithmParams
+from .data.datasets import DatasetParams, PartitionConfig, TaskConfig  # noqa: F401  (public names)
+from .decentral.sporadicity import ProbDistConfig, SporadicityConfig  # noqa: F401
+from .decentral.topology import TopologyConfig
+from .engine.local_step import TrainConfig
 from .errors import InputError
+from .evaluator import EvaluationConfig
+from .models import ModelParams  # noqa: F401
+from .participation.base import AvailabilityParams
+from .participation.probs import BaseProbConfig  # noqa: F401
+from .privacy.params import PrivacyParams, check as check_privacy
 from .registry import Registry
+from .schema import copy as _copy
+from .schema import opt
 
 log = logging.getLogger(__name__)
 
 
-def opt(default: Any, doc: str, *, ge: float | None = None, gt: float | None = None,
-        le: float | None = None, lt: float | None = None, selects: Registry | None = None) -> Any:
-    """Declare a config key: default, one-line doc and numeric bounds; ``selects``: the key
-    names a component of that registry (its block then takes the component's parameters)."""
-    meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt, "selects": selects}
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: _copy(d), metadata=meta)
-    if dataclasses.is_dataclass(default):
-        return field(default_factory=type(default), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-def _copy(x: Any) -> Any:
-    return yaml.safe_load(yaml.safe_dump(x))
-
-
-# ----------------------------------------------------------------------------- sections
-
-@dataclass
-class PartitionConfig:
-    kind: Literal["iid", "dirichlet", "shards", "groups"] = opt(
-        "iid", "how training samples are split over clients")
-    alpha: float = opt(0.5, "Dirichlet concentration (dirichlet, groups)", gt=0)
-    classes_per_client: int = opt(1, "classes per client (shards)", ge=1)
-    groups: int = opt(2, "client groups that split the classes (groups)", ge=1)
-
-
-@dataclass
-class TaskConfig:
-    """The ``task`` block's common keys; the chosen dataset's and model's own keys join them."""
-
-    dataset: str = opt("fmnist", "dataset; fmnist falls back to synthetic (with a one-line notice) when absent",
-                       selects=registry.DATASETS)
-    root: Optional[str] = opt(None, "dataset folder; null = the standard location")
-    cache_dir: Optional[str] = opt(None, "where converted datasets are cached; null = ~/.cache/fedmpi")
-    clients: int = opt(100, "number of clients m (N)", ge=1)
-    partition: PartitionConfig = opt(PartitionConfig(), "data partition over clients")
-    model: str = opt("logreg", "model architecture (quadratic task: scalar)", selects=registry.MODELS)
-
-
-@dataclass
-class DatasetParams(TaskConfig):
-    """Base of a dataset's own parameters (they sit in the ``task`` block)."""
-
-
-@dataclass
-class ModelParams(TaskConfig):
-    """Base of a model's own parameters (they sit in the ``task`` block)."""
-
-
-@dataclass
-class TrainConfig:
-    local_steps: int = opt(5, "s: local SGD steps per round", ge=1)
-    batch_size: int = opt(32, "minibatch size (drawn uniformly with replacement)", ge=1)
-    lr: float = opt(0.05, "eta_l (eta_0 when scheduled)", gt=0)
-    lr_schedule: Literal["constant", "inv_sqrt"] = opt(
-        "constant", "inv_sqrt: eta_0 / sqrt(t/10 + 1), t the 0-based round")
-    global_lr: float = opt(1.0, "eta_g, server learning rate", gt=0)
-    grad_clip: Optional[float] = opt(None, "clip each client's gradient to this norm; null = off", gt=0)
-    momentum: float = opt(0.0, "local SGD momentum, buffer reset every round; 0 = plain SGD", ge=0, lt=1)
-    weight_decay: float = opt(0.0, "local L2 weight decay, added to each (clipped) gradient; 0 = off", ge=0)
-    augment: list = opt([], "on-device augmentation: any of crop, flip")
-    augment_mode: Literal["per_image", "per_batch"] = opt(
-        "per_image", "per_batch draws one crop/flip per minibatch (authors' code)")
-    full_gradient: bool = opt(False, "local steps use the client's full local gradient (GD)")
-    engine: Literal["auto", "batched", "sequential"] = opt(
-        "auto", "batched = all clients of a rank at once; auto picks the faster path")
-
-
-@dataclass
-class AlgorithmParams:
-    """The ``algorithm`` block: ``name``, then the chosen algorithm's own parameters (a subclass)."""
-
-    name: str = opt("fedavg_active", "the algorithm", selects=registry.ALGORITHMS)
-
-
-@dataclass
-class BaseProbConfig:
-    kind: Literal["fixed", "uniform", "beta", "dirichlet_phi"] = opt(
-        "uniform", "how base probabilities p_i are made")
-    values: Optional[list] = opt(None, "fixed: one p per client, or a single p for all")
-    lo: float = opt(0.1, "uniform: lower end", ge=0, le=1)
-    hi: float = opt(0.5, "uniform: upper end", ge=0, le=1)
-    a: float = opt(0.5, "beta: a", gt=0)
-    b: float = opt(0.5, "beta: b", gt=0)
-    phi_max: Optional[list] = opt(None, "dirichlet_phi: Phi_c per class; null = 1 for the first half, 0.5 after")
-    p_min: Optional[float] = opt(None, "floor applied to every p_i; null = none", ge=0, le=1)
-
-
-@dataclass
-class AvailabilityParams:
-    """The ``availability`` block: ``kind``, then the chosen kind's own parameters (a subclass)."""
-
-    kind: str = opt("always", "availability dynamics", selects=registry.AVAILABILITY)
-
-
-@dataclass
-class AvailabilityConfig(AvailabilityParams):
-    """The keys shared by the built-in kinds (the default schema of a registered kind)."""
-
-    base: BaseProbConfig = opt(BaseProbConfig(), "base probabilities p_i")
-    period: int = opt(20, "P: period of staircase/sine/periodic_groups", ge=1)
-    gamma: float = opt(0.3, "sine degree", ge=0, le=1)
-    low: float = opt(0.4, "staircase: factor in the second half of each period", ge=0, le=1)
-    cutoff: float = opt(0.1, "interleaved_sine: p below this is set to 0", ge=0, le=1)
-    window: Literal["static", "staircase"] = opt("static", "periodic_groups: pattern inside a group's window")
-    size: int = opt(10, "cohort: clients drawn uniformly per round", ge=1)
-    groups: int = opt(2, "cyclic: number of groups K", ge=1)
-    R: int = opt(0, "markov: minimum separation (rounds a client must wait)", ge=0)
-    B: int = opt(1, "markov: clients per round (groups variant: the group size N/M, or 1)", ge=1)
-    markov_groups: Optional[int] = opt(None, "markov: M groups of B clients run the chain; null = per client", ge=1)
-    trace: Optional[str] = opt(None, "trace: file of available ids per round, 0/1 matrix, or on/off intervals")
-    trace_format: Literal["auto", "ids", "matrix", "intervals"] = opt("auto", "trace: file format")
-    schedule: Optional[Union[str, list]] = opt(
-        None,
-        "trace: the rounds inline, one list per round (available ids, or a 0/1 row of m); a string is a trace path")
-
-
-@dataclass
-class TopologyConfig:
-    kind: Literal["rgg", "ring", "complete", "file"] = opt("rgg", "communication graph")
-    radius: float = opt(0.4, "rgg: connection radius in the unit square", gt=0)
-    max_attempts: int = opt(1000, "rgg: redraws allowed until connected", ge=1)
-    file: Optional[str] = opt(None, "file: edge list, one 'i j' per line")
-
-
-@dataclass
-class ProbDistConfig:
-    dist: Literal["beta", "uniform", "fixed"] = opt("beta", "distribution of the probabilities")
-    a: float = opt(0.5, "beta: a", gt=0)
-    b: float = opt(0.5, "beta: b", gt=0)
-    lo: float = opt(0.0, "uniform: lower end (exclusive of 0)", ge=0, le=1)
-    hi: float = opt(1.0, "uniform: upper end", gt=0, le=1)
-    value: float = opt(1.0, "fixed: the probability", gt=0, le=1)
-
-
-@dataclass
-class SporadicityConfig:
-    sgd_prob: ProbDistConfig = opt(ProbDistConfig(), "d_i: probability that client i takes an SGD step")
-    link_prob: ProbDistConfig = opt(ProbDistConfig(), "b_ij: probability that edge ij is active")
-    link_draw: Literal["per_edge", "per_endpoint"] = opt(
-        "per_edge", "per_endpoint: link fires w.p. 1-(1-b)^2, the authors' draw (redrawn every iteration)")
-    redraw_every: int = opt(0, "redraw d_i, b_ij every N iterations; 0 = never", ge=0)
-    delay: Literal["raw", "normalized"] = opt(
-        "raw", "emulated delay: raw (what the authors' stop budget sums) or normalized (their logged utilisation)")
-    max_delay: Optional[float] = opt(None, "stop once the cumulative emulated delay reaches this", gt=0)
-
-
-@dataclass
-class EvaluationConfig:
-    train: bool = opt(True, "also evaluate on the training set")
-    train_samples: Optional[int] = opt(None, "evaluate train metrics on a fixed subsample of this size", ge=1)
-    batch_size: int = opt(2000, "evaluation batch size", ge=1)
-
+# ----------------------------------------------------------------------------- the run's own keys
 
 @dataclass
 class RuntimeConfig:
@@ -207,8 +75,6 @@ class RuntimeConfig:
                                            "(needs the tensorboard package: fedmpi[tensorboard])")
 
 
-from .privacy.params import PrivacyParams, check as check_privacy  # noqa: E402 -- its owner declares it (#27)
-
 
 @dataclass
 class Config:
@@ -222,20 +88,12 @@ class Config:
     train: TrainConfig = opt(TrainConfig(), "local training")
     algorithm: AlgorithmParams = opt(AlgorithmParams(), "algorithm and its parameters")
     availability: AvailabilityParams = opt(AvailabilityParams(), "who is available when (centralized)")
-    topology: TopologyConfig = opt(TopologyConfig(), "graph (decentralized)")
-    sporadicity: SporadicityConfig = opt(SporadicityConfig(), "sporadic SGD and links (decentralized)")
+    topology: Optional[TopologyConfig] = opt(None, "graph (decentralized)", used_by=registry.ALGORITHMS)
+    sporadicity: Optional[SporadicityConfig] = opt(None, "sporadic SGD and links (decentralized)",
+                                                   used_by=registry.ALGORITHMS)
     evaluation: EvaluationConfig = opt(EvaluationConfig(), "evaluation")
     runtime: RuntimeConfig = opt(RuntimeConfig(), "processes, devices, checkpoints")
     privacy: PrivacyParams = opt(PrivacyParams(), "client-level differential privacy (centralized)")
-
-    @property
-    def output_path(self) -> str:
-        """The result file: ``output`` (or its default) with ``{dotted.key}`` placeholders filled in."""
-        from .results.paths import fill_placeholders
-
-        if self.output is not None and not self.output.strip():
-            raise InputError("output: empty result path (give a file name, or null for the default)")
-        return fill_placeholders(self.output or DEFAULT_OUTPUT, self.to_dict(), "output")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -258,9 +116,6 @@ class Config:
             if dataclasses.is_dataclass(block):
                 out += [reg.get(getattr(block, name)) for name, reg in _selectors(type(block)).items()]
         return out
-
-
-DEFAULT_OUTPUT = "runs/{name}-{algorithm.name}-s{seed}.h5"
 
 
 # ----------------------------------------------------------------------------- parsing
@@ -355,14 +210,34 @@ def _build(cls: type, data: Any, path: str) -> Any:
     for k in data:
         if k not in fields:
             raise InputError(f"{_join(path, k)}: unknown key (allowed: {', '.join(fields)})")
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     for name, f in fields.items():
-        if name in data or _selectors(hints[name]):  # a selecting block's class depends on its keys
-            p = _join(path, name)
+        p = _join(path, name)
+        if f.metadata.get("used_by"):  # follows the blocks before it: the selecting one is built
+            kwargs[name] = _section(f, hints[name], data.get(name), p, kwargs)
+        elif name in data or _selectors(hints[name]):  # a selecting block's class depends on its keys
             v = _coerce(data.get(name), hints[name], p)
             _check_bounds(v, f.metadata, p, raw=data.get(name))
             kwargs[name] = v
     return cls(**kwargs)
+
+
+def _section(f: dataclasses.Field, hint: Any, value: Any, path: str, built: dict[str, Any]) -> Any:
+    """A section used only by the components of ``f.metadata["used_by"]`` that list it in their
+    ``sections``: built when the selected one does, else ``None`` (a given value dropped with a
+    notice naming its users, as a foreign key of a block)."""
+    reg = f.metadata["used_by"]
+    chosen = next(getattr(block, key) for block in built.values() for key, r in _selectors(type(block)).items()
+                  if r is reg)
+    users = [e.name for e in reg.entries() if path.rsplit(".", 1)[-1] in e.options.get("sections", ())]
+    if chosen in users:
+        cls = next(a for a in typing.get_args(hint) if a is not type(None))
+        return _build(cls, value, path)
+    if value is not None:
+        if not users:
+            raise InputError(f"{path}: no registered {reg.kind} uses this section")
+        log.info("%s: not used by %s %s (only by %s); ignored", path, reg.kind, chosen, ", ".join(users))
+    return None
 
 
 # ----------------------------------------------------------------------------- component blocks
@@ -451,6 +326,7 @@ def load(path: str | None = None, overrides: list[str] | None = None, world_size
          values: dict[str, Any] | None = None) -> Config:
     """Read a YAML file (or nothing), apply ``--set`` overrides (then ``values``: dotted key ->
     value, as a sweep cell's), validate everything."""
+    plugins.load()  # the registries the config is checked against
     data: Any = {}
     if path is not None:
         data = yamlio.load_file(path, "config file")  # YAML 1.2 numbers, duplicate keys and bombs refused
@@ -469,6 +345,7 @@ def load(path: str | None = None, overrides: list[str] | None = None, world_size
 
 def from_dict(data: dict, world_size: int = 1) -> Config:
     """Build and validate a config from a plain dict (tests, API users)."""
+    plugins.load()
     cfg = _build(Config, _copy(data), "")
     validate(cfg, world_size)
     return cfg
@@ -489,42 +366,31 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     check_privacy(cfg)
 
 
-def check_availability(cfg: Config) -> None:
-    """Cross-key checks of the built-in availability kinds (``AvailabilityConfig``)."""
-    m, av = cfg.task.clients, cfg.availability
-    b = av.base
-    if b.lo > b.hi:
-        raise InputError(f"availability.base.lo: must be <= hi ({b.hi}), got {b.lo}")
-    if b.values is not None:
-        if len(b.values) not in (1, m):
-            raise InputError(f"availability.base.values: needs 1 or {m} (task.clients) values, got {len(b.values)}")
-        for v in b.values:
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
-                raise InputError(f"availability.base.values: probabilities must be in [0, 1], got {v!r}")
-    elif b.kind == "fixed" and av.kind not in ("always", "cohort", "trace"):
-        raise InputError("availability.base.values: base kind 'fixed' needs values")
-    if av.schedule is not None and av.kind != "trace":
-        raise InputError(f"availability.schedule: only used with availability.kind: trace (kind is {av.kind!r})")
-    if av.schedule is not None and av.trace is not None:
-        raise InputError("availability.schedule: give either schedule or trace, not both")
-    if av.kind == "cohort" and av.size > m:
-        raise InputError(f"availability.size: cohort of {av.size} exceeds task.clients ({m})")
-
-
-def reference(cls: type = Config, prefix: str = "", who: str = "") -> list[str]:
-    """The config reference as markdown table rows (key, default, allowed, meaning) of the
-    built-in components; ``who`` prefixes the meanings (the components a key belongs to)."""
+def reference(cls: type = Config, prefix: str = "", who: str = "") -> list[tuple[str, str]]:
+    """The config reference of the built-in components: (owner, markdown table row) pairs, the
+    owner being the file that declares the key; ``who`` prefixes the meanings (the components a
+    key belongs to)."""
+    plugins.load()
     rows = []
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         key, hint = prefix + f.name, hints[f.name]
+        if f.metadata.get("used_by"):
+            hint = next(a for a in typing.get_args(hint) if a is not type(None))
         if _selectors(hint):
             rows += _block_reference(hint, key + ".")
         elif dataclasses.is_dataclass(hint):
             rows += reference(hint, key + ".", who)
         else:
-            rows.append(_reference_row(key, f, hint, who))
+            rows.append((_declared_in(cls, f.name), _reference_row(key, f, hint, who)))
     return rows
+
+
+def _declared_in(cls: type, name: str) -> str:
+    """The file of the class in ``cls``'s bases that declares field ``name``."""
+    owner = next(c for c in cls.__mro__ if name in vars(c).get("__annotations__", {}))
+    path = sys.modules[owner.__module__].__file__ or ""
+    return os.path.relpath(path, os.path.dirname(os.path.dirname(__file__))).replace(os.sep, "/")
 
 
 def _reference_row(key: str, f: dataclasses.Field, hint: Any, who: str) -> str:
@@ -538,7 +404,7 @@ def _reference_row(key: str, f: dataclasses.Field, hint: Any, who: str) -> str:
     return f"| `{key}` | `{shown}` | {allowed} | {who}{f.metadata.get('doc', '')} |"
 
 
-def _block_reference(base: type, prefix: str) -> list[str]:
+def _block_reference(base: type, prefix: str) -> list[tuple[str, str]]:
     """A selecting block: its common keys, then each built-in component's own keys once,
     marked with the components that take them (unmarked when every one does)."""
     rows = reference(base, prefix)
@@ -556,12 +422,5 @@ def _block_reference(base: type, prefix: str) -> list[str]:
                 who = "" if len(users) == len(entries) else ", ".join(users) + ": "
                 hint = hints[f.name]
                 rows += (reference(hint, prefix + f.name + ".", who) if dataclasses.is_dataclass(hint)
-                         else [_reference_row(prefix + f.name, f, hint, who)])
+                         else [(_declared_in(cls, f.name), _reference_row(prefix + f.name, f, hint, who))])
     return rows
-
-
-if __name__ == "__main__":
-    from fedmpi.config import reference as _reference  # the registries' classes, not this __main__ copy
-
-    print("| key | default | allowed | meaning |\n|---|---|---|---|")
-    print("\n".join(_reference()))

@@ -11,7 +11,12 @@ START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
 
 
 def config_table() -> str:
-    return "\n".join(["| key | default | allowed | meaning |", "|---|---|---|---|", *reference()])
+    """The config reference: one table per file that declares keys, in the order of the keys."""
+    groups: dict[str, list[str]] = {}
+    for owner, row in reference():
+        groups.setdefault(owner, []).append(row)
+    return "\n\n".join("\n".join([f"Declared in `{owner}`:", "", "| key | default | allowed | meaning |",
+                                   "|---|---|---|---|", *rows]) for owner, rows in groups.items())
 
 
 def update_readme(path: str) -> bool:

@@ -11,14 +11,27 @@ from __future__ import annotations
 
 import os
 import resource
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 import psutil
 import torch
 
 from . import rng
-from .build import Run
 from .engine.evaluate import evaluate
+from .schema import opt
+
+if TYPE_CHECKING:
+    from .build import Components
+
+
+@dataclass
+class EvaluationConfig:
+    train: bool = opt(True, "also evaluate on the training set")
+    train_samples: Optional[int] = opt(None, "evaluate train metrics on a fixed subsample of this size", ge=1)
+    batch_size: int = opt(2000, "evaluation batch size", ge=1)
+
 
 RUN_METRICS = ("n_active", "wall_time", "peak_rss_mb")
 
@@ -38,7 +51,7 @@ def peak_rss_mb() -> float:
 class Evaluator:
     """Metric names (``names``) and ``evaluate``, collective: every rank calls it."""
 
-    def __init__(self, run: Run):
+    def __init__(self, run: Components):
         self.run = run
         self.names = self._names()
         self._train_subset = self._train_eval_subset()

@@ -18,7 +18,10 @@ import torch
 from .errors import Diverged
 from .runtime import World
 
-MIN_CHUNK = 8  # the engine trains at least this many clients per batched call (engine/local.py)
+#: Clients one local step is estimated for (all local clients when fewer). Not a floor of the
+#: engine: its blocks hold as many clients as fit in 64 MB (CPU) or 512 MB (CUDA), at least one
+#: (``LocalTrainer.chunk_size``), so a model whose single step is that big trains fewer at once.
+STEP_CLIENTS = 8
 
 
 def _saved_bytes(task, n: int) -> int:
@@ -37,10 +40,10 @@ def _saved_bytes(task, n: int) -> int:
 
 def step_bytes(task, batch: int, local_clients: int, path: str = "batched") -> int:
     """A lower bound of the memory one local SGD step allocates: the minibatches of
-    ``min(8, local clients)`` clients (float input, index and augmentation draws per sample)
+    ``min(STEP_CLIENTS, local clients)`` clients (float input, index and augmentation draws per sample)
     and the activations autograd keeps for backward, for all of them at once on the batched
     path and for one client at a time on the sequential one."""
-    clients = min(MIN_CHUNK, max(local_clients, 1))
+    clients = min(STEP_CLIENTS, max(local_clients, 1))
     n = min(2, task.train_x.shape[0])
     saved = 0
     if n == 2:  # what one more sample adds; the model's own tensors cancel out

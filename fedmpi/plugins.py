@@ -1,4 +1,9 @@
-"""Loading user code: the one door through which plug-ins come in.
+"""Loading the components: the one loader, and the one door through which plug-ins come in.
+
+``load`` imports the built-in components (each module registers its own into
+``fedmpi.registry``), then the plug-ins; the entry points (``fedmpi run``, ``fedmpi sweep``) and
+``fedmpi.config.load``/``from_dict`` call it. Imports go one way: this module imports the
+components, the components import ``fedmpi.registry``, and the registry imports neither.
 
 A plug-in is a Python module (or package) that registers components when imported, e.g. an
 algorithm with ``@fedmpi.algorithms.register("fedavgm")``. It is loaded on every rank, before
@@ -34,16 +39,24 @@ _done: set[str] = set()
 
 
 def load(specs: Iterable[str] = ()) -> None:
-    """Load the installed plug-ins and ``$FEDMPI_PLUGINS`` (each once), then ``specs`` (``--plugin``)."""
-    from . import registry
-
-    registry.ensure_loaded()  # built-ins first: a plug-in may not take their names
+    """Import the built-ins, then the installed plug-ins and ``$FEDMPI_PLUGINS`` (each once),
+    then ``specs`` (``--plugin``). Every rank calls it, before its config is validated."""
+    _builtins()  # first: a plug-in may not take a built-in's name
     for ep in _entry_points():
         _once(f"entry point {ep.value}", f"entry point {ep.name} ({ep.value})", ep.load)
     for spec in filter(None, os.environ.get(ENV, "").split(os.pathsep)):
         _once(spec, f"{ENV}: {spec}", lambda spec=spec: import_spec(spec))
     for spec in specs:
         _once(spec, f"--plugin {spec}", lambda spec=spec: import_spec(spec))
+
+
+def _builtins() -> None:
+    """Import the modules that register the built-in components (each once per process)."""
+    from .algorithms import fedavg, fedavg_all, fedknown, gfedavg, fedau, f3ast, mifa, fedvarp, fedswe  # noqa: F401
+    from .algorithms import fedopt, fedprox, scaffold, debiased, dspodfl  # noqa: F401
+    from . import models, participation  # noqa: F401  (models, availability kinds)
+    from .data import datasets  # noqa: F401
+    from . import task  # noqa: F401  (quadratic)
 
 
 def _entry_points() -> list:

@@ -7,9 +7,9 @@ the registries AFTER plug-ins are loaded (``fedmpi.plugins``), so a user's compo
 configured and validated exactly like a built-in one.
 
 The packages register into the registries below (``fedmpi.algorithms.register``,
-``fedmpi.models.register``, ``fedmpi.data.task.register_dataset``,
-``fedmpi.participation.register``); ``ensure_loaded`` imports the built-ins and the installed
-plug-ins once per process.
+``fedmpi.models.register``, ``fedmpi.data.datasets.register_dataset``,
+``fedmpi.participation.register``). This module imports nothing that registers: filling the
+registries is the loader's job (``fedmpi.plugins.load``: the built-ins, then the plug-ins).
 """
 
 from __future__ import annotations
@@ -64,20 +64,17 @@ class Registry:
 
     def get(self, name: str) -> Entry:
         """The entry of ``name``; InputError naming the config key and the registered names otherwise."""
-        ensure_loaded()
         if name not in self._entries:
             raise InputError(f"{self.key}: unknown {self.kind} {name!r} (registered: {', '.join(self.names())})")
         return self._entries[name]
 
     def names(self, builtin_only: bool = False) -> list[str]:
-        ensure_loaded()
         return [n for n, e in self._entries.items() if e.builtin or not builtin_only]
 
     def entries(self, builtin_only: bool = False) -> list[Entry]:
         return [self._entries[n] for n in self.names(builtin_only)]
 
     def __contains__(self, name: object) -> bool:
-        ensure_loaded()
         return name in self._entries
 
     def __iter__(self) -> Iterator[Entry]:
@@ -93,18 +90,3 @@ MODELS = Registry("model", "task.model")
 DATASETS = Registry("dataset", "task.dataset")
 AVAILABILITY = Registry("availability kind", "availability.kind")
 CALLBACKS = Registry("round callback", "plug-in")  # fn(run, t) before round t on every rank; all registered run
-
-_loaded = False
-
-
-def ensure_loaded() -> None:
-    """Import the built-in components and the installed plug-ins (entry points, $FEDMPI_PLUGINS), once."""
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    from . import algorithms, models, participation  # noqa: F401  (each registers its built-ins)
-    from .data import task  # noqa: F401
-    from . import plugins
-
-    plugins.load()

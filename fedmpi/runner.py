@@ -1,6 +1,6 @@
 """Drives one run: set-up on every rank, the round loop, the result file.
 
-Set-up (``build_run``: data, model, participation, algorithm; the evaluator; the
+Set-up (``build_components``: data, model, participation, algorithm; the evaluator; the
 checkpointer, which resumes; the result file) is checked collectively: if any rank fails with
 bad input, every rank exits 2 and rank 0 prints the first error, so a wrong file on one node
 neither hangs the job nor prints one error per rank. The loop then only sequences the
@@ -22,7 +22,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from . import checkpoint, guards
-from .build import Run, build_run
+from .build import Components, build_components
 from .checkpointer import Checkpointer
 from .config import Config
 from .errors import Diverged, InputError, Interrupted, WriteFailed
@@ -31,7 +31,7 @@ from .registry import CALLBACKS
 from .runtime import World
 from .runtime.launcher import restart_count
 
-Callback = Callable[[Run, int], None]  # (run, t) before round t, on every rank
+Callback = Callable[[Components, int], None]  # (run, t) before round t, on every rank
 
 
 def agree(world: World, fn: Callable[[], object]) -> object:
@@ -88,11 +88,10 @@ class Runner:
             self.claim = claim(self.out_path, self.cfg.resume_digest(), inputs, overwrite)
 
     def _setup(self, resume: bool, fresh: bool) -> None:
-        self.components = build_run(self.cfg, self.world)
+        self.components = build_components(self.cfg, self.world)
         self.evaluator = Evaluator(self.components)
         self.checkpointer = Checkpointer(self.components, self.out_path, required=resume, flush=self._flush,
                                          fresh=fresh)
-        self._t0 = time.perf_counter() - self.checkpointer.wall_time  # wall_time counts from here
         if self.world.rank == 0:
             self._open_results()
 
@@ -121,7 +120,7 @@ class Runner:
         """The round loop. Returns 0, or raises Interrupted after checkpointing on a signal."""
         algo, rounds = self.components.algorithm, self.cfg.rounds
         start = self.checkpointer.rounds_done
-        self._t0 = time.perf_counter() - self.checkpointer.wall_time
+        self._t0 = time.perf_counter() - self.checkpointer.wall_time  # wall_time counts from here
         bar = self._progress(start)
         done, status = start, "failed"
         try:

@@ -82,6 +82,12 @@ def declared(cls: type, kind: str) -> list[str]:
     return names
 
 
+def state_tensors(obj: Any) -> list[torch.Tensor]:
+    """The declared state values of ``obj`` that are tensors (the live objects, not copies)."""
+    names = declared(type(obj), "shared_state") + declared(type(obj), "client_state")
+    return [v for v in (_get(obj, n) for n in names) if isinstance(v, torch.Tensor)]
+
+
 def as_tensor(value: Any) -> torch.Tensor:
     """A state value as a tensor (numpy arrays share their memory)."""
     if isinstance(value, torch.Tensor):

@@ -31,7 +31,7 @@ def run_cell(sweep: Sweep, cell: Cell, quiet: bool = False, threads: int | None 
              world_size: int = 1) -> int:
     """Run one cell in this process (as ``fedmpi run`` would): its exit code; 0 at once when done.
     Raises OutputBusy when another process is writing the cell."""
-    from .cli import execute, input_files
+    from .execute import execute, input_files
 
     if cell_state(cell)[0] == "done":
         say(quiet, f"cell {cell.index} ({cell.name}) is done: {cell.path}")

@@ -21,8 +21,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FMNIST = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"
 
 
+_MPI_TESTS: set[str] = set()  # node ids of the tests marked mpi
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    _MPI_TESTS.update(item.nodeid for item in items if item.get_closest_marker("mpi"))
+
+
 def mpiexec(n: int) -> list[str]:
-    """The mpiexec prefix for n local ranks (Open MPI flags when it is Open MPI)."""
+    """The mpiexec prefix for n local ranks (Open MPI flags when it is Open MPI); only inside a
+    test marked ``mpi``, so that ``-m "not mpi"`` runs exactly the single-process tests."""
+    current = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+    if current and current not in _MPI_TESTS:
+        raise AssertionError(f"{current} runs mpiexec: mark it @pytest.mark.mpi")
     exe = shutil.which("mpiexec")
     if exe is None:
         pytest.skip("mpiexec not found (install openmpi or mpich)")

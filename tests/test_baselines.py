@@ -18,18 +18,8 @@ import torch
 from conftest import ROOT, assert_resume_identical, mpiexec
 from fedmpi.errors import InputError
 from fedmpi.runtime import World
-from test_fedswe import Q, Scripted, build, quadratic_cfg, scalar
-
-U = [0.0, 8.0, -4.0]
-M, X0 = len(U), 2.0
-# an empty round; client 2 first seen at t = 2 after two absent rounds (FedAU's cap K = 2 is hit)
-SCRIPT = [[0, 1], [], [2], [0, 1, 2], [1], [0, 2]]
-PROBS = [[0.5, 0.25 + 0.125 * (t % 2), 0.75] for t in range(len(SCRIPT))]  # fedknown's true p_i^t
-
-
-def delta(i: int, x: float) -> float:
-    return (1 - Q) * (U[i] - x)  # Delta_i from the server model x
-
+from helpers.baselines import PROBS, SCRIPT, X0, M, U, delta
+from helpers.quadratic import Scripted, build, quadratic_cfg, scalar
 
 # ----------------------------------------------------------------------------- references
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fedmpi import config
 from fedmpi.errors import InputError
+from fedmpi.results.paths import output_path
 
 
 def err(data: dict, world_size: int = 1) -> str:
@@ -21,7 +24,7 @@ def err(data: dict, world_size: int = 1) -> str:
 def test_defaults_are_valid_and_typed():
     cfg = config.from_dict({})
     assert cfg.rounds == 100 and isinstance(cfg.train.lr, float)
-    assert cfg.output_path == "runs/run-fedavg_active-s0.h5"
+    assert output_path(cfg) == "runs/run-fedavg_active-s0.h5"
     assert cfg.algorithm.name == "fedavg_active"
 
 
@@ -33,8 +36,8 @@ def test_defaults_are_valid_and_typed():
     ({"task": {"partition": {"kind": "stripes"}}}, "task.partition.kind: must be one of"),
     ({"task": {"clients": 2.5}}, "task.clients: must be an integer"),
     ({"task": {"clients": True}}, "task.clients: must be an integer"),
-    ({"availability": {"base": {"lo": 1.5}}}, "availability.base.lo: must be <= 1"),
-    ({"availability": {"base": {"values": [0.2, 2.0]}}, "task": {"clients": 2}},
+    ({"availability": {"kind": "stationary", "base": {"lo": 1.5}}}, "availability.base.lo: must be <= 1"),
+    ({"availability": {"kind": "stationary", "base": {"values": [0.2, 2.0]}}, "task": {"clients": 2}},
      "availability.base.values: probabilities must be in [0, 1]"),
     ({"availability": {"kind": "cohort", "size": 500}}, "availability.size"),
     ({"task": {"dataset": "quadratic", "model": "scalar", "clients": 2}}, "task.u"),
@@ -87,7 +90,7 @@ def test_resolved_config_round_trips():
 
 
 def test_reference_lists_every_leaf_key():
-    rows = config.reference()
+    rows = [row for _, row in config.reference()]
     assert any("`train.lr`" in r for r in rows) and any("`sporadicity.link_prob.a`" in r for r in rows)
 
 
@@ -132,3 +135,59 @@ def test_every_shipped_config_loads_with_every_algorithm_of_its_family():
         for entry in ALGORITHMS.entries(builtin_only=True):
             if entry.obj.needs_participation == family and not (private and not entry.obj.private_sum()):
                 assert config.load(path, [f"algorithm.name={entry.name}"]).algorithm.name == entry.name
+
+
+def notices(data: dict) -> list[str]:
+    """The notices ``config.from_dict(data)`` logs (fedmpi's loggers may not propagate)."""
+    import logging
+
+    logger, seen = logging.getLogger("fedmpi.config"), []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        config.from_dict(data)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    return seen
+
+
+@pytest.mark.parametrize("data, notice", [
+    ({"algorithm": {"name": "mifa", "k": 3}}, "algorithm.k: not a parameter of mifa (only of fedswe); ignored"),
+    ({"availability": {"kind": "markov", "period": 5}},
+     "availability.period: not a parameter of markov (only of staircase, sine, interleaved_sine, periodic_groups); "
+     "ignored"),
+    ({"topology": {"kind": "ring"}},
+     "topology: not used by algorithm fedavg_active (only by dspodfl, dgd, rg, sporadic_sgd, dfedavg); ignored"),
+    ({"sporadicity": {"redraw_every": 2}, "algorithm": {"name": "fedswe"}},
+     "sporadicity: not used by algorithm fedswe (only by dspodfl, dgd, rg, sporadic_sgd, dfedavg); ignored"),
+])
+def test_a_key_of_another_component_is_ignored_with_one_notice_in_every_section(data, notice):
+    assert notices(data) == [notice]
+
+
+def test_a_section_is_read_when_its_owner_is_selected_and_none_otherwise():
+    cfg = config.from_dict({"algorithm": {"name": "dgd"}, "topology": {"kind": "ring"}})
+    assert cfg.topology.kind == "ring" and cfg.sporadicity == config.SporadicityConfig()
+    assert config.from_dict({}).topology is None and config.from_dict({}).sporadicity is None
+    assert notices({"topology": None}) == []  # a stored config's null section is no key at all
+
+
+@pytest.mark.parametrize("data, key", [
+    ({"availability": {"kind": "markov", "nope": 1}}, "availability.nope: unknown key"),
+    ({"algorithm": {"name": "dgd"}, "topology": {"nope": 1}}, "topology.nope: unknown key"),
+])
+def test_a_key_no_component_declares_is_an_error(data, key):
+    assert key in err(data)
+
+
+def test_each_availability_kind_has_its_own_parameters():
+    from fedmpi.registry import AVAILABILITY
+
+    fields = {e.name: {f.name for f in dataclasses.fields(e.params)} for e in AVAILABILITY.entries(builtin_only=True)}
+    assert fields["always"] == {"kind"} and fields["cohort"] == {"kind", "size"}
+    assert fields["markov"] == {"kind", "base", "R", "B", "markov_groups"}
+    assert fields["trace"] == {"kind", "trace", "trace_format", "schedule"}

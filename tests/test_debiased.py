@@ -16,7 +16,7 @@ from torch.func import functional_call
 
 from conftest import fedmpi, synthetic_config, write_config
 from fedmpi import algorithms, config
-from fedmpi.build import build_run
+from fedmpi.build import build_components
 from fedmpi.cli import _Parser
 from fedmpi.errors import InputError
 from fedmpi.participation import Participation
@@ -41,7 +41,7 @@ class Scripted(Participation):
 
 def make(data: dict, part: Participation | None = None) -> algorithms.Algorithm:
     """The algorithm of config ``data`` in this process (one rank), on ``part`` or the config's sampler."""
-    return build_run(config.from_dict(data), World(), participation=part).algorithm
+    return build_components(config.from_dict(data), World(), participation=part).algorithm
 
 
 def quadratic(name: str, u: list[float], lr: float, K: int, availability: dict | None = None,

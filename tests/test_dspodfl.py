@@ -14,7 +14,7 @@ import torch
 
 from conftest import ROOT, mpiexec, write_config
 from fedmpi import config
-from fedmpi.build import build_run
+from fedmpi.build import build_components
 from fedmpi.cli import main
 from fedmpi.decentral.topology import mixing_matrix
 from fedmpi.runtime.world import World
@@ -24,7 +24,7 @@ U8 = [[float(i), float(-2 * i)] for i in range(8)]  # quadratic optima u_i; mean
 
 def build(data: dict):
     """The algorithm of ``data`` (a config dict) on a single process, as the runner builds it."""
-    return build_run(config.from_dict(data), World()).algorithm
+    return build_components(config.from_dict(data), World()).algorithm
 
 
 def quadratic(name: str, **over) -> dict:

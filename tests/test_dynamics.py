@@ -11,17 +11,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedmpi.config import AvailabilityConfig, BaseProbConfig
+from fedmpi.participation.probs import BaseProbConfig
 from fedmpi.errors import InputError
 from fedmpi.participation import ClientInfo, base_probabilities, build, show
 from fedmpi.participation.probs import class_weights
+from helpers import availability_params
 
 
 def make(kind: str, p, m: int | None = None, seed: int = 0, group=None, hist=None, **kw):
     """Participation of ``kind`` with fixed base probabilities ``p`` (list, or one value)."""
     p = list(np.atleast_1d(p))
     m = m or len(p)
-    cfg = AvailabilityConfig(kind=kind, base=BaseProbConfig(kind="fixed", values=p), **kw)
+    cfg = availability_params(kind, base=BaseProbConfig(kind="fixed", values=p), **kw)
     return build(cfg, ClientInfo(m=m, seed=seed, group=group, label_hist=hist))
 
 
@@ -175,8 +176,8 @@ def test_dirichlet_phi_needs_labels():
        window=st.sampled_from(["static", "staircase"]), groups=st.integers(1, 6), value=st.floats(0, 1),
        t=st.integers(0, 10**6))
 def test_probabilities_in_unit_interval(kind, base, m, seed, period, gamma, low, cutoff, window, groups, value, t):
-    cfg = AvailabilityConfig(kind=kind, base=BaseProbConfig(kind=base, values=[value]), period=period,
-                             gamma=gamma, low=low, cutoff=cutoff, window=window, groups=groups)
+    cfg = availability_params(kind, lenient=True, base=BaseProbConfig(kind=base, values=[value]),
+                              period=period, gamma=gamma, low=low, cutoff=cutoff, window=window, groups=groups)
     part = build(cfg, ClientInfo(m=m, seed=seed))
     p = part.probabilities(t)
     assert p.shape == (m,) and np.all((p >= 0) & (p <= 1))

@@ -9,9 +9,13 @@ import pytest
 import torch
 
 from conftest import synthetic_config
+from helpers.images import image_trainer
+
 from fedmpi import config
-from fedmpi.data.task import build_task
+from fedmpi.build import build_task
 from fedmpi.engine.evaluate import evaluate
+from fedmpi.algorithms.fedprox import Proximal
+from fedmpi.algorithms.scaffold import Correction
 from fedmpi.engine.local import LocalTrainer, choose_path, lr_at
 from fedmpi.engine.reduce import preround
 from fedmpi.engine.store import ClientTable, VersionStore
@@ -69,8 +73,8 @@ def test_fixed_shape_blocks_change_no_bit(monkeypatch, model, stacked):
     x0 = plain.spec.flatten(task.model).expand(len(ids), -1) + 0.01 * torch.randn(len(ids), plain.spec.dim, generator=g)
     scale = torch.linspace(0.5, 1.5, len(ids))
     corr = 0.01 * torch.randn(len(ids), plain.spec.dim, generator=g)
-    a = plain.train(x0, ids, t=3, lr_scale=scale, prox=0.1, correction=corr)
-    b = padded.train(x0, ids, t=3, lr_scale=scale, prox=0.1, correction=corr)
+    a = plain.train(x0, ids, t=3, lr_scale=scale, terms=(Proximal(0.1, x0), Correction(corr)))
+    b = padded.train(x0, ids, t=3, lr_scale=scale, terms=(Proximal(0.1, x0), Correction(corr)))
     assert seen == [4, 4]
     assert (a - x0).abs().max() > 1e-4 and torch.equal(a, b)
 
@@ -106,37 +110,20 @@ def test_train_in_place_is_train(monkeypatch):
     assert torch.equal(x, expected) and not torch.equal(x, x0)
 
 
-def _image_trainer(path: str, seed: int = 0, device: torch.device = CPU) -> LocalTrainer:
-    """cinic_cnn (3 dropout layers) on 5 clients of tiny random 3x8x8 images."""
-    from fedmpi.data.task import Task
-    from fedmpi.models import build_model, loss_fn
-
-    g = torch.Generator().manual_seed(0)
-    x = torch.randint(0, 256, (50, 3, 8, 8), generator=g, dtype=torch.uint8)
-    y = torch.randint(0, 10, (50,), generator=g)
-    x, y = x.to(device), y.to(device)
-    task = Task(model=build_model("cinic_cnn", (3, 8, 8), 10).to(device), loss=loss_fn("cinic_cnn"),
-                train_x=x, train_y=y, test_x=x, test_y=y, order=torch.arange(50, device=device),
-                offsets=np.arange(6) * 10, classes=10, label_hist=None, groups=None,
-                mean=torch.full((3,), 0.5, device=device), std=torch.full((3,), 0.25, device=device), image=True)
-    cfg = config.from_dict({"task": {"clients": 5}, "train": {"batch_size": 4, "local_steps": 2, "lr": 0.1}})
-    return LocalTrainer(task, cfg.train, seed, path=path)
-
-
 def test_dropout_masks_follow_the_client_not_its_companions():
-    seq = _image_trainer("sequential")
+    seq = image_trainer("sequential")
     ids = np.array([0, 2, 3, 4])
     x0 = seq.spec.flatten(seq.task.model).expand(len(ids), -1)
     together = seq.train(x0, ids, t=1)
     for k in range(len(ids)):  # the sequential path: bitwise, alone or with others
         assert torch.equal(seq.train(x0[k:k + 1], ids[k:k + 1], t=1)[0], together[k])
-    batched = _image_trainer("batched").train(x0, ids, t=1)  # other conv kernels, the same masks
+    batched = image_trainer("batched").train(x0, ids, t=1)  # other conv kernels, the same masks
     assert (together - x0).abs().max() > 0.1
     torch.testing.assert_close(batched, together, rtol=0, atol=1e-5)
-    assert not torch.allclose(_image_trainer("sequential", seed=1).train(x0, ids, t=1), together, atol=1e-3)
+    assert not torch.allclose(image_trainer("sequential", seed=1).train(x0, ids, t=1), together, atol=1e-3)
     with pytest.raises(ValueError, match="pass keys"):
         xb, yb, wb = seq.batch(ids, 1, 0)
-        seq.gradients(x0, xb, yb, wb)
+        seq.param_gradients(x0, xb, yb, wb)
 
 
 def test_minibatches_come_from_the_client_only():

@@ -16,10 +16,10 @@ import pytest
 import fault_plugin
 from conftest import ROOT, fedmpi, mpiexec
 from fedmpi import config
-from fedmpi.build import build_run
+from fedmpi.build import build_components
 from fedmpi.plugins import load
 from fedmpi.runtime import World
-from test_fedswe import Q, Scripted, scalar
+from helpers.quadratic import Q, Scripted, scalar
 
 PLUGIN = os.path.join(ROOT, "examples", "fedmpi_examples")
 CONFIG = os.path.join(ROOT, "examples", "fedavgm.yaml")
@@ -51,7 +51,7 @@ def test_fedavgm_follows_its_definition():
                             "train": {"local_steps": 2, "lr": 0.5, "batch_size": 1, "global_lr": eta_g,
                                       "engine": "sequential"},
                             "algorithm": {"name": "my_fedavgm", "beta": beta}})
-    algo = build_run(cfg, World(), participation=Scripted(3, script)).algorithm
+    algo = build_components(cfg, World(), participation=Scripted(3, script)).algorithm
     x, v = x0, 0.0
     for t, active in enumerate(script):
         algo.round(t)
@@ -76,7 +76,7 @@ def test_the_plugin_equals_the_builtin_fedavgm(tmp_path):
 def test_model_and_dataset_take_their_own_keys():
     load([PLUGIN])
     cfg = config.load(CONFIG, ["task.width=5", "task.blocks=1", "task.arms=4", "task.spiral_samples=200"])
-    task = build_run(cfg, World()).task
+    task = build_components(cfg, World()).task
     assert task.classes == 4 and task.train_x.shape == (200, 2) and task.test_x.shape == (50, 2)
     shapes = [tuple(p.shape) for p in task.model.parameters()]
     assert shapes == [(5, 2), (5,), (5, 5), (5,), (4, 5), (4,)]

@@ -19,7 +19,7 @@ import pytest
 
 from conftest import synthetic_config
 from fedmpi import config
-from test_fedswe import build
+from helpers.quadratic import build
 
 M, K = 12, 3
 AVAIL = [0.3, 0.9, 0.5, 0.7, 0.4, 0.8, 0.6, 0.35, 0.95, 0.45, 0.75, 0.55]

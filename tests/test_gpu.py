@@ -9,7 +9,7 @@ import torch
 from conftest import synthetic_config
 from fedmpi import config
 from fedmpi.config import TopologyConfig
-from fedmpi.data.task import build_task
+from fedmpi.build import build_task
 from fedmpi.decentral.exchange import Exchanger
 from fedmpi.decentral.topology import build_graph
 from fedmpi.engine.local import LocalTrainer
@@ -46,10 +46,10 @@ def test_neighbor_sum_on_cuda_matches_cpu():
 
 def test_dropout_keys_reach_the_model_on_cuda():
     """cinic_cnn on CUDA (batched, keys on the device): the same as on CPU up to conv rounding."""
-    from test_engine import _image_trainer
+    from helpers.images import image_trainer
 
-    cpu = _image_trainer("sequential")
-    gpu = _image_trainer("batched", device=CUDA)
+    cpu = image_trainer("sequential")
+    gpu = image_trainer("batched", device=CUDA)
     ids = np.array([0, 2, 3])
     x0 = cpu.spec.flatten(cpu.task.model).expand(len(ids), -1)
     torch.testing.assert_close(gpu.train(x0.to(CUDA), ids, t=1).cpu(), cpu.train(x0, ids, t=1), rtol=0, atol=1e-4)

@@ -12,7 +12,9 @@ from torch.func import functional_call
 
 from conftest import synthetic_config
 from fedmpi import config
-from fedmpi.data.task import ScalarModel, Task, build_task
+from fedmpi.models.nets import ScalarModel
+from fedmpi.build import build_task
+from fedmpi.task import Task
 from fedmpi.engine.layers import CONV_IMPLS, StackedNet
 from fedmpi.engine.local import LocalTrainer
 from fedmpi.models import MLPParams, build_model, loss_fn
@@ -133,9 +135,9 @@ def test_alone_equals_together_with_several_threads():
 
 @pytest.mark.parametrize("model", ["svhn_cnn", "cinic_cnn"])
 def test_conv_nets_batched_alone_equals_together(model):
-    from test_engine import _image_trainer
+    from helpers.images import image_trainer
 
-    tr = _image_trainer("batched")
+    tr = image_trainer("batched")
     if model != "cinic_cnn":
         tr.task.model = build_model(model, (3, 8, 8), 10)
         tr = LocalTrainer(tr.task, tr.cfg, tr.seed, path="batched")

@@ -8,11 +8,13 @@ import numpy as np
 import pytest
 import torch
 from conftest import synthetic_config
-from test_fedswe import CPU, Scripted, scalar
-from test_scaffold import LR, SCRIPT, X0, A, M, S, U, curved_build
+from helpers.quadratic import CPU, Scripted, scalar
+from helpers.curved import LR, SCRIPT, X0, A, M, S, U, curved_build
 
 from fedmpi import config
-from fedmpi.data.task import build_task
+from fedmpi.build import build_task
+from fedmpi.algorithms.fedprox import Proximal
+from fedmpi.algorithms.scaffold import Correction
 from fedmpi.engine.local import LocalTrainer
 from fedmpi.errors import InputError
 
@@ -67,9 +69,10 @@ def test_client_results_do_not_depend_on_their_companions():
     ids = np.array([0, 3, 4, 7, 11])
     x0 = tr.spec.flatten(task.model).expand(len(ids), -1)
     corr = torch.randn(len(ids), tr.spec.dim, generator=torch.Generator().manual_seed(0)) * 0.1
-    together = tr.train(x0, ids, t=1, prox=0.5, correction=corr)
+    together = tr.train(x0, ids, t=1, terms=(Proximal(0.5, x0), Correction(corr)))
     for k in range(len(ids)):
-        alone = tr.train(x0[k:k + 1], ids[k:k + 1], t=1, prox=0.5, correction=corr[k:k + 1])
+        one = slice(k, k + 1)
+        alone = tr.train(x0[one], ids[one], t=1, terms=(Proximal(0.5, x0[one]), Correction(corr[one])))
         assert torch.equal(alone[0], together[k])
 
 

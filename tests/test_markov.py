@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from fedmpi.config import AvailabilityConfig, BaseProbConfig
+from fedmpi.participation.probs import BaseProbConfig
 from fedmpi.errors import InputError
 from fedmpi.participation import ClientInfo, build
 from fedmpi.participation.markov import NEVER, Markov
 from fedmpi.state import State
+from helpers import availability_params
 
 
 def run(chain: Markov, rounds: int, start: int = 0) -> list[np.ndarray]:
@@ -91,7 +92,7 @@ def test_first_stage_favours_heavy_clients_at_r0():
 
 def test_registered_kind_and_config_errors():
     def make(m, **kw):
-        cfg = AvailabilityConfig(kind="markov", base=BaseProbConfig(kind="uniform", lo=0.1, hi=0.9), **kw)
+        cfg = availability_params("markov", base=BaseProbConfig(kind="uniform", lo=0.1, hi=0.9), **kw)
         return build(cfg, ClientInfo(m=m, seed=0))
 
     chain = make(20, B=4, R=3)
@@ -104,7 +105,7 @@ def test_registered_kind_and_config_errors():
                     ({"markov_groups": 4, "B": 2}, "availability.B")]:
         with pytest.raises(InputError, match=f"^{key}:"):
             make(20, **kw)
-    cfg = AvailabilityConfig(kind="markov", base=BaseProbConfig(kind="fixed", values=[0.5, 0.0, 0.2]))
+    cfg = availability_params("markov", base=BaseProbConfig(kind="fixed", values=[0.5, 0.0, 0.2]))
     with pytest.raises(InputError, match="^availability.base: .*p_i > 0"):
         build(cfg, ClientInfo(m=3, seed=0))
 

@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 import pytest
 from conftest import assert_resume_identical, fedmpi, synthetic_config, write_config
-from test_fedswe import quadratic_cfg
+from helpers.quadratic import quadratic_cfg
 
 from fedmpi import config
 from fedmpi.errors import InputError

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from fedmpi import evaluator
-from fedmpi.data.task import Task
+from fedmpi.task import Task
 from fedmpi.engine.layers import StackedNet
 from fedmpi.models import build_model
 
@@ -75,13 +75,13 @@ def test_peak_rss_keeps_one_process_handle():
     assert second >= first > 0 and second >= big.numel() / 2**20
 
 
-def test_the_reduction_pre_rounds_in_place_only_rows_declared_new():
-    """ServerAlgorithm.new_contribution_rows, as declared by the class defining contribution:
-    a plug-in override that returns rows it keeps has them left intact, with the same model."""
-    from test_fedswe import build, quadratic_cfg
+def test_the_reduction_pre_rounds_in_place_only_rows_the_algorithm_does_not_hold():
+    """Row ownership is decided once, in ServerAlgorithm: fresh rows are rounded in place (no
+    copy); an override returning rows it keeps (a plug-in caching what it sent, a view of its
+    state or of the round's models) has them left intact, with the same model."""
+    from helpers.quadratic import build, quadratic_cfg
 
     from fedmpi.algorithms.fedavg import FedAvgActive
-    from fedmpi.algorithms.fedswe import FedSWE
 
     class KeepsRows(FedAvgActive):  # e.g. a plug-in caching what it sent
         def contribution(self, t, active, local, start, end):
@@ -89,20 +89,6 @@ def test_the_reduction_pre_rounds_in_place_only_rows_declared_new():
             self.copy = self.kept.clone()
             return self.kept
 
-    class SaysNew(FedAvgActive):
-        new_contribution_rows = True
-
-        def contribution(self, t, active, local, start, end):
-            return 2 * super().contribution(t, active, local, start, end)
-
-    class InheritsKeepsRows(KeepsRows):
-        new_contribution_rows = True  # not the class defining contribution: does not count
-
-    class EchoVariant(FedSWE):
-        pass
-
-    assert FedAvgActive._rows_are_new() and EchoVariant._rows_are_new() and SaysNew._rows_are_new()
-    assert not KeepsRows._rows_are_new() and not InheritsKeepsRows._rows_are_new()
     cfg = quadratic_cfg("fedavg_active", [[0.3, 1.7], [8.1, -2.2], [-4.9, 3.3]],
                         availability={"kind": "stationary", "base": {"kind": "fixed", "values": [1.0]}})
     plain, keeps = build(cfg), build(cfg)
@@ -112,3 +98,9 @@ def test_the_reduction_pre_rounds_in_place_only_rows_declared_new():
         keeps.round(t)
         assert torch.equal(keeps.kept, keeps.copy)  # not pre-rounded in place
         assert torch.equal(plain.x, keeps.x)
+    fresh = torch.ones(2, 3, dtype=torch.float64)
+    start = torch.zeros(2, 3, dtype=torch.float64)
+    assert plain._owned(fresh, start, start) is fresh  # new rows: no copy
+    for held in (start[:1], keeps.kept):  # a view of the round's models, a tensor it holds
+        copy = keeps._owned(held, start, start)
+        assert copy is not held and torch.equal(copy, held)

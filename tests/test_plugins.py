@@ -74,7 +74,7 @@ from torch import nn
 
 from fedmpi import participation
 from fedmpi.config import AvailabilityParams, DatasetParams, ModelParams, opt
-from fedmpi.data.task import DataArrays, register_dataset
+from fedmpi.data.datasets import DataArrays, register_dataset
 from fedmpi.models import register as register_model
 
 
@@ -237,7 +237,7 @@ def test_broken_plugins_are_one_line_errors(tmp_path, plugin):
 
 def test_model_dataset_and_availability_plugins(tmp_path, plugin):
     """A plug-in model, dataset and availability kind, each with its own key in its block."""
-    from fedmpi.data.task import build_task
+    from fedmpi.build import build_task
     from fedmpi.plugins import load
 
     load([plugin("parts", PARTS)])

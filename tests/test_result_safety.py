@@ -118,12 +118,13 @@ def test_empty_output_paths(tmp_path, capsys):
 
 def test_output_placeholders(tmp_path):
     from fedmpi import config
+    from fedmpi.results.paths import output_path
 
     cfg = config.from_dict(synthetic_config(output=str(tmp_path / "{name}-{algorithm.name}-lr{train.lr}-s{seed}.h5")))
-    assert cfg.output_path == str(tmp_path / "synth-fedavg_active-lr0.1-s3.h5")
+    assert output_path(cfg) == str(tmp_path / "synth-fedavg_active-lr0.1-s3.h5")
     bad = config.from_dict(synthetic_config(output="runs/{train.nope}.h5"))
     with pytest.raises(InputError, match=r"output: unknown config key \{train.nope\}"):
-        _ = bad.output_path
+        output_path(bad)
 
 
 def test_unfinished_run_of_another_experiment_needs_overwrite(tmp_path, capsys):

@@ -10,28 +10,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_fedswe import CPU, Scripted, quadratic_cfg, scalar
+from helpers.curved import LR, SCRIPT, X0, A, M, S, U, curved_build
+from helpers.quadratic import Scripted, quadratic_cfg, scalar
 
-from fedmpi.build import build_run
-from fedmpi.data.task import build_task
 from fedmpi.runtime import World
-
-U, A = [0.0, 8.0, -4.0], [0.5, 1.0, 3.0]  # optima and curvatures
-M, X0, LR, S = 3, 2.0, 0.2, 4
-SCRIPT = [[0, 1], [], [2], [0, 1, 2], [1], [0, 2], [0, 1, 2], [2]]
-
-
-def curved_build(name: str, u=U, a=A, part=None, s: int = S, lr: float = LR, eta_g: float = 1.0,
-                 train: dict | None = None, **algo):
-    """``name`` on F_i(x) = a_i ||x - u_i||^2 / 2: the quadratic task with a curvature column in
-    its targets and a loss that uses it; ``train``: other ``train.*`` keys."""
-    cfg = quadratic_cfg(name, u, X0, eta_g=eta_g, lr=lr, s=s, **algo)
-    for k, v in (train or {}).items():
-        setattr(cfg.train, k, v)
-    task = build_task(cfg, CPU)
-    task.train_y = torch.cat([task.train_y, torch.tensor(a, dtype=torch.float32)[:, None]], dim=1)
-    task.loss = lambda out, y: 0.5 * (y[..., -1:] * (out - y[..., :-1]).pow(2)).sum(-1).mean()
-    return build_run(cfg, World(), participation=part, task=task).algorithm
 
 
 def ref_scaffold(script, s=S, lr=LR, eta_g=1.0) -> list[float]:

@@ -9,8 +9,8 @@ import math
 
 import pytest
 import torch
-from test_baselines import SCRIPT, X0, M, U, delta
-from test_fedswe import Scripted, build, quadratic_cfg, scalar
+from helpers.baselines import SCRIPT, X0, M, U, delta
+from helpers.quadratic import Scripted, build, quadratic_cfg, scalar
 
 B1, B2, TAU = 0.8, 0.7, 0.05  # not the defaults, so a default silently used instead would fail
 PARAMS = {"fedavgm": {"server_momentum": 0.6},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 import re
@@ -10,13 +11,14 @@ import re
 import numpy as np
 import pytest
 
-from fedmpi.config import AvailabilityConfig, from_dict
+from fedmpi.config import from_dict
 from fedmpi.errors import InputError
 from fedmpi.participation import ClientInfo, build
+from helpers import availability_params
 
 
 def trace(path, m, fmt="auto"):
-    return build(AvailabilityConfig(kind="trace", trace=str(path), trace_format=fmt), ClientInfo(m=m, seed=0))
+    return build(availability_params("trace", trace=str(path), trace_format=fmt), ClientInfo(m=m, seed=0))
 
 
 def rounds(part, n):
@@ -127,7 +129,7 @@ def test_bad_npy_width_and_dims(tmp_path):
 
 def test_missing_path_and_file(tmp_path):
     with pytest.raises(InputError, match=r"^availability\.trace: kind 'trace' needs a file path"):
-        build(AvailabilityConfig(kind="trace"), ClientInfo(m=2, seed=0))
+        build(availability_params("trace"), ClientInfo(m=2, seed=0))
     missing = tmp_path / "nope.txt"
     with pytest.raises(InputError, match=rf"^availability\.trace: {missing}: file not found"):
         trace(missing, 2)
@@ -178,9 +180,16 @@ def test_inline_schedule_errors(extra, msg):
         _schedule(4, **extra)
 
 
-def test_schedule_needs_kind_trace_and_excludes_trace():
-    with pytest.raises(InputError, match="availability.schedule: only used with availability.kind: trace"):
-        from_dict({"task": {"clients": 4}, "availability": {"kind": "always", "schedule": [[0]]}})
+def test_schedule_belongs_to_trace_and_excludes_trace(caplog):
+    logger = logging.getLogger("fedmpi.config")  # fedmpi's loggers may not propagate to caplog's
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="fedmpi.config"):  # another kind's key: a notice
+            cfg = from_dict({"task": {"clients": 4}, "availability": {"kind": "always", "schedule": [[0]]}})
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert "availability.schedule: not a parameter of always (only of trace); ignored" in caplog.text
+    assert not hasattr(cfg.availability, "schedule")
     with pytest.raises(InputError, match="either schedule or trace"):
         from_dict({"task": {"clients": 4}, "availability": {"kind": "trace", "schedule": [[0]], "trace": "x"}})
     with pytest.raises(InputError, match="cannot tell 0/1 rows"):

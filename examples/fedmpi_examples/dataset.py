@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedmpi.config import Config, DatasetParams, opt
-from fedmpi.data.task import DataArrays, register_dataset
+from fedmpi.data.datasets import DataArrays, register_dataset
 
 
 @dataclass

@@ -1,7 +1,3 @@
-"""One small file per algorithm family; importing the package registers them all."""
+"""One small file per algorithm family (the loader, ``fedmpi.plugins.load``, imports them all)."""
 
-from . import fedavg, fedavg_all, fedknown, gfedavg, fedau, f3ast, mifa, fedvarp, fedswe  # noqa: F401
-from . import fedopt, fedprox, scaffold  # noqa: F401
-from . import debiased  # noqa: F401
-from . import dspodfl  # noqa: F401
-from .base import Algorithm, Context, ServerAlgorithm, Snapshot, register  # noqa: F401
+from .base import Algorithm, AlgorithmParams, Context, ServerAlgorithm, Snapshot, register  # noqa: F401

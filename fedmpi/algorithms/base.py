@@ -5,6 +5,8 @@ An algorithm is a subclass of ``Algorithm`` (or ``ServerAlgorithm``) registered 
 
 - ``Params``: the dataclass of its keys in the ``algorithm:`` block (a subclass of
   ``AlgorithmParams``), read as ``self.params``;
+- ``sections``: the top-level config sections only it and its kin read (the decentralized
+  family's ``topology`` and ``sporadicity``); with another algorithm they are ignored;
 - ``needs_participation``: whether it runs on an availability model (``ctx.participation``);
 - ``shared_state`` / ``client_state``: the attributes a checkpoint saves (``fedmpi.state``):
   shared = the same on every rank or the server's own (e.g. a momentum buffer), client = one
@@ -33,8 +35,8 @@ The runner calls (every "collective" method must be called on every rank, in the
 | step | ranks | what it may do |
 |---|---|---|
 | 1. ``select(t, available)`` | every rank, once per round, same input | update replicated per-round state |
-| 2. ``start_models(local)``, ``lr_scale(t, local)`` | every rank, its local active clients | read state |
-| 3. ``local_training(t, local, start)`` (default: ``ctx.trainer``) | every rank | client state (e.g. SCAFFOLD) |
+| 2. ``start_models``, ``lr_scale``, ``local_terms`` | every rank, its local active clients | read state |
+| 3. ``local_training(t, local, start)`` (default: ``ctx.trainer`` with ``local_terms``) | every rank | client state |
 | 3b. privacy: each update clipped to ``privacy.clip`` (``fedmpi.privacy``) | every rank; adaptive: collective | its C |
 | 4. ``contribution(...)`` (default ``weights``) | every rank, on blocks, twice each | nothing: pure |
 | 5. one reproducible sum of the rows into rank 0; privacy: plus its noise | collective | -- |
@@ -49,23 +51,34 @@ override only the steps their paper changes, so each algorithm file reads like i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
 
-from ..config import AlgorithmParams, Config
-from ..data.task import Task
-from ..engine.local import LocalTrainer
-from ..engine.params import ParamSpec
+from ..engine.local_step import StepTerm
 from ..engine.reduce import reproducible_sum_blocks
 from ..errors import InputError
-from ..participation import Participation
 from ..privacy.mechanism import Privacy
 from ..privacy.sampling import sampling_of
 from ..registry import ALGORITHMS
-from ..runtime import World
-from ..state import State, Stateful
+from ..schema import opt
+from ..state import State, Stateful, state_tensors
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..engine.local import LocalTrainer
+    from ..engine.params import ParamSpec
+    from ..participation import Participation
+    from ..runtime import World
+    from ..task import Task
+
+
+@dataclass
+class AlgorithmParams:
+    """The ``algorithm`` block: ``name``, then the chosen algorithm's own parameters (a subclass)."""
+
+    name: str = opt("fedavg_active", "the algorithm", selects=ALGORITHMS)
 
 
 @dataclass
@@ -113,6 +126,7 @@ class Algorithm(Stateful):
     """Base of every algorithm; the contract is in the module docstring."""
 
     Params: type[AlgorithmParams] = AlgorithmParams
+    sections: tuple[str, ...] = ()  # top-level config sections of its own (e.g. ``topology``)
     needs_participation: bool = False
     evaluated_models: tuple[str, ...] = ("",)
     metrics: tuple[str, ...] = ()
@@ -162,10 +176,6 @@ class ServerAlgorithm(Algorithm):
 
     needs_participation = True
     shared_state = ("x",)
-    #: Declared by a class that defines ``contribution``: True when it returns a new tensor at
-    #: every call (never one it keeps), so the reduction may pre-round the rows in place (one
-    #: float64 pass fewer). Undeclared (a plug-in's override): the reduction works on a copy.
-    new_contribution_rows = True
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
@@ -185,8 +195,8 @@ class ServerAlgorithm(Algorithm):
         start = self.start_models(local)
         end = self.privacy.clip(t, start, self.local_training(t, local, start))  # privacy: ||Delta_i|| <= C
         buf = reproducible_sum_blocks(  # one reduction; rows made block by block to bound memory
-            self.world, lambda s: self.contribution(t, active, local[s], start[s], end[s]), len(local), len(active),
-            overwrite=self._rows_are_new())
+            self.world, lambda s: self._owned(self.contribution(t, active, local[s], start[s], end[s]), start, end),
+            len(local), len(active), overwrite=True)
         noise = self.privacy.noise(t, buf.shape[0], buf.device) if self.world.is_server else None
         buf = buf if noise is None else buf + noise  # privacy: the server's Gaussian (or banded) noise
         # x^{t+1} goes into a fresh tensor on every rank: ``start`` may view x^t
@@ -210,28 +220,37 @@ class ServerAlgorithm(Algorithm):
     def lr_scale(self, t: int, local: np.ndarray) -> torch.Tensor | None:
         return None
 
+    def local_terms(self, t: int, local: np.ndarray, start: torch.Tensor) -> tuple[StepTerm, ...]:
+        """The algorithm's own terms of every local step (``engine.local_step.StepTerm``), e.g.
+        FedProx's proximal term, SCAFFOLD's correction (default: none)."""
+        return ()
+
     def local_training(self, t: int, local: np.ndarray, start: torch.Tensor) -> torch.Tensor:
         """End models of the local active clients after their local steps from ``start``
-        (default: ``ctx.trainer.train`` with ``lr_scale``; FedProx adds its proximal term here,
-        SCAFFOLD its correction)."""
-        return self.ctx.trainer.train(start, local, t, lr_scale=self.lr_scale(t, local))
+        (default: ``ctx.trainer.train`` with ``lr_scale`` and ``local_terms``)."""
+        return self.ctx.trainer.train(start, local, t, lr_scale=self.lr_scale(t, local),
+                                      terms=self.local_terms(t, local, start))
 
     def contribution(self, t: int, active: np.ndarray, local: np.ndarray,
                      start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
         """One float64 row per listed local client, summed over all clients for the server.
 
-        Called on blocks of the local clients, twice each: it must not change any state. An
-        override that returns a new tensor each time says so with ``new_contribution_rows = True``
-        in its class (the reduction then pre-rounds the rows in place).
+        Called on blocks of the local clients, twice each: it must not change any state. The
+        reduction pre-rounds the rows in place unless they share memory with ``start``, ``end``
+        or a tensor the algorithm holds (``_owned``), so an override may return rows it keeps.
         Default: w_i Delta_i with w_i from ``weights``."""
         w = torch.as_tensor(self.weights(t, active, local), dtype=torch.float64, device=end.device)
         return (end - start).double().mul_(w[:, None])  # in place: one float64 temporary fewer
 
-    @classmethod
-    def _rows_are_new(cls) -> bool:
-        """``new_contribution_rows`` as declared by the class that defines ``contribution``."""
-        owner = next(c for c in cls.__mro__ if "contribution" in vars(c))
-        return bool(vars(owner).get("new_contribution_rows", False))
+    def _owned(self, rows: torch.Tensor, *models: torch.Tensor) -> torch.Tensor:
+        """``rows``, or a copy when they share memory with ``models``, the declared state or a
+        tensor attribute of the algorithm: the reduction rounds float64 rows in place (float32
+        rows are converted, a copy anyway)."""
+        if rows.dtype != torch.float64:
+            return rows
+        held = [v for v in vars(self).values() if isinstance(v, torch.Tensor)]
+        kept = {t.untyped_storage().data_ptr() for t in (*models, *state_tensors(self), *held)}
+        return rows.clone() if rows.untyped_storage().data_ptr() in kept else rows
 
     def weights(self, t: int, active: np.ndarray, local: np.ndarray) -> np.ndarray:
         """Weight w_i of each local active client's change Delta_i (used by ``contribution``)."""
@@ -287,12 +306,13 @@ class ServerAlgorithm(Algorithm):
 
 def register(name: str) -> Callable[[type[Algorithm]], type[Algorithm]]:
     """Class decorator: ``@register("fedavg_active") class FedAvgActive(ServerAlgorithm)``; the
-    class's ``Params`` and ``check_config`` validate the ``algorithm:`` block."""
+    class's ``Params`` and ``check_config`` validate the ``algorithm:`` block, its ``sections``
+    are the top-level sections it reads (others' are ignored with a notice)."""
 
     def deco(cls: type[Algorithm]) -> type[Algorithm]:
         if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
             raise TypeError(f"algorithm {name!r}: register a subclass of fedmpi.algorithms.Algorithm")
-        return ALGORITHMS.register(name, params=cls.Params, check=cls.check_config)(cls)
+        return ALGORITHMS.register(name, params=cls.Params, check=cls.check_config, sections=cls.sections)(cls)
 
     return deco
 

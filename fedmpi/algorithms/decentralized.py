@@ -31,10 +31,11 @@ order), ``test_acc_avg_model`` of x_bar = (1/m) sum_i x_i, ``consensus_error`` =
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
-from ..config import Config
 from ..decentral.delay import iteration_delay
 from ..decentral.exchange import Exchanger
 from ..decentral.sporadicity import Indicators
@@ -46,6 +47,9 @@ from ..errors import InputError
 from ..models import has_conv
 from .base import Algorithm, Context, Snapshot
 
+if TYPE_CHECKING:
+    from ..config import Config
+
 _EVAL_PARAMS = 1 << 24  # at most this many parameters of (non-conv) models evaluated in one vmapped batch
 
 
@@ -54,6 +58,7 @@ class Decentralized(Algorithm):
 
     metrics = ("test_acc", "test_loss", "consensus_error",
                "sim_delay", "sim_delay_processing", "sim_delay_transmission")
+    sections = ("topology", "sporadicity")  # the graph and the draws of d_i, b_ij
     force_sgd = False    # v_i = 1 for every client (DGD, RG)
     force_links = False  # v_ij = 1 for every edge (DGD, sporadic SGD)
     client_rows = 1      # x_i: each client's own model, sharded over ranks

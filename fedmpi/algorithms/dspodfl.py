@@ -23,8 +23,8 @@ from typing import Literal
 
 import numpy as np
 
-from ..config import AlgorithmParams, opt
-from .base import register
+from ..schema import opt
+from .base import AlgorithmParams, register
 from .decentralized import Decentralized
 
 

@@ -29,8 +29,8 @@ from typing import Literal
 
 import numpy as np
 
-from ..config import AlgorithmParams, opt
-from .base import Context, ServerAlgorithm, register
+from ..schema import opt
+from .base import AlgorithmParams, Context, ServerAlgorithm, register
 
 
 @dataclass

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..config import AlgorithmParams, opt
-from .base import Context, ServerAlgorithm, register
+from ..schema import opt
+from .base import AlgorithmParams, Context, ServerAlgorithm, register
 
 
 @dataclass

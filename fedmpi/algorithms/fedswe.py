@@ -34,11 +34,11 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..config import AlgorithmParams, opt
 from ..engine.reduce import reproducible_sum, reproducible_sum_blocks
 from ..engine.store import VersionStore
 from ..state import State
-from .base import Context, ServerAlgorithm, Snapshot, register
+from ..schema import opt
+from .base import AlgorithmParams, Context, ServerAlgorithm, Snapshot, register
 
 
 @dataclass
@@ -67,8 +67,6 @@ class FedSWE(ServerAlgorithm):
     # ---------------------------------------------------------------- clients
     def start_models(self, local: np.ndarray) -> torch.Tensor:
         return self.store.gather(local)  # x_i^{t,0} <- x_i
-
-    new_contribution_rows = True  # contribution computes new rows every call
 
     def contribution(self, t: int, active: np.ndarray, local: np.ndarray,
                      start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:

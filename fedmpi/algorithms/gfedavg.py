@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..config import AlgorithmParams, opt
-from .base import Context, register
+from ..schema import opt
+from .base import AlgorithmParams, Context, register
 from .fedavg import FedAvgActive
 
 

@@ -11,7 +11,7 @@ it first trains). Round t, with A_t the active clients and s local steps of size
 
 The mean over A_t weights the active clients as ``fedavg_active`` does (the paper's mean over
 the sampled set S; its c update (|S|/N) mean_S is the 1/N sum above). The correction
-c - c_i is added to each (clipped) minibatch gradient.
+c - c_i is added to each (clipped) minibatch gradient (``Correction``, a term of the local step).
 
 State: x and c are the same on every rank (c is broadcast after each update); the rows c_i
 live in a ``ClientTable`` sharded over ranks -- O(m d) memory, refused up front when it does
@@ -24,9 +24,17 @@ import numpy as np
 import torch
 
 from ..engine.local import lr_at
+from ..engine.local_step import StepTerm
 from ..engine.store import ClientTable
 from .base import Context, register
 from .fedavg import FedAvgActive
+
+
+class Correction(StepTerm):
+    """c - c_i: ``rows`` are each client's correction."""
+
+    def add(self, d: torch.Tensor, v: torch.Tensor, correction: torch.Tensor) -> torch.Tensor:
+        return d + correction
 
 
 @register("scaffold")
@@ -42,16 +50,13 @@ class Scaffold(FedAvgActive):
         self.c = torch.zeros_like(self.x)  # server control variate, identical on every rank
         self._next_c = self.c
 
-    def local_training(self, t: int, local: np.ndarray, start: torch.Tensor) -> torch.Tensor:
-        correction = self.c - self.controls.get(local)  # c - c_i
-        return self.ctx.trainer.train(start, local, t, lr_scale=self.lr_scale(t, local), correction=correction)
+    def local_terms(self, t: int, local: np.ndarray, start: torch.Tensor) -> tuple[StepTerm, ...]:
+        return (Correction(self.c - self.controls.get(local)),)  # c - c_i
 
     def control_change(self, t: int, local: np.ndarray, start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
         """c_i^+ - c_i = -c - Delta_i / (s eta_l), float64 (n, d) (option II)."""
         s_eta = self.cfg.train.local_steps * lr_at(self.cfg.train, t)
         return -self.c.double() - (end - start).double() / s_eta
-
-    new_contribution_rows = True  # contribution computes new rows every call
 
     def contribution(self, t: int, active: np.ndarray, local: np.ndarray,
                      start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:

@@ -38,8 +38,6 @@ class TableAlgorithm(ServerAlgorithm):
         self.table = ClientTable(lo, hi, ctx.spec.dim, ctx.device)  # T_j of the local clients
         self.table_sum = torch.zeros(ctx.spec.dim, dtype=torch.float64, device=ctx.device)  # S (server)
 
-    new_contribution_rows = True  # contribution computes new rows every call
-
     def contribution(self, t: int, active: np.ndarray, local: np.ndarray,
                      start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
         return (end - start).double() - self.table.get(local).double()  # Delta_i - T_i

@@ -1,8 +1,4 @@
-"""Data: dataset readers (``readers``), client partitions (``partition``) and on-device
-augmentation (``augment``, the only torch-dependent module: import it as
-``from fedmpi.data.augment import augment``, so that the numpy-only parts stay light)."""
-
-from .partition import client_groups, label_histogram, partition
-from .readers import DatasetMissing, ImageData, load, standard_root
-
-__all__ = ["client_groups", "label_histogram", "partition", "DatasetMissing", "ImageData", "load", "standard_root"]
+"""Data: the dataset registry and factories (``datasets``), dataset readers (``readers``), client
+partitions (``partition``) and on-device augmentation (``augment``). Import the module you need
+(``from fedmpi.data.partition import partition``): the package imports none of them, so that
+reading one never loads the others."""

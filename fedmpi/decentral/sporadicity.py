@@ -24,12 +24,37 @@ are still what ``probabilities`` returns, because the emulated delay uses them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal, Optional
+
 import numpy as np
 
 from .. import rng
-from ..config import ProbDistConfig, SporadicityConfig
 from ..errors import InputError
+from ..schema import opt
 from .topology import Graph
+
+
+@dataclass
+class ProbDistConfig:
+    dist: Literal["beta", "uniform", "fixed"] = opt("beta", "distribution of the probabilities")
+    a: float = opt(0.5, "beta: a", gt=0)
+    b: float = opt(0.5, "beta: b", gt=0)
+    lo: float = opt(0.0, "uniform: lower end (exclusive of 0)", ge=0, le=1)
+    hi: float = opt(1.0, "uniform: upper end", gt=0, le=1)
+    value: float = opt(1.0, "fixed: the probability", gt=0, le=1)
+
+
+@dataclass
+class SporadicityConfig:
+    sgd_prob: ProbDistConfig = opt(ProbDistConfig(), "d_i: probability that client i takes an SGD step")
+    link_prob: ProbDistConfig = opt(ProbDistConfig(), "b_ij: probability that edge ij is active")
+    link_draw: Literal["per_edge", "per_endpoint"] = opt(
+        "per_edge", "per_endpoint: link fires w.p. 1-(1-b)^2, the authors' draw (redrawn every iteration)")
+    redraw_every: int = opt(0, "redraw d_i, b_ij every N iterations; 0 = never", ge=0)
+    delay: Literal["raw", "normalized"] = opt(
+        "raw", "emulated delay: raw (what the authors' stop budget sums) or normalized (their logged utilisation)")
+    max_delay: Optional[float] = opt(None, "stop once the cumulative emulated delay reaches this", gt=0)
 
 _P_MIN = float(np.finfo(np.float64).eps)  # a drawn probability is never 0 (delay divides by it)
 

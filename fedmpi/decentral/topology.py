@@ -31,13 +31,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Literal, Optional
 
 import numpy as np
 import torch
 
 from .. import rng
-from ..config import TopologyConfig
 from ..errors import InputError
+from ..schema import opt
+
+
+@dataclass
+class TopologyConfig:
+    kind: Literal["rgg", "ring", "complete", "file"] = opt("rgg", "communication graph")
+    radius: float = opt(0.4, "rgg: connection radius in the unit square", gt=0)
+    max_attempts: int = opt(1000, "rgg: redraws allowed until connected", ge=1)
+    file: Optional[str] = opt(None, "file: edge list, one 'i j' per line")
+
+    def input_files(self) -> tuple[str, ...]:
+        """The files the graph is read from."""
+        return (self.file,) if self.file else ()
 
 
 @dataclass(eq=False)

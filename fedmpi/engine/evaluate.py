@@ -9,16 +9,20 @@ are accumulated in float64 in a fixed batch order, with one intra-op thread on C
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import weakref
 
 import torch
 from torch.func import functional_call, vmap
 
-from ..data.task import Task
 from ..models.losses import per_sample
 from .layers import StackedNet, conv_impl
 from .params import ParamSpec
 from .threads import one_thread
+
+if TYPE_CHECKING:
+    from ..task import Task
 
 _NETS: "weakref.WeakKeyDictionary[torch.nn.Module, StackedNet | None]" = weakref.WeakKeyDictionary()
 

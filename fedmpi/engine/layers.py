@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..data.task import ScalarModel
+from ..models.nets import ScalarModel
 from ..models.dropout import KeyedDropout
 from ..models.losses import Loss, per_client, per_sample
 

@@ -1,7 +1,7 @@
 """Local SGD of many clients at once.
 
 ``LocalTrainer.train(start, clients, t)`` runs s local SGD steps (``local_step``: optional
-momentum, weight decay, FedProx's proximal term, SCAFFOLD's correction) for every listed
+momentum, weight decay and the algorithm's own terms, ``StepTerm``) for every listed
 client, starting from the rows of ``start`` (n, d), and returns the end models (n, d). Two
 paths compute the same thing:
 
@@ -22,23 +22,25 @@ masks come from the same kind of stream, (seed, "dropout", round, step) and the 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
 from torch.func import functional_call, grad, vmap
 
 from .. import rng
-from ..config import TrainConfig
 from ..data.augment import require_images
-from ..data.task import Task
 from ..models import has_conv
 from ..models.dropout import KeyedDropout
 from ..models.losses import per_sample
 from .layers import StackedNet, conv_impl
-from .local_step import LocalStep
+from .local_step import LocalStep, StepTerm, TrainConfig
 from .params import ParamSpec
 from .shapes import MAX_FIXED_BLOCK, fixed_shapes, pad_rows
 from .threads import one_thread
+
+if TYPE_CHECKING:
+    from ..task import Task
 
 
 def lr_at(cfg: TrainConfig, t: int) -> float:
@@ -135,19 +137,18 @@ class LocalTrainer:
 
     # ------------------------------------------------------------------ training
     def train(self, start: torch.Tensor, clients: np.ndarray, t: int, lr_scale: torch.Tensor | None = None,
-              steps: int | None = None, prox: float = 0.0, correction: torch.Tensor | None = None) -> torch.Tensor:
+              steps: int | None = None, terms: Sequence[StepTerm] = ()) -> torch.Tensor:
         """End models (n, d) after ``steps`` (default s) local SGD steps from ``start`` (n, d).
 
         ``lr_scale`` (n,) multiplies each client's step size (e.g. debiased FedAvg's nu_i);
-        ``prox`` adds FedProx's mu (x - start) and ``correction`` (n, d) SCAFFOLD's c - c_i to
-        every step's (clipped) gradient (``local_step``).
+        ``terms``: the algorithm's additions to every step's (clipped) gradient (``local_step``).
         """
         with one_thread(self.device):
             x = start.detach().clone()
-        return self.train_(x, clients, t, lr_scale, steps, prox, correction)
+        return self.train_(x, clients, t, lr_scale, steps, terms)
 
     def train_(self, x: torch.Tensor, clients: np.ndarray, t: int, lr_scale: torch.Tensor | None = None,
-               steps: int | None = None, prox: float = 0.0, correction: torch.Tensor | None = None) -> torch.Tensor:
+               steps: int | None = None, terms: Sequence[StepTerm] = ()) -> torch.Tensor:
         """``train`` on the rows of ``x`` in place (same bits); returns ``x``."""
         n = x.shape[0]
         if n == 0:
@@ -159,21 +160,16 @@ class LocalTrainer:
         self.task.model.train()
         chunk = self.chunk_size()
         with one_thread(self.device):
-            anchor = x.clone() if prox else None  # x_start of the proximal term
             for a in range(0, n, chunk):  # a client's result does not depend on its chunk-mates
                 rows, k = slice(a, a + chunk), min(chunk, n - a)
                 extra = chunk - k if self.fixed_shape else 0  # engine.shapes: pad to one shape
-                xs, ids, rates, start, corr = (None if v is None else pad_rows(v[rows], extra)
-                                               for v in (x, clients, lr, anchor, correction))
-                rule = LocalStep(self.cfg, prox, self._views(start), self._views(corr))
+                xs, ids, rates = (pad_rows(v[rows], extra) for v in (x, clients, lr))
+                rule = LocalStep(self.cfg, [(term, self.spec.views(pad_rows(term.rows[rows], extra)))
+                                            for term in terms])
                 self._train_block(xs, ids, t, rates, steps, rule)
                 if extra:
                     x[rows] = xs[:k]
         return x
-
-    def _views(self, rows: torch.Tensor | None) -> dict[str, torch.Tensor] | None:
-        """{name: (n, *shape)} views of (n, d) rows (None stays None)."""
-        return None if rows is None else self.spec.views(rows)
 
     def chunk_size(self) -> int:
         """Clients per batched call. Each client's step touches its parameters, gradients,
@@ -219,17 +215,12 @@ class LocalTrainer:
         keys = torch.as_tensor(rng.as_int64(k), device=self.device)
         return {name: keys for name in self._key_names}
 
-    def gradients(self, x: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor, wb: torch.Tensor | None,
-                  keys: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
-        """Per-client gradients (n, d) at the rows of ``x`` (``keys``: see ``dropout_keys``)."""
-        return self.spec.cat(self.param_gradients(x, xb, yb, wb, keys), x.shape[0])
-
     def param_gradients(self, x: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor, wb: torch.Tensor | None,
                         keys: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-        """``gradients`` as {name: (n, *shape)}."""
+        """Per-client gradients {name: (n, *shape)} at the rows of ``x`` (``keys``: see ``dropout_keys``)."""
         if keys is None:
             if self._key_names:
-                raise ValueError("gradients: this model has dropout; pass keys=dropout_keys(clients, t, step)")
+                raise ValueError("param_gradients: this model has dropout; pass keys=dropout_keys(clients, t, step)")
             keys = {}
         if self.path == "batched" and self.net is not None:
             return self.net.gradients(self.task.loss, self.spec.views(x), self.task.inputs(xb), yb, wb, keys)

@@ -28,11 +28,19 @@ import psutil
 import torch
 from torch import nn
 
-from ..config import ModelParams, TaskConfig, opt
+from ..data.datasets import TaskConfig
 from ..errors import InputError
 from ..registry import MODELS
+from ..schema import opt
 from .losses import Loss, cross_entropy, multiclass_hinge
 from .nets import ARCHS
+
+
+
+@dataclass
+class ModelParams(TaskConfig):
+    """Base of a model's own parameters (they sit in the ``task`` block)."""
+
 
 Factory = Callable[[tuple, int, TaskConfig], nn.Module]
 

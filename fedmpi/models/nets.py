@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 
+import torch
 from torch import nn
 
 from ..errors import InputError
@@ -84,3 +85,14 @@ ARCHS = {
     "linear_svm": lambda s, k, h: linear(s, k),
     "mlp": lambda s, k, h: mlp(s, k, h),
 }
+
+
+class ScalarModel(torch.nn.Module):
+    """The quadratic task's model: the vector x itself (forward ignores its input)."""
+
+    def __init__(self, dim: int, x0: float):
+        super().__init__()
+        self.x = torch.nn.Parameter(torch.full((dim,), float(x0)))
+
+    def forward(self, inp: torch.Tensor) -> torch.Tensor:
+        return self.x.expand(*inp.shape[:-1], self.x.shape[0])

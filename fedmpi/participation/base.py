@@ -19,9 +19,20 @@ from typing import Callable
 import numpy as np
 
 from .. import rng
-from ..config import AvailabilityConfig, AvailabilityParams, check_availability
 from ..registry import AVAILABILITY
+from ..schema import opt
 from ..state import Stateful
+
+
+@dataclass
+class AvailabilityParams:
+    """The ``availability`` block: ``kind``, then the chosen kind's own parameters (a subclass)."""
+
+    kind: str = opt("always", "availability dynamics", selects=AVAILABILITY)
+
+    def input_files(self) -> tuple[str, ...]:
+        """The files this kind reads (a run's result file must never be one of them)."""
+        return ()
 
 
 @dataclass
@@ -74,15 +85,13 @@ class Bernoulli(Participation):
 Factory = Callable[[AvailabilityParams, ClientInfo], Participation]
 
 
-def register(kind: str, *, params: type = AvailabilityConfig,
+def register(kind: str, *, params: type = AvailabilityParams,
              check: Callable | None = None) -> Callable[[Factory], Factory]:
-    """Decorator: ``@register("sine") def make(params, info) -> Participation``.
+    """Decorator: ``@register("sine", params=SineParams) def make(params, info) -> Participation``.
 
     ``params``: the dataclass of the kind's keys in the ``availability`` block (an
-    ``AvailabilityParams`` subclass); the default is the built-in kinds' shared schema, which
-    comes with its cross-key check. ``check``: a cross-key check of the config."""
-    if check is None and params is AvailabilityConfig:
-        check = check_availability
+    ``AvailabilityParams`` subclass; the default: no keys of its own). ``check``: a cross-key
+    check of the config (raises InputError)."""
     return AVAILABILITY.register(kind, params=params, check=check)
 
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .. import rng
-from ..config import AvailabilityConfig
-from .base import Bernoulli, ClientInfo, Participation, register
-from .probs import base_probabilities
+from ..errors import InputError
+from ..schema import opt
+from .base import AvailabilityParams, Bernoulli, ClientInfo, Participation, register
+from .probs import WithBaseParams, base_probabilities, check_base
 
 
 class Always(Participation):
@@ -47,17 +50,28 @@ class Cohort(Participation):
         return np.full(self.m, self.size / self.m)
 
 
+@dataclass
+class CohortParams(AvailabilityParams):
+    size: int = opt(10, "cohort: clients drawn uniformly per round", ge=1)
+
+
+def _check_cohort(cfg) -> None:
+    if cfg.availability.size > cfg.task.clients:
+        raise InputError(f"availability.size: cohort of {cfg.availability.size} exceeds task.clients "
+                         f"({cfg.task.clients})")
+
+
 @register("always")
-def _always(cfg: AvailabilityConfig, info: ClientInfo) -> Participation:
+def _always(cfg: AvailabilityParams, info: ClientInfo) -> Participation:
     return Always(info.m, info.seed)
 
 
-@register("cohort")
-def _cohort(cfg: AvailabilityConfig, info: ClientInfo) -> Participation:
+@register("cohort", params=CohortParams, check=_check_cohort)
+def _cohort(cfg: CohortParams, info: ClientInfo) -> Participation:
     return Cohort(info.m, info.seed, cfg.size)
 
 
-@register("stationary")
-def _stationary(cfg: AvailabilityConfig, info: ClientInfo) -> Participation:
+@register("stationary", params=WithBaseParams, check=check_base)
+def _stationary(cfg: WithBaseParams, info: ClientInfo) -> Participation:
     p = base_probabilities(cfg.base, info)
     return Bernoulli(info.m, info.seed, lambda t: p, static=True)

@@ -18,14 +18,45 @@ same pattern for every algorithm and on every rank.
 
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Literal
 
 import numpy as np
 
-from ..config import AvailabilityConfig
 from ..errors import InputError
+from ..schema import opt
 from .base import Bernoulli, ClientInfo, Participation, register
-from .probs import base_probabilities
+from .probs import WithBaseParams, base_probabilities, check_base
+
+
+@dataclass
+class PeriodicParams(WithBaseParams):
+    period: int = opt(20, "P: period of staircase/sine/periodic_groups", ge=1)
+
+
+@dataclass
+class StaircaseParams(PeriodicParams):
+    low: float = opt(0.4, "staircase: factor in the second half of each period", ge=0, le=1)
+
+
+@dataclass
+class SineParams(PeriodicParams):
+    gamma: float = opt(0.3, "sine degree", ge=0, le=1)
+
+
+@dataclass
+class InterleavedSineParams(SineParams):
+    cutoff: float = opt(0.1, "interleaved_sine: p below this is set to 0", ge=0, le=1)
+
+
+@dataclass
+class PeriodicGroupsParams(StaircaseParams):
+    window: Literal["static", "staircase"] = opt("static", "periodic_groups: pattern inside a group's window")
+
+
+@dataclass
+class CyclicParams(WithBaseParams):
+    groups: int = opt(2, "cyclic: number of groups K", ge=1)
 
 Factor = Callable[[int], "np.ndarray | float"]
 
@@ -45,7 +76,7 @@ def block_groups(m: int, k: int) -> np.ndarray:
     return (np.arange(m, dtype=np.int64) * k) // m
 
 
-def modulated(cfg: AvailabilityConfig, info: ClientInfo, factor: Factor,
+def modulated(cfg: WithBaseParams, info: ClientInfo, factor: Factor,
               cutoff: float | None = None) -> Bernoulli:
     """Bernoulli availability with p_i^t = clip(p_i * factor(t), 0, 1), zeroed below ``cutoff``."""
     p = base_probabilities(cfg.base, info)
@@ -59,18 +90,18 @@ def modulated(cfg: AvailabilityConfig, info: ClientInfo, factor: Factor,
     return Bernoulli(info.m, info.seed, prob)
 
 
-@register("staircase")
-def _staircase(cfg: AvailabilityConfig, info: ClientInfo) -> Participation:
+@register("staircase", params=StaircaseParams, check=check_base)
+def _staircase(cfg: StaircaseParams, info: ClientInfo) -> Participation:
     return modulated(cfg, info, lambda t: staircase(t, cfg.period, cfg.low))
 
 
-@register("sine")
-def _sine(cfg: AvailabilityConfig, info: ClientInfo) -> Participation:
+@register("sine", params=SineParams, check=check_base)
+def _sine(cfg: SineParams, info: ClientInfo) -> Participation:
     return modulated(cfg, info, lambda t: sine(t, cfg.period, cfg.gamma))
 
 
-@register("interleaved_sine")
-def _interleaved_sine(cfg: AvailabilityConfig, info: ClientInfo) -> Participation:
+@register("interleaved_sine", params=InterleavedSineParams, check=check_base)
+def _interleaved_sine(cfg: InterleavedSineParams, info: ClientInfo) -> Participation:
     return modulated(cfg, info, lambda t: sine(t, cfg.period, cfg.gamma), cutoff=cfg.cutoff)
 
 
@@ -85,8 +116,8 @@ def _data_groups(info: ClientInfo) -> np.ndarray:
     return g.astype(np.int64)
 
 
-@register("periodic_groups")
-def _periodic_groups(cfg: AvailabilityConfig, info: ClientInfo) -> Participation:
+@register("periodic_groups", params=PeriodicGroupsParams, check=check_base)
+def _periodic_groups(cfg: PeriodicGroupsParams, info: ClientInfo) -> Participation:
     group = _data_groups(info)
     n, period, low = int(group.max(initial=0)) + 1, cfg.period, cfg.low
     inner = cfg.window == "staircase"
@@ -100,7 +131,7 @@ def _periodic_groups(cfg: AvailabilityConfig, info: ClientInfo) -> Participation
     return modulated(cfg, info, factor)
 
 
-@register("cyclic")
-def _cyclic(cfg: AvailabilityConfig, info: ClientInfo) -> Participation:
+@register("cyclic", params=CyclicParams, check=check_base)
+def _cyclic(cfg: CyclicParams, info: ClientInfo) -> Participation:
     group, k = block_groups(info.m, cfg.groups), cfg.groups
     return modulated(cfg, info, lambda t: (group == t % k).astype(np.float64))

@@ -16,13 +16,16 @@ counter-based stream (seed, "markov", t), so every rank computes the same S_t.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import numpy as np
 
 from .. import rng
-from ..config import AvailabilityConfig
 from ..errors import InputError
+from ..schema import opt
 from .base import ClientInfo, Participation, register
-from .probs import base_probabilities
+from .probs import WithBaseParams, base_probabilities, check_base
 
 NEVER = np.int64(-(2**62))  # "last participation" of a unit that never participated
 
@@ -130,8 +133,15 @@ def _floyd(draws: np.ndarray, n: int) -> np.ndarray:
     return np.fromiter(chosen, dtype=np.int64, count=draws.size)
 
 
-@register("markov")
-def _markov(cfg: AvailabilityConfig, info: ClientInfo) -> Participation:
+@dataclass
+class MarkovParams(WithBaseParams):
+    R: int = opt(0, "markov: minimum separation (rounds a client must wait)", ge=0)
+    B: int = opt(1, "markov: clients per round (groups variant: the group size N/M, or 1)", ge=1)
+    markov_groups: Optional[int] = opt(None, "markov: M groups of B clients run the chain; null = per client", ge=1)
+
+
+@register("markov", params=MarkovParams, check=check_base)
+def _markov(cfg: MarkovParams, info: ClientInfo) -> Participation:
     groups = cfg.markov_groups
     if groups is not None and info.m % groups == 0 and cfg.B not in (1, info.m // groups):
         raise InputError(f"availability.B: with markov_groups = {groups} one group of "

@@ -8,14 +8,50 @@ identical on every rank and for every algorithm of a seed.
 
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Literal, Optional
 
 import numpy as np
 
 from .. import rng
-from ..config import BaseProbConfig
 from ..errors import InputError
-from .base import ClientInfo
+from ..schema import opt
+from .base import AvailabilityParams, ClientInfo
+
+
+@dataclass
+class BaseProbConfig:
+    kind: Literal["fixed", "uniform", "beta", "dirichlet_phi"] = opt(
+        "uniform", "how base probabilities p_i are made")
+    values: Optional[list] = opt(None, "fixed: one p per client, or a single p for all")
+    lo: float = opt(0.1, "uniform: lower end", ge=0, le=1)
+    hi: float = opt(0.5, "uniform: upper end", ge=0, le=1)
+    a: float = opt(0.5, "beta: a", gt=0)
+    b: float = opt(0.5, "beta: b", gt=0)
+    phi_max: Optional[list] = opt(None, "dirichlet_phi: Phi_c per class; null = 1 for the first half, 0.5 after")
+    p_min: Optional[float] = opt(None, "floor applied to every p_i; null = none", ge=0, le=1)
+
+
+@dataclass
+class WithBaseParams(AvailabilityParams):
+    """The keys of a kind built on base probabilities p_i."""
+
+    base: BaseProbConfig = opt(BaseProbConfig(), "base probabilities p_i")
+
+
+def check_base(cfg) -> None:
+    """Cross-key checks of ``availability.base`` (kinds with ``WithBaseParams``)."""
+    m, b = cfg.task.clients, cfg.availability.base
+    if b.lo > b.hi:
+        raise InputError(f"availability.base.lo: must be <= hi ({b.hi}), got {b.lo}")
+    if b.values is not None:
+        if len(b.values) not in (1, m):
+            raise InputError(f"availability.base.values: needs 1 or {m} (task.clients) values, got {len(b.values)}")
+        for v in b.values:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+                raise InputError(f"availability.base.values: probabilities must be in [0, 1], got {v!r}")
+    elif b.kind == "fixed":
+        raise InputError("availability.base.values: base kind 'fixed' needs values")
 
 
 def base_probabilities(cfg: BaseProbConfig, info: ClientInfo) -> np.ndarray:

@@ -13,9 +13,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..config import AvailabilityConfig, Config, load
+from ..config import Config, load
 from ..errors import InputError
+from ..registry import AVAILABILITY
 from .base import ClientInfo, Participation, build
+from .probs import WithBaseParams
 
 InfoLoader = Callable[[Config], ClientInfo]
 
@@ -52,13 +54,13 @@ def empirical_frequency(part: Participation, rounds: int) -> np.ndarray:
 def client_info(cfg: Config, loader: InfoLoader | None = None) -> ClientInfo:
     """What the participation model needs; loads the data partition only when it must."""
     av = cfg.availability
-    needs_data = (not isinstance(av, AvailabilityConfig)  # a plug-in kind: give it everything
-                  or (av.base.kind == "dirichlet_phi" and av.kind not in ("always", "cohort", "trace"))  # histograms
+    needs_data = (not AVAILABILITY.get(av.kind).builtin  # a plug-in kind: give it everything
+                  or (isinstance(av, WithBaseParams) and av.base.kind == "dirichlet_phi")  # histograms
                   or (av.kind == "periodic_groups" and cfg.task.partition.kind == "groups"))  # data groups
     if not needs_data:
         return ClientInfo(m=cfg.task.clients, seed=cfg.seed)
     if loader is None:
-        from ..data.task import client_info as loader  # lazy: reads the dataset
+        from ..build import client_info as loader  # lazy: reads the dataset
     return loader(cfg)
 
 

@@ -37,14 +37,15 @@ from __future__ import annotations
 
 import io
 import os
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Literal, Optional, Union
 
 import numpy as np
 
-from ..config import AvailabilityConfig
 from .. import safepickle, yamlio
 from ..errors import InputError
-from .base import ClientInfo, Participation, register
+from ..schema import opt
+from .base import AvailabilityParams, ClientInfo, Participation, register
 
 _KEY = "availability.trace"
 MAX_TRACE_BYTES = 1 << 30
@@ -260,8 +261,25 @@ def inline_trace(rows: list, fmt: str, m: int, seed: int = 0) -> Trace:
         raise InputError(f"{key}: {e}") from None
 
 
-@register("trace")
-def _trace(cfg: AvailabilityConfig, info: ClientInfo) -> Participation:
+@dataclass
+class TraceParams(AvailabilityParams):
+    trace: Optional[str] = opt(None, "trace: file of available ids per round, 0/1 matrix, or on/off intervals")
+    trace_format: Literal["auto", "ids", "matrix", "intervals"] = opt("auto", "trace: file format")
+    schedule: Optional[Union[str, list]] = opt(
+        None,
+        "trace: the rounds inline, one list per round (available ids, or a 0/1 row of m); a string is a trace path")
+
+    def input_files(self) -> tuple[str, ...]:
+        return tuple(p for p in (self.trace, self.schedule) if isinstance(p, str) and p)
+
+
+def _check_trace(cfg) -> None:
+    if cfg.availability.schedule is not None and cfg.availability.trace is not None:
+        raise InputError("availability.schedule: give either schedule or trace, not both")
+
+
+@register("trace", params=TraceParams, check=_check_trace)
+def _trace(cfg: TraceParams, info: ClientInfo) -> Participation:
     if isinstance(cfg.schedule, list):
         return inline_trace(cfg.schedule, cfg.trace_format, info.m, info.seed)
     path = cfg.schedule or cfg.trace

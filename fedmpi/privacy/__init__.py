@@ -6,7 +6,6 @@
 - ``mechanism``: the clipping and the (banded) Gaussian noise that ``ServerAlgorithm.round`` applies.
 """
 
-from .. import config as _config  # noqa: F401 -- loaded first: config imports .params, which uses config.opt
 from .params import PrivacyParams, check
 
 __all__ = ["PrivacyParams", "check"]

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal, Optional
 
 from .. import registry
-from ..config import opt
+from ..schema import opt
 from ..errors import InputError
 
 #: availability kinds whose sampling the accountant knows (``sampling.Sampling``)

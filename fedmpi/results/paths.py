@@ -59,3 +59,14 @@ def fill_placeholders(template: str, tree: dict, key: str) -> str:
 def assignments(values: dict[str, Any]) -> str:
     """``{"algorithm.k": 0, "seed": 1}`` -> ``algorithm.k=0,seed=1`` (file-name safe)."""
     return ",".join(f"{value_text(k)}={value_text(v)}" for k, v in values.items())
+
+
+DEFAULT_OUTPUT = "runs/{name}-{algorithm.name}-s{seed}.h5"
+
+
+def output_path(cfg: Any) -> str:
+    """The result file of a config: its ``output`` (or ``DEFAULT_OUTPUT``) with the
+    ``{dotted.key}`` placeholders filled in from the config's values."""
+    if cfg.output is not None and not cfg.output.strip():
+        raise InputError("output: empty result path (give a file name, or null for the default)")
+    return fill_placeholders(cfg.output or DEFAULT_OUTPUT, cfg.to_dict(), "output")

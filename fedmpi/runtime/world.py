@@ -1,7 +1,7 @@
 """The process world: MPI ranks, torch.distributed, one device per local rank, sharding.
 
-``World.create(cfg)`` works the same as a single process, under ``mpiexec`` (Open MPI,
-MPICH) and under ``srun``:
+``World.create(device, backend, timeout_s, threads, tf32)`` (the ``runtime`` keys) works the
+same as a single process, under ``mpiexec`` (Open MPI, MPICH) and under ``srun``:
 
 - mpi4py is imported only when a launcher started us with more than one rank (or
   ``FEDMPI_MPI=1``), so a plain ``fedmpi run`` needs no MPI at all;

@@ -1,0 +1,206 @@
+"""The dataset registry, the ``task`` block's common keys and the built-in dataset factories.
+
+A dataset is a factory ``(cfg) -> DataArrays`` registered with ``register_dataset`` (its own
+parameters, a ``DatasetParams`` subclass, sit in the ``task`` block). It gets partitions,
+optional caching (``cache=True``), device placement, image normalisation and on-device
+augmentation for free (``fedmpi.task.build_task``). A factory may instead return a complete
+``fedmpi.task.Task`` (on the CPU) when the standard pipeline does not fit, as ``quadratic``
+(``fedmpi.task``) does. Built-in datasets here:
+
+- image datasets (fmnist, mnist, cifar10, svhn, cinic10; ``readers``): uint8 images,
+  normalised per batch;
+- ``synthetic``: a seeded Gaussian mixture (one mean per class), float features.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import inspect
+import logging
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
+
+import numpy as np
+import psutil
+import yaml
+
+from .. import rng
+from ..errors import InputError
+from ..registry import DATASETS, MODELS
+from ..schema import opt
+from .arrays import DataArrays
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..task import Task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PartitionConfig:
+    kind: Literal["iid", "dirichlet", "shards", "groups"] = opt(
+        "iid", "how training samples are split over clients")
+    alpha: float = opt(0.5, "Dirichlet concentration (dirichlet, groups)", gt=0)
+    classes_per_client: int = opt(1, "classes per client (shards)", ge=1)
+    groups: int = opt(2, "client groups that split the classes (groups)", ge=1)
+
+
+@dataclass
+class TaskConfig:
+    """The ``task`` block's common keys; the chosen dataset's and model's own keys join them."""
+
+    dataset: str = opt("fmnist", "dataset; fmnist falls back to synthetic (with a one-line notice) when absent",
+                       selects=DATASETS)
+    root: Optional[str] = opt(None, "dataset folder; null = the standard location")
+    cache_dir: Optional[str] = opt(None, "where converted datasets are cached; null = ~/.cache/fedmpi")
+    clients: int = opt(100, "number of clients m (N)", ge=1)
+    partition: PartitionConfig = opt(PartitionConfig(), "data partition over clients")
+    model: str = opt("logreg", "model architecture (quadratic task: scalar)", selects=MODELS)
+
+
+@dataclass
+class DatasetParams(TaskConfig):
+    """Base of a dataset's own parameters (they sit in the ``task`` block)."""
+
+
+Factory = Callable[["Config"], "DataArrays | Task"]
+
+
+def register_dataset(name: str, *, params: type | None = None, check: Callable[["Config"], None] | None = None,
+                     cache: bool = False) -> Callable[[Factory], Factory]:
+    """Decorator registering a dataset factory ``(cfg) -> DataArrays`` (or a complete ``Task``).
+
+    ``params``: a ``DatasetParams`` subclass with the dataset's own keys (in the ``task`` block);
+    ``check``: cross-key checks of the config; ``cache``: keep the arrays in an ``.npz`` under
+    ``task.cache_dir``, keyed by the dataset's keys, the seed and the factory's source file."""
+    return DATASETS.register(name, params=params, check=check, cache=cache)
+
+
+@dataclass
+class SyntheticConfig:
+    samples: int = opt(12000, "training samples of the synthetic Gaussian-mixture set", ge=1)
+    test_samples: int = opt(2000, "test samples of the synthetic set", ge=1)
+    features: int = opt(32, "input features (flat vectors)", ge=1)
+    classes: int = opt(10, "number of classes (one Gaussian per class)", ge=2)
+    separation: float = opt(1.0, "distance scale between class means (larger = easier)", gt=0, le=1e6)
+
+
+@dataclass
+class SyntheticParams(DatasetParams):
+    synthetic: SyntheticConfig = opt(SyntheticConfig(), "shape of the synthetic dataset")
+
+
+@dataclass
+class FmnistParams(SyntheticParams):
+    fallback_synthetic: bool = opt(True, "fmnist at the standard location missing -> synthetic (else exit 2)")
+
+
+@register_dataset("synthetic", params=SyntheticParams)
+def synthetic_data(cfg: Config) -> DataArrays:
+    """A seeded Gaussian mixture: class means on a sphere of radius ``separation``."""
+    s = cfg.task.synthetic
+    need = 8 * (s.samples + s.test_samples + s.classes) * s.features  # float64 while drawing
+    free = psutil.virtual_memory().available
+    if need > 0.5 * free:
+        raise InputError(f"task.synthetic: {s.samples + s.test_samples} samples and {s.classes} class means of "
+                         f"{s.features} features need {need / 2**30:.1f} GiB, more than half of the "
+                         f"{free / 2**30:.1f} GiB available")
+    gen = rng.generator(cfg.seed, "synthetic")
+    means = gen.normal(size=(s.classes, s.features))
+    means *= s.separation * np.sqrt(s.features) / np.linalg.norm(means, axis=1, keepdims=True) / 2
+    def draw(n: int) -> tuple[np.ndarray, np.ndarray]:
+        y = gen.integers(0, s.classes, size=n)
+        x = means[y] + gen.normal(size=(n, s.features))
+        return x.astype(np.float32), y.astype(np.int64)
+    xtr, ytr = draw(s.samples)
+    xte, yte = draw(s.test_samples)
+    return DataArrays(xtr, ytr, xte, yte, s.classes)
+
+
+def _image_dataset(name: str) -> Factory:
+    """The factory of a dataset read from files by ``readers`` (cached by the reader itself)."""
+
+    def load(cfg: Config) -> DataArrays:
+        from . import readers
+
+        try:
+            return readers.load(name, cfg.task.root, cfg.task.cache_dir)
+        except readers.DatasetMissing as e:  # absent data only; corrupt files stay errors
+            if not (name == "fmnist" and cfg.task.root is None and cfg.task.fallback_synthetic):
+                raise
+            log.info("Fashion-MNIST not found (%s); using the synthetic dataset instead", e)
+            return synthetic_data(cfg)
+
+    load.__qualname__ = f"image_dataset_{name}"
+    return load
+
+
+for _name in ("fmnist", "mnist", "cifar10", "svhn", "cinic10"):
+    register_dataset(_name, params=FmnistParams if _name == "fmnist" else None)(_image_dataset(_name))
+
+
+
+# ----------------------------------------------------------------------------- what a factory gives
+
+_CACHED = ("x_train", "y_train", "x_test", "y_test", "classes", "mean", "std")
+
+
+def dataset_arrays(cfg: Config) -> "DataArrays | Task":
+    """What the factory of ``task.dataset`` returns (through the cache when it registered one)."""
+    entry = DATASETS.get(cfg.task.dataset)
+    if not entry.options.get("cache"):
+        return entry.obj(cfg)
+    from . import readers
+
+    own = {k: v for k, v in dataclasses.asdict(cfg.task).items()
+           if k not in {f.name for f in dataclasses.fields(TaskConfig)} or k in ("dataset", "root")}
+    src = inspect.getsourcefile(entry.obj) or ""
+    stat = os.stat(src) if src and os.path.exists(src) else None
+    key = yaml.safe_dump({"params": own, "seed": cfg.seed, "source": src,
+                          "stamp": [stat.st_size, stat.st_mtime_ns] if stat else None}, sort_keys=True)
+    fingerprint = hashlib.sha256(key.encode()).hexdigest()
+    path = os.path.join(os.path.expanduser(cfg.task.cache_dir or readers.default_cache_dir()),
+                        f"{cfg.task.dataset}-{fingerprint[:12]}.npz")
+    hit = readers._read_cache(path, fingerprint, _CACHED)
+    if hit is not None:
+        mean, std = (tuple(hit[k].tolist()) if hit[k].size else None for k in ("mean", "std"))
+        return DataArrays(hit["x_train"], hit["y_train"], hit["x_test"], hit["y_test"], int(hit["classes"]),
+                          mean, std)
+    data = entry.obj(cfg)
+    if isinstance(data, DataArrays):
+        arrays = {**dataclasses.asdict(data), "mean": data.mean or (), "std": data.std or ()}
+        readers._write_cache(path, fingerprint, arrays, _CACHED)
+    return data
+
+
+def checked_arrays(data: Any, name: str) -> DataArrays:
+    """The factory's arrays after the checks every dataset must pass (InputError naming it)."""
+    where = f"task.dataset: {name!r}"
+    if not isinstance(data, DataArrays):
+        raise InputError(f"{where}: its factory must return DataArrays or a Task, got {type(data).__name__}")
+    if not isinstance(data.classes, (int, np.integer)) or data.classes < 1:
+        raise InputError(f"{where}: classes must be a positive integer, got {data.classes!r}")
+    out = {}
+    for split in ("train", "test"):
+        x, y = np.asarray(getattr(data, f"x_{split}")), np.asarray(getattr(data, f"y_{split}"))
+        if x.ndim < 2 or y.shape != (x.shape[0],) or x.shape[0] == 0:
+            raise InputError(f"{where}: x_{split} must be (N, ...) with N > 0 and y_{split} (N,), "
+                             f"got {x.shape} and {y.shape}")
+        if not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= data.classes:
+            raise InputError(f"{where}: y_{split} must be integer labels in [0, {data.classes})")
+        if data.image and (x.dtype != np.uint8 or x.ndim != 4 or len(data.mean) != x.shape[1]
+                           or len(data.std or ()) != x.shape[1]):
+            raise InputError(f"{where}: images with mean/std must be uint8 (N, C, H, W) with C values each, "
+                             f"got {x.dtype} {x.shape}")
+        if not data.image:
+            if not np.issubdtype(x.dtype, np.floating) or not np.isfinite(x).all():
+                raise InputError(f"{where}: x_{split} must hold finite floats (or uint8 images with mean/std)")
+            x = x.astype(np.float32, copy=False)
+        out[f"x_{split}"], out[f"y_{split}"] = x, y.astype(np.int64, copy=False)
+    if out["x_train"].shape[1:] != out["x_test"].shape[1:]:
+        raise InputError(f"{where}: train and test samples differ in shape "
+                         f"({out['x_train'].shape[1:]} vs {out['x_test'].shape[1:]})")
+    return dataclasses.replace(data, classes=int(data.classes), **out)

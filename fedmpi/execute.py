@@ -1,0 +1,40 @@
+"""One run in this process, as ``fedmpi run`` and each cell of ``fedmpi sweep`` make it: the
+world set up, the run, the world closed, the exit code. Every rank of the launched world calls
+``execute``; it is collective."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .errors import Diverged, Interrupted, exit_code
+
+if TYPE_CHECKING:
+    from .config import Config
+
+
+def input_files(cfg: Config, config_path: str | None) -> tuple[str, ...]:
+    """Files a run reads, which its result file must never be: the config and the trace,
+    schedule and graph files it names."""
+    graph = cfg.topology.input_files() if cfg.topology else ()
+    return ((config_path,) if config_path else ()) + cfg.availability.input_files() + graph
+
+
+def execute(cfg: Config, out: str, *, quiet: bool = False, resume: bool = False, overwrite: bool = False,
+            inputs: tuple[str, ...] = (), label: str = "") -> int:
+    """One run of ``cfg`` into ``out`` in this process (all ranks of the launched world call it):
+    the MPI/torch world is set up, the run made, the world closed. Returns the exit code."""
+    from .runtime import World
+
+    world = World.create(cfg.runtime.device, cfg.runtime.backend, cfg.runtime.timeout_s, cfg.runtime.threads,
+                         cfg.runtime.tf32)
+    from .runner import run
+
+    finished = False
+    try:
+        code = run(cfg, world, out, quiet=quiet, resume=resume, overwrite=overwrite, inputs=inputs, label=label)
+        finished = code == 0
+        return code
+    except (Interrupted, Diverged, KeyboardInterrupt) as e:  # 3 or 4 (also for a sweep's cell)
+        return exit_code(e, world.rank)
+    finally:
+        world.close(finished)

@@ -1,0 +1,36 @@
+"""Declaring config keys: ``opt(default, doc, bounds...)`` for a field of a section dataclass.
+
+Every config section is a dataclass declared by the component that reads it (the local trainer's
+``train``, an algorithm's ``algorithm`` block, an availability kind's keys...); ``fedmpi.config``
+assembles the root and parses YAML against it. This module imports nothing else of fedmpi, so
+any component can declare its keys without pulling in the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import field
+from typing import Any
+
+import yaml
+
+
+def opt(default: Any, doc: str, *, ge: float | None = None, gt: float | None = None,
+        le: float | None = None, lt: float | None = None, selects: Any = None, used_by: Any = None) -> Any:
+    """Declare a config key: default, one-line doc and numeric bounds.
+
+    ``selects`` (a ``fedmpi.registry.Registry``): the key names a component of that registry, and
+    its block then takes the chosen component's parameters. ``used_by`` (a Registry): the section
+    belongs to the components of that registry that list it in their ``sections``; with none of
+    them selected it is ignored (with a notice) and left ``None``."""
+    meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt, "selects": selects, "used_by": used_by}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: copy(d), metadata=meta)
+    if dataclasses.is_dataclass(default):
+        return field(default_factory=type(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def copy(x: Any) -> Any:
+    """A deep copy of plain YAML data."""
+    return yaml.safe_load(yaml.safe_dump(x))
