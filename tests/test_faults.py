@@ -194,7 +194,7 @@ def test_refused_overwrite_keeps_the_old_checkpoint(tmp_path, monkeypatch):
     def bad_input(cfg, world):
         raise InputError("task.synthetic: refused")
 
-    monkeypatch.setattr(runner_module, "build_run", bad_input)
+    monkeypatch.setattr(runner_module, "build_components", bad_input)
     with pytest.raises(InputError):
         Runner(cfg, World(), out, quiet=True, overwrite=True)
     assert json.load(open(f"{out}.ckpt/manifest.json"))["round"] == 3

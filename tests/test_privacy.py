@@ -10,7 +10,7 @@ import torch
 from conftest import assert_resume_identical, fedmpi, synthetic_config, write_config
 
 from fedmpi import config, rng
-from fedmpi.build import build_run
+from fedmpi.build import build_components
 from fedmpi.privacy.mechanism import Privacy, banded_sqrt_coefficients
 from fedmpi.privacy.params import PrivacyParams
 from fedmpi.privacy.sampling import Sampling
@@ -60,7 +60,7 @@ def test_the_server_adds_the_noise_once_to_the_mean_of_clipped_updates():
     def first_round(sigma: float):
         cfg = config.from_dict(markov_cfg({"mechanism": "gaussian", "clip": 0.05, "noise_multiplier": sigma},
                                           train={"local_steps": 3, "batch_size": 8, "lr": 0.5, "global_lr": 0.5}))
-        run = build_run(cfg, World())
+        run = build_components(cfg, World())
         x0 = run.algorithm.x.clone()
         run.algorithm.round(0)
         return run.algorithm.x - x0, run.spec.dim
@@ -115,7 +115,7 @@ def test_epsilon_is_the_libraries_answer_for_poisson_sampling(tmp_path):
 
 def test_a_target_epsilon_calibrates_the_noise_multiplier():
     cfg = config.from_dict(markov_cfg({"mechanism": "gaussian", "clip": 1.0, "epsilon": 4.0}, rounds=30))
-    priv = build_run(cfg, World()).algorithm.privacy
+    priv = build_components(cfg, World()).algorithm.privacy
     assert priv.epsilon(30) <= 4.0 and priv.epsilon(30) == pytest.approx(4.0, rel=1e-3)
     # min separation R = 2: a client takes part in at most ceil(30 / 3) = 10 rounds, no amplification
     acc = dp.rdp.RdpAccountant()
@@ -133,7 +133,7 @@ def test_a_target_epsilon_calibrates_the_noise_multiplier():
 def test_the_sampling_each_availability_gives_the_accountant(availability, want):
     cfg = markov_cfg({"mechanism": "gaussian", "clip": 1.0, "noise_multiplier": 1.0}, "fedavg_active")
     cfg["availability"] = availability
-    assert build_run(config.from_dict(cfg), World()).algorithm.privacy.sampling == want
+    assert build_components(config.from_dict(cfg), World()).algorithm.privacy.sampling == want
 
 
 def test_a_fixed_size_cohort_is_accounted_as_sampling_without_replacement():
@@ -147,7 +147,7 @@ def test_a_fixed_size_cohort_is_accounted_as_sampling_without_replacement():
 def test_a_resumed_run_keeps_its_calibrated_noise_when_given_more_rounds():
     def algorithm(rounds: int):
         cfg = markov_cfg({"mechanism": "gaussian", "clip": 1.0, "epsilon": 4.0}, rounds=rounds)
-        return build_run(config.from_dict(cfg), World()).algorithm
+        return build_components(config.from_dict(cfg), World()).algorithm
 
     first, longer = algorithm(30), algorithm(60)
     assert longer.privacy.sigma > first.privacy.sigma
