@@ -253,3 +253,47 @@ def test_table_bounds_and_odd_numbers(tmp_path):
     _one_line_error(fedmpi(["table", str(tmp_path), "--digits", "100000000"], check=False), 2, "digits")
     os.mkfifo(tmp_path / "x.h5")
     _one_line_error(fedmpi(["table", str(tmp_path)], check=False, timeout=20), 2, "x.h5", "regular file")
+
+
+# ----------------------------------------------------------------------------- 19: auxiliary commands
+
+@pytest.mark.parametrize("args, words", [
+    (["pi", "--p", "1e308,1e308,1", "--R", "1", "--json"], None),
+    (["pi", "--p", "uniform:2000000000:0.1:1"], ["--p", "1000000"]),
+    (["pi", "--p-file", "/dev/zero"], ["/dev/zero", "32 MiB"]),
+    (["markov-plot", "fig1", "--N", "5", "--R", "0:1000000000:1", "--out", "{tmp}/m.png"], ["--R", "0..4"]),
+    (["availability", "{cfg}", "--rounds", "1000000000000"], ["--rounds", "100000"]),
+    (["availability", "{cfg}", "--out", "{tmp}/x.yaml"], ["--out", ".png"]),
+    (["availability", "{cfg}", "--out", "{cfg}"], ["--out"]),
+])
+def test_auxiliary_commands_are_bounded(tmp_path, args, words):
+    cfg = write_config(tmp_path / "c.png", synthetic_config())  # a config that a figure path could hit
+    args = [a.format(tmp=tmp_path, cfg=cfg) for a in args]
+    before = _digest(cfg)
+    proc = fedmpi(args, check=False, timeout=60)
+    if words is None:
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+        import json
+
+        pi = json.loads(proc.stdout)["pi"]
+        assert pi[0] == pytest.approx(0.5, abs=0.02) and pi[2] < 1e-300
+    else:
+        _one_line_error(proc, 2, *words)
+    assert _digest(cfg) == before
+
+
+def test_a_damaged_mask_is_one_line_for_readers_and_resume(tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(
+        rounds=4, eval_every=1, runtime__log_availability=True, runtime__checkpoint_every=2))
+    out = str(tmp_path / "r.h5")
+    from fault_plugin import env
+
+    fedmpi(["run", cfg, "--out", out, "--quiet"], check=False, env=env("0:3:raise"))
+    with h5py.File(out, "r") as f:
+        offset, size = (lambda i: (i.byte_offset, i.size))(f["availability/mask"].id.get_chunk_info(0))
+    with open(out, "r+b") as fh:
+        fh.seek(offset)
+        fh.write(b"\xff" * size)
+    _one_line_error(fedmpi(["markov-plot", "freq", out, "--out", str(tmp_path / "f.png")], check=False),
+                    2, "/availability/mask is damaged")
+    _one_line_error(fedmpi(["run", cfg, "--out", out, "--quiet"], check=False), 2, "mask is damaged", "--overwrite")

@@ -324,8 +324,12 @@ class ResultWriter:
             if self.mask.shape[0] < rounds_done:
                 raise InputError(f"{self.path}: holds {self.mask.shape[0]} rows of /availability/mask, "
                                  f"fewer than the checkpoint's {rounds_done} rounds")
-            self.mask.resize((rounds_done, self.mask.shape[1]))
-            damaged = _first_unreadable_row(self.mask)
+            damaged = _first_unreadable_row(self.mask, rounds_done)
+            try:
+                if damaged is None:
+                    self.mask.resize((rounds_done, self.mask.shape[1]))
+            except (OSError, RuntimeError, ValueError):
+                damaged = rounds_done
             if damaged is not None:
                 raise InputError(f"{self.path}: /availability/mask is damaged from row {damaged} (an earlier "
                                  f"write failed); this file cannot be continued: --overwrite starts afresh")
@@ -472,10 +476,10 @@ def _short(e: BaseException) -> str:
     return text.splitlines()[0][:160]
 
 
-def _first_unreadable_row(ds: h5py.Dataset) -> int | None:
-    """The first row of a chunked dataset whose chunk no longer decodes (None: all read)."""
+def _first_unreadable_row(ds: h5py.Dataset, stop: int) -> int | None:
+    """The first row before ``stop`` whose chunk no longer decodes (None: all read)."""
     step = ds.chunks[0] if ds.chunks else 1024
-    for lo in range(0, ds.shape[0], step):
+    for lo in range(0, min(stop, ds.shape[0]), step):
         try:
             ds[lo:lo + step]
         except (OSError, RuntimeError, ValueError):
