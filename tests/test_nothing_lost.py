@@ -297,3 +297,22 @@ def test_a_damaged_mask_is_one_line_for_readers_and_resume(tmp_path):
     _one_line_error(fedmpi(["markov-plot", "freq", out, "--out", str(tmp_path / "f.png")], check=False),
                     2, "/availability/mask is damaged")
     _one_line_error(fedmpi(["run", cfg, "--out", out, "--quiet"], check=False), 2, "mask is damaged", "--overwrite")
+
+
+# ----------------------------------------------------------------------------- 12: long strings
+
+def _long_string_bomb(n_aliases: int = 100) -> str:
+    return "a: &x '" + "y" * (1 << 20) + "'\nb: [" + ", ".join(["*x"] * n_aliases) + "]\n"
+
+
+def test_long_strings_count_against_the_alias_budget(tmp_path):
+    s = tmp_path / "s.sweep.yaml"
+    s.write_text(_long_string_bomb())
+    _one_line_error(fedmpi(["table", str(s)], check=False, timeout=60), 2, "aliases are expanded")
+    path = _fake(tmp_path)
+    with h5py.File(path, "a") as f:
+        f.attrs["config"] = _long_string_bomb()
+    for cmd in (["info", path, "--no-config"], ["table", path], ["export", path, "--out", "-"]):
+        proc = fedmpi(cmd, check=False, timeout=60)
+        assert proc.returncode in (0, 2) and "Traceback" not in proc.stderr, proc.stderr
+        assert len(proc.stdout) < 1 << 20
