@@ -316,3 +316,30 @@ def test_long_strings_count_against_the_alias_budget(tmp_path):
         proc = fedmpi(cmd, check=False, timeout=60)
         assert proc.returncode in (0, 2) and "Traceback" not in proc.stderr, proc.stderr
         assert len(proc.stdout) < 1 << 20
+
+
+# ----------------------------------------------------------------------------- 13: IDX memory
+
+@pytest.mark.parametrize("labels", [12, 300_000])
+def test_an_idx_header_that_lies_is_refused_before_inflating(tmp_path, labels):
+    """A small gzip announcing 300000 images (235 MB): refused at once by the gzip trailer
+    (or by the labels' count), never inflated, let alone copied."""
+    import gzip
+    import struct
+    import time
+
+    from test_readers import write_idx
+
+    root = tmp_path / "fm"
+    write_idx(root, np.random.default_rng(0))
+    (root / "train-images-idx3-ubyte.gz").write_bytes(gzip.compress(
+        bytes([0, 0, 8, 3]) + struct.pack(">3I", 300_000, 28, 28) + bytes(1 << 20)))
+    (root / "train-labels-idx1-ubyte.gz").write_bytes(gzip.compress(
+        bytes([0, 0, 8, 1]) + struct.pack(">I", labels) + bytes(labels)))
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(
+        rounds=1, task={"dataset": "fmnist", "root": str(root), "clients": 4, "model": "logreg"}))
+    start = time.monotonic()
+    proc = fedmpi(["run", cfg, "--out", str(tmp_path / "r.h5"), "--quiet"], check=False,
+                  env={"FEDMPI_CACHE": str(tmp_path / "cache")})
+    _one_line_error(proc, 2, "train-images-idx3-ubyte.gz", "12 labels" if labels == 12 else "truncated")
+    assert time.monotonic() - start < 30
