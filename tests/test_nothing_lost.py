@@ -381,3 +381,17 @@ def test_dirichlet_repair_is_fast_and_gives_the_same_clients(seed):
         start = time.perf_counter()
         part.partition(labels, 300_000, PartitionConfig(kind="dirichlet", alpha=0.5), np.random.default_rng(1))
         assert time.perf_counter() - start < 20
+
+
+# ----------------------------------------------------------------------------- 20: a stopped peer
+
+def test_a_stopped_peer_is_one_lost_contact_line(tmp_path):
+    from fault_plugin import env
+
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=20, runtime__timeout_s=5))
+    proc = fedmpi(["run", cfg, "--out", str(tmp_path / "r.h5"), "--quiet"], ranks=2, check=False, timeout=120,
+                  env=env("1:3:stop"))
+    assert proc.returncode != 0
+    ours = [ln for ln in proc.stderr.splitlines() if ln.startswith("fedmpi:")]  # (not Open MPI's box)
+    assert "Traceback" not in proc.stderr and "rank 0: lost contact" in ours[0], proc.stderr
+    assert all("lost contact with another rank" in ln for ln in ours), proc.stderr  # one per rank at most
