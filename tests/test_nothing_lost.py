@@ -395,3 +395,41 @@ def test_a_stopped_peer_is_one_lost_contact_line(tmp_path):
     ours = [ln for ln in proc.stderr.splitlines() if ln.startswith("fedmpi:")]  # (not Open MPI's box)
     assert "Traceback" not in proc.stderr and "rank 0: lost contact" in ours[0], proc.stderr
     assert all("lost contact with another rank" in ln for ln in ours), proc.stderr  # one per rank at most
+
+
+# ----------------------------------------------------------------------------- 25: forged checkpoints
+
+@pytest.mark.parametrize("forge, words", [
+    ("dtype", ["dtype torch.float64"]),
+    ("key", ["algorithm/shared/extra", "not part of"]),
+    ("nan", ["NaN"]),
+])
+def test_a_resealed_edited_checkpoint_is_refused(tmp_path, forge, words):
+    import json
+
+    import torch
+    from fault_plugin import env
+
+    from fedmpi import checkpoint
+
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=8, runtime__checkpoint_every=2,
+                                                             algorithm={"name": "mifa"}))
+    out = str(tmp_path / "r.h5")
+    fedmpi(["run", cfg, "--out", out, "--quiet"], check=False, env=env("0:5:raise"))
+    folder = checkpoint.folder_for(out)
+    man = json.load(open(os.path.join(folder, checkpoint.MANIFEST)))
+    shard = os.path.join(folder, man["shards"][0]["file"])
+    state = torch.load(shard, weights_only=True)
+    name = next(k for k, v in state.items() if k.startswith("algorithm/") and v.is_floating_point())
+    if forge == "dtype":
+        state[name] = state[name].double()
+    elif forge == "key":
+        state["algorithm/shared/extra"] = torch.zeros(3)
+    else:
+        state[name] = state[name].clone().fill_(float("nan"))
+    torch.save(state, shard)
+    man["shards"][0]["sha256"] = hashlib.sha256(open(shard, "rb").read()).hexdigest()
+    man["manifest_sha256"] = checkpoint._manifest_sha256(man)
+    with open(os.path.join(folder, checkpoint.MANIFEST), "w") as fh:
+        json.dump(man, fh)
+    _one_line_error(fedmpi(["run", cfg, "--out", out, "--quiet"], check=False), 2, "manifest.json", *words)
