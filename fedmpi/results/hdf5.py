@@ -225,8 +225,11 @@ def claim(path: str, digest: str, inputs: Iterable[str] = (), overwrite: bool = 
 _libc: Any = None
 
 
-def _fallocate_keep_size(fd: int, offset: int, length: int) -> None:
-    """Linux ``fallocate(fd, FALLOC_FL_KEEP_SIZE, offset, length)``; OSError(EOPNOTSUPP) elsewhere."""
+_KEEP_SIZE, _PUNCH_HOLE = 1, 2  # fallocate modes (linux/falloc.h)
+
+
+def _fallocate(fd: int, mode: int, offset: int, length: int) -> None:
+    """Linux ``fallocate(fd, mode, offset, length)``; OSError(EOPNOTSUPP) elsewhere."""
     global _libc
     import ctypes
     import ctypes.util
@@ -237,7 +240,7 @@ def _fallocate_keep_size(fd: int, offset: int, length: int) -> None:
     if fn is None:
         raise OSError(errno.EOPNOTSUPP, "no fallocate")
     fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-    if fn(fd, 1, offset, length) != 0:
+    if fn(fd, mode, offset, length) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
 
@@ -247,13 +250,21 @@ def reserve(fd: int, nbytes: int) -> None:
     there without changing its size, or (file systems without fallocate) free on the device.
     OSError (ENOSPC) when they cannot."""
     try:
-        _fallocate_keep_size(fd, os.fstat(fd).st_size, nbytes)
+        _fallocate(fd, _KEEP_SIZE, os.fstat(fd).st_size, nbytes)
     except OSError as e:
         if e.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
             raise
         st = os.fstatvfs(fd)
         if st.f_bavail * st.f_frsize < nbytes:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) from None
+
+
+def unreserve(fd: int) -> None:
+    """Give back what :func:`reserve` left allocated past the end of the file (best effort)."""
+    try:
+        _fallocate(fd, _KEEP_SIZE | _PUNCH_HOLE, os.fstat(fd).st_size, 1 << 40)
+    except OSError:
+        pass
 
 
 # ----------------------------------------------------------------------------- writing
@@ -467,6 +478,7 @@ class ResultWriter:
                 s.close()
             if self.claim is not None:
                 self.claim.release()
+            unreserve(self._fd)
             os.close(self._fd)
 
 
