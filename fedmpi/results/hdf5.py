@@ -65,7 +65,7 @@ def _lock(fd: int, path: str) -> bool:
 def is_locked(path: str) -> bool:
     """True while some process holds the result file's write lock (a run is writing it)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # (a FIFO must not block us)
     except OSError:
         return False
     try:
