@@ -312,6 +312,10 @@ def test_long_strings_count_against_the_alias_budget(tmp_path):
     path = _fake(tmp_path)
     with h5py.File(path, "a") as f:
         f.attrs["config"] = _long_string_bomb()
+    with h5py.File(path, "a") as f:
+        f.attrs["status"] = "running"  # an unfinished run at the output path: claim reads its config
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=1))
+    _one_line_error(fedmpi(["run", cfg, "--out", path, "--quiet"], check=False, timeout=60), 2, "another experiment")
     for cmd in (["info", path, "--no-config"], ["table", path], ["export", path, "--out", "-"]):
         proc = fedmpi(cmd, check=False, timeout=60)
         assert proc.returncode in (0, 2) and "Traceback" not in proc.stderr, proc.stderr

@@ -102,15 +102,14 @@ def peek(path: str) -> tuple[str, dict[str, Any]]:
 
 
 def _stored_digest(config_yaml: str) -> str | None:
-    """Resume digest of a stored config (None when it is no longer a valid config)."""
-    import yaml
-
-    from .. import config, log
+    """Resume digest of a stored config (None when it is no longer a valid config). The text
+    comes from a file: it is read with the input limits (yamlio), like every other reader's."""
+    from .. import config, log, yamlio
 
     try:
         with log.muted():
-            return config.from_dict(yaml.safe_load(config_yaml) or {}).resume_digest()
-    except (InputError, yaml.YAMLError, TypeError, ValueError):
+            return config.from_dict(yamlio.loads(config_yaml, "config") or {}).resume_digest()
+    except (InputError, TypeError, ValueError, AttributeError):
         return None
 
 
