@@ -244,8 +244,8 @@ def _idx_array(path: str, ndim: int) -> np.ndarray:
             _idx_size_error(path, dims, total, stored > total % 2**32, gz)
         body = np.empty(total - head, dtype=np.uint8)  # inflated in place: the memory check holds
         view, got = memoryview(body), 0
-        while got < body.size and (n := fh.readinto(view[got:])):
-            got += n
+        while got < body.size and (n := fh.readinto(view[got:got + (16 << 20)])):  # GzipFile.readinto
+            got += n  # inflates into a temporary bytes object of the size asked: ask for 16 MiB at a time
         if got != body.size or fh.read(1):
             _idx_size_error(path, dims, total, got == body.size, gz)
     return body.reshape(dims)
