@@ -92,7 +92,7 @@ class Runner:
         from .results.hdf5 import ResultWriter
 
         cfg, run = self.cfg, self.components
-        extra = sidecars.build(cfg.runtime, self.out_path, replace=self.claim.previous not in ("missing", "empty"))
+        extra = sidecars.build(cfg.runtime, self.out_path, replace=self.claim.owns_sidecars)
         resume_at = self.checkpointer.rounds_done or None
         writer = ResultWriter(self.out_path, cfg.to_yaml(), cfg.seed, self.world.size, self.evaluator.names,
                               run.m, cfg.runtime.log_availability, resume_at=resume_at,

@@ -49,6 +49,12 @@ def test_runtime_csv_never_replaces_a_file_it_did_not_write(tmp_path):
     fedmpi(["run", cfg, "--out", str(tmp_path / "r.h5"), "--quiet", "--set", "availability.kind=always",
             "--overwrite"])
     assert open(tmp_path / "r.csv").readline().startswith("round,")
+    os.unlink(tmp_path / "r.h5")  # a stale metric CSV of a deleted run: replaced only with --overwrite
+    proc = fedmpi(["run", cfg, "--out", str(tmp_path / "r.h5"), "--quiet", "--set", "availability.kind=always"],
+                  check=False)
+    _one_line_error(proc, 2, "r.csv", "--overwrite")
+    fedmpi(["run", cfg, "--out", str(tmp_path / "r.h5"), "--quiet", "--set", "availability.kind=always",
+            "--overwrite"])
 
 
 # ----------------------------------------------------------------------------- 3: export

@@ -126,8 +126,15 @@ class Claim:
     ``previous`` is what the path held before ('missing', 'empty', a status, or 'foreign' when
     ``overwrite`` allowed replacing it). Release with :meth:`release` (the writer does it)."""
 
-    def __init__(self, path: str, fd: int, created: bool, previous: str):
+    def __init__(self, path: str, fd: int, created: bool, previous: str, overwrite: bool = False):
         self.path, self.fd, self.created, self.previous = path, fd, created, previous
+        self.overwrite = overwrite
+
+    @property
+    def owns_sidecars(self) -> bool:
+        """Whether this run may rewrite the files named after the result (its metric CSV): it
+        continues or replaces a run there, or the user said --overwrite."""
+        return self.overwrite or self.previous not in ("missing", "empty")
 
     def release(self, discard: bool = False) -> None:
         """Drop the lock; ``discard`` also removes a file this claim created (nothing was run)."""
@@ -216,7 +223,7 @@ def claim(path: str, digest: str, inputs: Iterable[str] = (), overwrite: bool = 
     if why is not None:
         os.close(fd)
         raise InputError(f"{path}: {why}")
-    return Claim(path, fd, created, previous)
+    return Claim(path, fd, created, previous, overwrite)
 
 
 # ----------------------------------------------------------------------------- disk space
