@@ -228,10 +228,8 @@ def claim(path: str, digest: str, inputs: Iterable[str] = (), overwrite: bool = 
 
 # ----------------------------------------------------------------------------- disk space
 
-_libc: Any = None
-
-
 _KEEP_SIZE, _PUNCH_HOLE = 1, 2  # fallocate modes (linux/falloc.h)
+_libc: Any = None
 
 
 def _fallocate(fd: int, mode: int, offset: int, length: int) -> None:
@@ -334,8 +332,12 @@ class ResultWriter:
         except (OSError, KeyError, RuntimeError) as e:
             raise InputError(f"{self.path}: cannot continue this result file ({_short(e)}); free space, "
                              f"or start afresh with --overwrite") from None
-        for n in self.names:
-            g[n].resize((keep,))
+        try:
+            for n in self.names:
+                g[n].resize((keep,))
+        except (OSError, RuntimeError, ValueError) as e:
+            raise InputError(f"{self.path}: /metrics is damaged ({_short(e)}); this file cannot be continued: "
+                             f"--overwrite starts afresh") from None
         self.mask = self.f.get("availability/mask")
         if self.mask is not None:
             if self.mask.shape[0] < rounds_done:
