@@ -84,7 +84,7 @@ def check_target(path: str, key: str, inputs: Iterable[str] = (), overwrite: boo
     if peek(path)[0] not in ("missing", "empty", "foreign"):
         raise InputError(f"{key}: {path} is a fedmpi result file; choose another path")
     if not overwrite and not (replaceable is not None and replaceable(path)):
-        raise InputError(f"{key}: {path} exists and was not written by this command; {advice}")
+        raise InputError(f"{key}: {path} already exists; {advice}")
 
 
 class AtomicFile:
