@@ -206,12 +206,16 @@ def read_manifest(folder: str) -> dict | None:
     return man
 
 
-def load(world: World, folder: str, digest: str, m: int,
-         rounds: int | None = None) -> tuple[int, dict[str, State]] | None:
+def load(world: World, folder: str, digest: str, m: int, rounds: int | None = None,
+         declared: dict[str, State] | None = None) -> tuple[int, dict[str, State]] | None:
     """The last committed checkpoint, re-sharded for this rank: (rounds_done, {component: state})
     or None.
 
     ``rounds``: the run's length; a checkpoint beyond it is refused rather than silently ending.
+    ``declared``: the run's own state now ({component: State}); the checkpoint must hold exactly
+    its shared and client entries, of its dtypes and shapes (client rows: the row shape), and
+    only finite values. The hashes show that files are intact, not who wrote them: this check is
+    what keeps a resealed, edited checkpoint from being resumed.
     """
     man = read_manifest(folder)
     if man is None:
@@ -256,7 +260,40 @@ def load(world: World, folder: str, digest: str, m: int,
         except ValueError:
             raise InputError(f"{folder}: checkpoint in an older layout (key {k!r}); "
                              f"delete the folder to start afresh") from None
+    if declared is not None:
+        _check_declared(parts, declared, where)
     return man["round"], parts
+
+
+def _check_declared(parts: dict[str, State], declared: dict[str, State], where: str) -> None:
+    """Refuse state the run does not declare, or of another dtype or shape, or not finite."""
+    from .guards import nonfinite
+
+    fix = "not a checkpoint this run wrote; delete the folder to start afresh"
+    for component in sorted(set(parts) | set(declared)):
+        got, want = parts.get(component, State()), declared.get(component, State())
+        for kind, attr in (("shared", "shared"), ("client", "clients")):
+            have, need = getattr(got, attr), getattr(want, attr)
+            for name in sorted(set(have) | set(need)):
+                key = f"{component}/{kind}/{name}"
+                if name not in need or name not in have:
+                    raise InputError(f"{where}: key {key}: {'not part of' if name not in need else 'missing from'} "
+                                     f"this run's state ({fix})")
+                t, ref = have[name], need[name]
+                if t.dtype != ref.dtype:
+                    raise InputError(f"{where}: key {key}: dtype {t.dtype}, the run's is {ref.dtype} ({fix})")
+                shape, ref_shape = (t.shape, ref.shape) if kind == "shared" else (t.shape[1:], ref.shape[1:])
+                if tuple(shape) != tuple(ref_shape):
+                    raise InputError(f"{where}: key {key}: shape {tuple(t.shape)}, the run's is "
+                                     f"{tuple(ref.shape)} ({fix})")
+        ref = next(iter(want.union.values()), None)  # union entries vary in name (FedSWE's versions), not in kind
+        for name, t in got.union.items() if ref is not None else ():
+            if t.dtype != ref.dtype or tuple(t.shape) != tuple(ref.shape):
+                raise InputError(f"{where}: key {component}/union/{name}: {t.dtype} {tuple(t.shape)}, the run's "
+                                 f"are {ref.dtype} {tuple(ref.shape)} ({fix})")
+        bad = nonfinite({f"{component}/{k}": t for k, t in got.items()})
+        if bad is not None:
+            raise InputError(f"{where}: key {bad}: holds NaN or infinite values, which fedmpi never saves ({fix})")
 
 
 def _read_shard(path: str, entry: dict) -> dict[str, torch.Tensor]:

@@ -40,7 +40,7 @@ class Checkpointer:
         self.rounds_done, self.wall_time = 0, 0.0  # of the resumed checkpoint (0 when fresh)
         self.last_saved: int | None = None  # rounds done at the last committed checkpoint
         loaded = None if fresh else checkpoint.load(run.world, self.folder, run.cfg.resume_digest(), run.m,
-                                                    run.cfg.rounds)
+                                                    run.cfg.rounds, declared=self._parts(0.0))
         if loaded is None and required:
             raise InputError(f"--resume: no checkpoint at {self.folder}")
         if loaded is not None:
@@ -57,10 +57,7 @@ class Checkpointer:
         """Write a checkpoint after ``rounds_done`` rounds (every rank calls it); a state that is
         not finite raises ``Diverged`` on every rank instead of replacing the last good one."""
         self.flush()
-        parts = {"algorithm": self.run.algorithm.state_dict(),
-                 "runner": State(shared={"wall_time": torch.tensor(wall_time, dtype=torch.float64)})}
-        if self.run.participation is not None:
-            parts["participation"] = self.run.participation.state_dict()
+        parts = self._parts(wall_time)
         bad = guards.nonfinite({f"{component}/{key}": t for component, state in parts.items()
                                 for key, t in state.items()})
         guards.stop_if_diverged(self.run.world, f"state {bad!r} is not finite" if bad else None, rounds_done,
@@ -75,6 +72,14 @@ class Checkpointer:
             kept = f"the checkpoint of round {self.last_saved} is kept" if self.last_saved else "no round was run"
             raise Interrupted(f"signal {self._signame()} before round {self.rounds_done + 1}; {kept}, run the same "
                               f"command again to continue")
+
+    def _parts(self, wall_time: float) -> dict[str, State]:
+        """What a checkpoint holds: each component's declared state and the wall time."""
+        parts = {"algorithm": self.run.algorithm.state_dict(),
+                 "runner": State(shared={"wall_time": torch.tensor(wall_time, dtype=torch.float64)})}
+        if self.run.participation is not None:
+            parts["participation"] = self.run.participation.state_dict()
+        return parts
 
     def after_round(self, rounds_done: int, wall_time: float) -> None:
         """Save when due; after a stop signal on any rank, save and raise ``Interrupted``."""

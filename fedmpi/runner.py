@@ -101,7 +101,7 @@ class Runner:
         from .results.hdf5 import ResultWriter
 
         cfg, run = self.cfg, self.components
-        extra = sidecars.build(cfg.runtime, self.out_path, replace=self.claim.previous not in ("missing", "empty"))
+        extra = sidecars.build(cfg.runtime, self.out_path, replace=self.claim.owns_sidecars)
         resume_at = self.checkpointer.rounds_done or None
         writer = ResultWriter(self.out_path, cfg.to_yaml(), cfg.seed, self.world.size, self.evaluator.names,
                               run.m, cfg.runtime.log_availability, resume_at=resume_at,
@@ -201,10 +201,19 @@ class Runner:
 _ABORT_GRACE_S = 5.0  # a failing rank's wait between closing its links and MPI_Abort
 
 
-def _is_peer_failure(e: Exception) -> bool:
-    text = f"{type(e).__name__} {e}"
-    return any(w in text for w in ("DistBackendError", "Connection reset", "Connection closed", "timed out",
-                                   "Timeout", "Broken pipe", "peer"))
+_PEER_FAILURE_TYPES = ("DistBackendError", "DistNetworkError", "DistStoreError")  # torch.distributed's
+_PEER_FAILURE_WORDS = ("connection reset", "connection closed", "connection refused", "timed out", "timeout",
+                       "broken pipe", "peer")
+
+
+def _is_peer_failure(e: BaseException) -> bool:
+    """Whether ``e`` is what another rank's death or stop looks like here: a torch.distributed
+    error or an OS connection/timeout error, or a message (gloo's, in any case: 'Timed out')
+    that says so."""
+    if isinstance(e, (ConnectionError, TimeoutError)) or type(e).__name__ in _PEER_FAILURE_TYPES:
+        return True
+    text = str(e).lower()
+    return any(w in text for w in _PEER_FAILURE_WORDS)
 
 
 def run(cfg: Config, world: World, out_path: str, quiet: bool = False, resume: bool = False,

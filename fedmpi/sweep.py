@@ -10,6 +10,7 @@ from .results.paths import assignments
 from .results.sweepfile import STATES, cell_state, first_difference, load, peek_config, status_text
 from .sweeprun import run_cell, run_parallel, run_sequential, say, serve
 
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Run every cell of a sweep file (base config x variants x grid) into its own result "
                           "file. Finished cells are skipped and interrupted ones resumed, so the same command "

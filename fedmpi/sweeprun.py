@@ -22,7 +22,9 @@ from .cores import available_cores
 from .errors import InputError
 from .results.sweepfile import Cell, Sweep, cell_state
 
+
 def say(quiet: bool, text: str) -> None:
+    """A progress line of the sweep on stderr (none with ``quiet``)."""
     if not quiet:
         print(f"fedmpi sweep: {text}", file=sys.stderr, flush=True)
 

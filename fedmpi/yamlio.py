@@ -10,7 +10,9 @@ as soon as it
 - repeats a key in one mapping (``c.yaml: duplicate key train.lr (lines 4 and 9)``);
 - nests deeper than ``MAX_DEPTH`` levels;
 - holds more than ``MAX_NODES`` values with every alias counted at the size of what it names
-  (a "billion laughs" file is refused after one pass over its text, before anything expands);
+  and a scalar of n characters counted as 1 + n // ``CHARS_PER_VALUE`` values (a "billion
+  laughs" file, of short or of long strings, is refused after one pass over its text, before
+  anything expands);
 - carries a tag other than the standard str/int/float/bool/null/seq/map ones, or a second
   document.
 
@@ -33,6 +35,7 @@ from .errors import InputError
 
 MAX_DEPTH = 64  # nested collections (a config needs 4: root > availability > schedule > row)
 MAX_NODES = 1_000_000  # values after alias expansion
+CHARS_PER_VALUE = 64  # a scalar of n characters counts 1 + n // 64 values (64 MB of text at most)
 MAX_FILE_BYTES = 64 * 2**20  # YAML/JSON text read whole (traces have their own limit)
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser when present
@@ -204,9 +207,10 @@ class _Builder:
                 value = self.scalar(ev)
             except _Refuse as e:
                 raise _Refuse(f"{e} (at {self.where()}, line {line + 1})") from None
+            size = 1 + len(ev.value) // CHARS_PER_VALUE  # a long string counts as many values
             if ev.anchor:
-                self.anchors[ev.anchor] = (value, 1, 0)
-            self.add(value, line, 1, 0)
+                self.anchors[ev.anchor] = (value, size, 0)
+            self.add(value, line, size, 0)
         elif isinstance(ev, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
             seq = isinstance(ev, yaml.SequenceStartEvent)
             if ev.tag not in (None, "!", _TAG + ("seq" if seq else "map")):

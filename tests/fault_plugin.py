@@ -1,8 +1,9 @@
 """Test plug-in: fault injection, reachable only from the tests.
 
-``FEDMPI_TEST_FAULT="RANK:ROUND:raise|kill|usr1"`` with ``FEDMPI_PLUGINS=<this file>`` makes
-that rank raise, die by SIGKILL, or receive SIGUSR1 (a preemption) just before that round;
-``fill`` fills the file system of ``$FEDMPI_TEST_FILL`` (a file it creates) up to the last byte.
+``FEDMPI_TEST_FAULT="RANK:ROUND:raise|kill|usr1|stop|fill"`` with ``FEDMPI_PLUGINS=<this file>``
+makes that rank raise, die by SIGKILL, receive SIGUSR1 (a preemption), stop (SIGSTOP, a hung
+node) or fill the file system of ``$FEDMPI_TEST_FILL`` (a file it creates) to the last byte,
+just before that round.
 In-process tests pass ``Runner(..., callbacks=[inject("0:5:raise")])`` instead.
 """
 
@@ -28,6 +29,8 @@ def inject(spec: str) -> Callable[[object, int], None]:
             os.kill(os.getpid(), signal.SIGKILL)
         elif how == "usr1":
             os.kill(os.getpid(), signal.SIGUSR1)
+        elif how == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
         elif how == "fill":
             fill(os.environ["FEDMPI_TEST_FILL"])
         else:

@@ -49,6 +49,12 @@ def test_runtime_csv_never_replaces_a_file_it_did_not_write(tmp_path):
     fedmpi(["run", cfg, "--out", str(tmp_path / "r.h5"), "--quiet", "--set", "availability.kind=always",
             "--overwrite"])
     assert open(tmp_path / "r.csv").readline().startswith("round,")
+    os.unlink(tmp_path / "r.h5")  # a stale metric CSV of a deleted run: replaced only with --overwrite
+    proc = fedmpi(["run", cfg, "--out", str(tmp_path / "r.h5"), "--quiet", "--set", "availability.kind=always"],
+                  check=False)
+    _one_line_error(proc, 2, "r.csv", "--overwrite")
+    fedmpi(["run", cfg, "--out", str(tmp_path / "r.h5"), "--quiet", "--set", "availability.kind=always",
+            "--overwrite"])
 
 
 # ----------------------------------------------------------------------------- 3: export
@@ -253,3 +259,187 @@ def test_table_bounds_and_odd_numbers(tmp_path):
     _one_line_error(fedmpi(["table", str(tmp_path), "--digits", "100000000"], check=False), 2, "digits")
     os.mkfifo(tmp_path / "x.h5")
     _one_line_error(fedmpi(["table", str(tmp_path)], check=False, timeout=20), 2, "x.h5", "regular file")
+
+
+# ----------------------------------------------------------------------------- 19: auxiliary commands
+
+@pytest.mark.parametrize("args, words", [
+    (["pi", "--p", "1e308,1e308,1", "--R", "1", "--json"], None),
+    (["pi", "--p", "uniform:2000000000:0.1:1"], ["--p", "1000000"]),
+    (["pi", "--p-file", "/dev/zero"], ["/dev/zero", "32 MiB"]),
+    (["markov-plot", "fig1", "--N", "5", "--R", "0:1000000000:1", "--out", "{tmp}/m.png"], ["--R", "0..4"]),
+    (["availability", "{cfg}", "--rounds", "1000000000000"], ["--rounds", "100000"]),
+    (["availability", "{cfg}", "--out", "{tmp}/x.yaml"], ["--out", ".png"]),
+    (["availability", "{cfg}", "--out", "{cfg}"], ["--out"]),
+])
+def test_auxiliary_commands_are_bounded(tmp_path, args, words):
+    cfg = write_config(tmp_path / "c.png", synthetic_config())  # a config that a figure path could hit
+    args = [a.format(tmp=tmp_path, cfg=cfg) for a in args]
+    before = _digest(cfg)
+    proc = fedmpi(args, check=False, timeout=60)
+    if words is None:
+        assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+        import json
+
+        pi = json.loads(proc.stdout)["pi"]
+        assert pi[0] == pytest.approx(0.5, abs=0.02) and pi[2] < 1e-300
+    else:
+        _one_line_error(proc, 2, *words)
+    assert _digest(cfg) == before
+
+
+def test_a_damaged_mask_is_one_line_for_readers_and_resume(tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(
+        rounds=4, eval_every=1, runtime__log_availability=True, runtime__checkpoint_every=2))
+    out = str(tmp_path / "r.h5")
+    from fault_plugin import env
+
+    fedmpi(["run", cfg, "--out", out, "--quiet"], check=False, env=env("0:3:raise"))
+    with h5py.File(out, "r") as f:
+        offset, size = (lambda i: (i.byte_offset, i.size))(f["availability/mask"].id.get_chunk_info(0))
+    with open(out, "r+b") as fh:
+        fh.seek(offset)
+        fh.write(b"\xff" * size)
+    _one_line_error(fedmpi(["markov-plot", "freq", out, "--out", str(tmp_path / "f.png")], check=False),
+                    2, "/availability/mask is damaged")
+    _one_line_error(fedmpi(["run", cfg, "--out", out, "--quiet"], check=False), 2, "mask is damaged", "--overwrite")
+
+
+# ----------------------------------------------------------------------------- 12: long strings
+
+def _long_string_bomb(n_aliases: int = 100) -> str:
+    return "a: &x '" + "y" * (1 << 20) + "'\nb: [" + ", ".join(["*x"] * n_aliases) + "]\n"
+
+
+def test_long_strings_count_against_the_alias_budget(tmp_path):
+    s = tmp_path / "s.sweep.yaml"
+    s.write_text(_long_string_bomb())
+    _one_line_error(fedmpi(["table", str(s)], check=False, timeout=60), 2, "aliases are expanded")
+    path = _fake(tmp_path)
+    with h5py.File(path, "a") as f:
+        f.attrs["config"] = _long_string_bomb()
+    with h5py.File(path, "a") as f:
+        f.attrs["status"] = "running"  # an unfinished run at the output path: claim reads its config
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=1))
+    _one_line_error(fedmpi(["run", cfg, "--out", path, "--quiet"], check=False, timeout=60), 2, "another experiment")
+    for cmd in (["info", path, "--no-config"], ["table", path], ["export", path, "--out", "-"]):
+        proc = fedmpi(cmd, check=False, timeout=60)
+        assert proc.returncode in (0, 2) and "Traceback" not in proc.stderr, proc.stderr
+        assert len(proc.stdout) < 1 << 20
+
+
+# ----------------------------------------------------------------------------- 13: IDX memory
+
+@pytest.mark.parametrize("labels", [12, 300_000])
+def test_an_idx_header_that_lies_is_refused_before_inflating(tmp_path, labels):
+    """A small gzip announcing 300000 images (235 MB): refused at once by the gzip trailer
+    (or by the labels' count), never inflated, let alone copied."""
+    import gzip
+    import struct
+    import time
+
+    from test_readers import write_idx
+
+    root = tmp_path / "fm"
+    write_idx(root, np.random.default_rng(0))
+    (root / "train-images-idx3-ubyte.gz").write_bytes(gzip.compress(
+        bytes([0, 0, 8, 3]) + struct.pack(">3I", 300_000, 28, 28) + bytes(1 << 20)))
+    (root / "train-labels-idx1-ubyte.gz").write_bytes(gzip.compress(
+        bytes([0, 0, 8, 1]) + struct.pack(">I", labels) + bytes(labels)))
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(
+        rounds=1, task={"dataset": "fmnist", "root": str(root), "clients": 4, "model": "logreg"}))
+    start = time.monotonic()
+    proc = fedmpi(["run", cfg, "--out", str(tmp_path / "r.h5"), "--quiet"], check=False,
+                  env={"FEDMPI_CACHE": str(tmp_path / "cache")})
+    _one_line_error(proc, 2, "train-images-idx3-ubyte.gz", "12 labels" if labels == 12 else "truncated")
+    assert time.monotonic() - start < 30
+
+
+# ----------------------------------------------------------------------------- 17: dirichlet repair
+
+def _fill_empty_reference(owner, pools, m):
+    """The repair as it was (quadratic): the same donors, the same samples."""
+    counts = np.bincount(owner[owner >= 0], minlength=m)
+    for pool in pools:
+        for i in pool[counts[pool] == 0]:
+            donor = pool[np.argmax(counts[pool])]
+            s = np.flatnonzero(owner == donor)[-1]
+            owner[s] = i
+            counts[donor] -= 1
+            counts[i] += 1
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_dirichlet_repair_is_fast_and_gives_the_same_clients(seed):
+    import importlib
+    import time
+
+    from fedmpi.config import PartitionConfig
+
+    part = importlib.import_module("fedmpi.data.partition")  # (fedmpi.data.partition is also a function)
+
+    gen = np.random.default_rng(seed)
+    m = int(gen.integers(5, 300))
+    owner = gen.integers(-1, m // 3 + 1, 3 * m)  # most clients empty, a few unowned samples
+    pools = [np.arange(m)] if seed % 2 else [np.arange(0, m, 2), np.arange(1, m, 2)]
+    mine, ref = owner.copy(), owner.copy()
+    _fill_empty_reference(ref, pools, m)
+    part._fill_empty(mine, pools, m, "dirichlet")
+    assert np.array_equal(mine, ref)
+    if seed == 0:  # 300000 clients, about one sample each: minutes before
+        labels = np.random.default_rng(0).integers(0, 10, 330_000)
+        start = time.perf_counter()
+        part.partition(labels, 300_000, PartitionConfig(kind="dirichlet", alpha=0.5), np.random.default_rng(1))
+        assert time.perf_counter() - start < 20
+
+
+# ----------------------------------------------------------------------------- 20: a stopped peer
+
+def test_a_stopped_peer_is_one_lost_contact_line(tmp_path):
+    from fault_plugin import env
+
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=20, runtime__timeout_s=5))
+    proc = fedmpi(["run", cfg, "--out", str(tmp_path / "r.h5"), "--quiet"], ranks=2, check=False, timeout=120,
+                  env=env("1:3:stop"))
+    assert proc.returncode != 0
+    ours = [ln for ln in proc.stderr.splitlines() if ln.startswith("fedmpi:")]  # (not Open MPI's box)
+    assert "Traceback" not in proc.stderr and "rank 0: lost contact" in ours[0], proc.stderr
+    assert all("lost contact with another rank" in ln for ln in ours), proc.stderr  # one per rank at most
+
+
+# ----------------------------------------------------------------------------- 25: forged checkpoints
+
+@pytest.mark.parametrize("forge, words", [
+    ("dtype", ["dtype torch.float64"]),
+    ("key", ["algorithm/shared/extra", "not part of"]),
+    ("nan", ["NaN"]),
+])
+def test_a_resealed_edited_checkpoint_is_refused(tmp_path, forge, words):
+    import json
+
+    import torch
+    from fault_plugin import env
+
+    from fedmpi import checkpoint
+
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=8, runtime__checkpoint_every=2,
+                                                             algorithm={"name": "mifa"}))
+    out = str(tmp_path / "r.h5")
+    fedmpi(["run", cfg, "--out", out, "--quiet"], check=False, env=env("0:5:raise"))
+    folder = checkpoint.folder_for(out)
+    man = json.load(open(os.path.join(folder, checkpoint.MANIFEST)))
+    shard = os.path.join(folder, man["shards"][0]["file"])
+    state = torch.load(shard, weights_only=True)
+    name = next(k for k, v in state.items() if k.startswith("algorithm/") and v.is_floating_point())
+    if forge == "dtype":
+        state[name] = state[name].double()
+    elif forge == "key":
+        state["algorithm/shared/extra"] = torch.zeros(3)
+    else:
+        state[name] = state[name].clone().fill_(float("nan"))
+    torch.save(state, shard)
+    man["shards"][0]["sha256"] = hashlib.sha256(open(shard, "rb").read()).hexdigest()
+    man["manifest_sha256"] = checkpoint._manifest_sha256(man)
+    with open(os.path.join(folder, checkpoint.MANIFEST), "w") as fh:
+        json.dump(man, fh)
+    _one_line_error(fedmpi(["run", cfg, "--out", out, "--quiet"], check=False), 2, "manifest.json", *words)

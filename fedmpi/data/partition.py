@@ -20,6 +20,8 @@ minibatches. Kinds:
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 
 from ..config import PartitionConfig
@@ -125,18 +127,30 @@ def _shards(labels: np.ndarray, classes: int, m: int, k: int, gen: np.random.Gen
 # ----------------------------------------------------------------------------- repair and split
 
 def _fill_empty(owner: np.ndarray, pools: list[np.ndarray], m: int, kind: str) -> None:
-    """Give every empty client one sample (the highest index) of the largest client of its pool."""
+    """Give every empty client one sample (the highest index) of the largest client of its pool
+    (the first such client in pool order), in increasing order of the empty clients. A heap of
+    the donors' sizes keeps this O((m + n) log m) when most clients start empty."""
     counts = np.bincount(owner[owner >= 0], minlength=m)
+    if counts.all():
+        return
+    by_owner = np.argsort(owner, kind="stable")  # unowned (-1) first, then each client's samples ascending
+    end = np.count_nonzero(owner < 0) + np.cumsum(counts)  # one past each client's last sample
     for pool in pools:
-        for i in pool[counts[pool] == 0]:
-            donor = pool[np.argmax(counts[pool])]
-            if counts[donor] < 2:
+        empty = pool[counts[pool] == 0]
+        if empty.size == 0:
+            continue
+        heap = [(-int(counts[c]), k, int(c)) for k, c in enumerate(pool) if counts[c] > 0]
+        heapq.heapify(heap)
+        for i in empty:
+            if not heap or -heap[0][0] < 2:
                 raise InputError(f"task.partition: kind {kind!r} leaves client {i} without samples and no "
                                  f"client of its pool has a sample to spare (fewer samples than clients)")
-            s = np.flatnonzero(owner == donor)[-1]
-            owner[s] = i
+            _, k, donor = heapq.heappop(heap)
+            end[donor] -= 1
+            owner[by_owner[end[donor]]] = i  # the donor's highest sample index still its own
             counts[donor] -= 1
             counts[i] += 1
+            heapq.heappush(heap, (-int(counts[donor]), k, donor))
 
 
 def _split(owner: np.ndarray, m: int) -> list[np.ndarray]:

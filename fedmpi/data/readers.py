@@ -10,12 +10,15 @@ when it is unreadable. Every problem with the source files raises a one-line
 Sizes are checked before data is read or inflated: gzip files are decompressed as a stream
 that stops at the size the format allows (an IDX file's header, ``MAX_PICKLE_BYTES`` for a
 CIFAR-10 batch), so a gzip bomb costs no more memory than a genuine file; an IDX header that
-promises more than half the available memory is refused; training and test images must have
-one shape.
+promises more than half the available memory, or another size than the file (a gzip's trailer
+records its inflated size), or another count than its labels file, is refused before any image
+is inflated; images are inflated in place into their array (no second copy); training and test
+images must have one shape.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import math
@@ -26,7 +29,7 @@ import tempfile
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
+from typing import BinaryIO, Callable, Iterator
 
 import numpy as np
 import psutil
@@ -146,23 +149,30 @@ def _write_cache(path: str, fingerprint: str, arrays: dict, keys: tuple[str, ...
 
 # ----------------------------------------------------------------------------- helpers
 
-def _read_bytes(path: str, layout: str, limit: int | Callable[[bytes], int], head: int = 0) -> bytes:
-    """File contents, gunzipped on the fly when the file is gzip (detected by its magic bytes).
-
-    More than ``limit`` bytes -- or, when ``limit`` is a function, than ``limit(first head
-    bytes)`` -- is refused before reading or inflating past the limit (plus one byte)."""
+@contextlib.contextmanager
+def _opened(path: str, layout: str) -> Iterator[tuple[BinaryIO, BinaryIO, bool]]:
+    """(reader, raw file, whether gzip): gunzipped on the fly when the file is gzip (detected by
+    its magic bytes; GzipFile inflates only what is read). Read errors become InputError."""
     try:
         with open(path, "rb") as raw:
             gz = raw.read(2) == b"\x1f\x8b"
             raw.seek(0)
-            with (gzip.GzipFile(fileobj=raw) if gz else raw) as fh:  # GzipFile inflates only what read() asks
-                data = fh.read(head)
-                cap = limit(data) if callable(limit) else limit
-                data += fh.read(cap + 1 - len(data))
+            with (gzip.GzipFile(fileobj=raw) if gz else raw) as fh:
+                yield fh, raw, gz
     except (EOFError, zlib.error, gzip.BadGzipFile):
         raise InputError(f"{path}: corrupt or truncated gzip ({layout})") from None
     except OSError as e:
         raise InputError(f"{path}: cannot read ({e.strerror or e.__class__.__name__}) ({layout})") from None
+
+
+def _read_bytes(path: str, layout: str, limit: int | Callable[[bytes], int], head: int = 0) -> bytes:
+    """File contents (gunzipped when gzip). More than ``limit`` bytes -- or, when ``limit`` is a
+    function, than ``limit(first head bytes)`` -- is refused before reading or inflating past
+    the limit (plus one byte)."""
+    with _opened(path, layout) as (fh, _, gz):
+        data = fh.read(head)
+        cap = limit(data) if callable(limit) else limit
+        data += fh.read(cap + 1 - len(data))
     if len(data) > cap:
         allowed = "its header announces" if callable(limit) else "allowed"
         raise InputError(f"{path}: holds more than the {cap} bytes {allowed}"
@@ -203,36 +213,70 @@ def _idx_sources(root: str) -> list[str]:
     return out
 
 
+def _idx_dims(path: str, ndim: int, header: bytes) -> tuple[int, ...]:
+    """The dimensions an IDX header of ``ndim``-D unsigned bytes announces; refused when it is
+    not one or they need more than half the available memory."""
+    head = 4 + 4 * ndim
+    if len(header) < head or header[:3] != b"\x00\x00\x08" or header[3] != ndim:
+        raise InputError(f"{path}: not an IDX file of {ndim}-D unsigned bytes (bad magic number; {_IDX_LAYOUT})")
+    dims = struct.unpack(f">{ndim}I", header[4:head])
+    need = math.prod(dims)  # exact: no int64 wrap-around
+    free = psutil.virtual_memory().available
+    if need > free // 2:
+        raise InputError(f"{path}: header announces {need / 2**30:.1f} GiB of images, more than half of the "
+                         f"{free / 2**30:.1f} GiB available ({_IDX_LAYOUT})")
+    return dims
+
+
+def _idx_header(path: str, ndim: int) -> tuple[int, ...]:
+    with _opened(path, _IDX_LAYOUT) as (fh, _, _):
+        return _idx_dims(path, ndim, fh.read(4 + 4 * ndim))
+
+
 def _idx_array(path: str, ndim: int) -> np.ndarray:
     """Parse one IDX file of unsigned bytes with ``ndim`` dimensions."""
     head = 4 + 4 * ndim
+    with _opened(path, _IDX_LAYOUT) as (fh, raw, gz):
+        dims = _idx_dims(path, ndim, fh.read(head))
+        total = head + math.prod(dims)
+        stored = _stored_size(raw, gz)  # a gzip's own record of its inflated size (mod 2^32)
+        if stored != total % (2**32 if gz else 2**64):  # refused before inflating anything
+            _idx_size_error(path, dims, total, stored > total % 2**32, gz)
+        body = np.empty(total - head, dtype=np.uint8)  # inflated in place: the memory check holds
+        view, got = memoryview(body), 0
+        while got < body.size and (n := fh.readinto(view[got:got + (16 << 20)])):  # GzipFile.readinto
+            got += n  # inflates into a temporary bytes object of the size asked: ask for 16 MiB at a time
+        if got != body.size or fh.read(1):
+            _idx_size_error(path, dims, total, got == body.size, gz)
+    return body.reshape(dims)
 
-    def size(header: bytes) -> int:  # the whole file's size as the header announces it
-        if len(header) < head or header[:3] != b"\x00\x00\x08" or header[3] != ndim:
-            raise InputError(f"{path}: not an IDX file of {ndim}-D unsigned bytes (bad magic number; {_IDX_LAYOUT})")
-        need = math.prod(struct.unpack(f">{ndim}I", header[4:head]))  # exact: no int64 wrap-around
-        free = psutil.virtual_memory().available
-        if need > free // 2:
-            raise InputError(f"{path}: header announces {need / 2**30:.1f} GiB of images, more than half of the "
-                             f"{free / 2**30:.1f} GiB available ({_IDX_LAYOUT})")
-        return head + need
 
-    data = _read_bytes(path, _IDX_LAYOUT, size, head)
-    dims = struct.unpack(f">{ndim}I", data[4:head])
-    body = memoryview(data)[head:]
-    if len(body) != math.prod(dims):
-        raise InputError(f"{path}: truncated or oversized IDX file (header says {'x'.join(map(str, dims))}, "
-                         f"{len(body)} data bytes; {_IDX_LAYOUT})")
-    return np.frombuffer(body, dtype=np.uint8).reshape(dims)
+def _idx_size_error(path: str, dims: tuple[int, ...], total: int, more: bool, gz: bool) -> None:
+    if more:
+        raise InputError(f"{path}: holds more than the {total} bytes its header announces"
+                         f"{' (decompressed)' if gz else ''} ({_IDX_LAYOUT})")
+    raise InputError(f"{path}: truncated IDX file (header says {'x'.join(map(str, dims))}; {_IDX_LAYOUT})")
+
+
+def _stored_size(raw: BinaryIO, gz: bool) -> int:
+    """The file's size, or for gzip the inflated size its trailer records (ISIZE, mod 2^32)."""
+    if not gz:
+        return os.fstat(raw.fileno()).st_size
+    pos = raw.tell()
+    raw.seek(-4, os.SEEK_END)
+    isize = struct.unpack("<I", raw.read(4))[0]
+    raw.seek(pos)
+    return isize
 
 
 def _read_idx(root: str, sources: list[str]) -> dict:
+    for px, py in ((sources[0], sources[1]), (sources[2], sources[3])):  # before inflating any images
+        nx, ny = _idx_header(px, 3)[0], _idx_header(py, 1)[0]
+        if nx != ny:
+            raise InputError(f"{px}: {nx} images but {ny} labels ({_IDX_LAYOUT})")
     xtr, ytr, xte, yte = (_idx_array(p, 3 if i % 2 == 0 else 1) for i, p in enumerate(sources))
-    for x, y, px in ((xtr, ytr, sources[0]), (xte, yte, sources[2])):
-        if len(x) != len(y):
-            raise InputError(f"{px}: {len(x)} images but {len(y)} labels ({_IDX_LAYOUT})")
-    return {"x_train": xtr[:, None].copy(), "y_train": _labels(ytr, 10, sources[1], _IDX_LAYOUT),
-            "x_test": xte[:, None].copy(), "y_test": _labels(yte, 10, sources[3], _IDX_LAYOUT), "classes": 10}
+    return {"x_train": xtr[:, None], "y_train": _labels(ytr, 10, sources[1], _IDX_LAYOUT),
+            "x_test": xte[:, None], "y_test": _labels(yte, 10, sources[3], _IDX_LAYOUT), "classes": 10}
 
 
 # ----------------------------------------------------------------------------- CIFAR-10

@@ -19,7 +19,6 @@ import itertools
 from array import array
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 
@@ -170,13 +169,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help='print {"pi": [...], "l1_to_uniform": float} instead of a table')
 
 
+MAX_WEIGHTS = 1_000_000  # clients of the command-line tools (a weights file is at most 32 MiB)
+
+
 def parse_weights(spec: str | None, path: str | None) -> np.ndarray:
-    """The weights from ``--p`` or ``--p-file`` (InputError naming the argument when malformed)."""
+    """The weights from ``--p`` or ``--p-file`` (InputError naming the argument when malformed
+    or more than MAX_WEIGHTS). Only their ratios matter: weights whose sum would overflow are
+    divided by the largest."""
+    p = _parse_weights(spec, path)
+    with np.errstate(over="ignore"):
+        if np.isfinite(p).all() and not np.isfinite(p.sum()):
+            p = p / p.max()
+    return p
+
+
+def _parse_weights(spec: str | None, path: str | None) -> np.ndarray:
     if path is not None:
-        try:
-            lines = Path(path).read_text().splitlines()
-        except OSError as e:
-            raise InputError(f"{path}: cannot read weights ({e.strerror})") from None
+        from ..yamlio import read_text
+
+        data = read_text(path, "weights file", 32 * 2**20)
+        if len(data) > 32 * 2**20:
+            raise InputError(f"{path}: weights file larger than the 32 MiB allowed")
+        lines = data.decode("utf-8", errors="replace").splitlines()
         text = " ".join(line.split("#", 1)[0] for line in lines).replace(",", " ")
         return _floats(text.split(), path)
     if spec.startswith("uniform:"):
@@ -187,13 +201,15 @@ def parse_weights(spec: str | None, path: str | None) -> np.ndarray:
             n, lo, hi, seed = int(parts[0]), float(parts[1]), float(parts[2]), int(parts[3] if len(parts) == 4 else 0)
         except ValueError:
             raise InputError(f"--p: expected uniform:N:LO:HI[:SEED] with numbers, got {spec!r}") from None
-        if n < 1 or not 0 < lo <= hi:
-            raise InputError(f"--p: uniform needs N >= 1 and 0 < LO <= HI, got {spec!r}")
+        if not 1 <= n <= MAX_WEIGHTS or not 0 < lo <= hi:
+            raise InputError(f"--p: uniform needs 1 <= N <= {MAX_WEIGHTS} and 0 < LO <= HI, got {spec!r}")
         return rng.generator(seed, "pi_weights").uniform(lo, hi, size=n)
     return _floats(spec.split(","), "--p")
 
 
 def _floats(items: list[str], where: str) -> np.ndarray:
+    if len(items) > MAX_WEIGHTS:
+        raise InputError(f"{where}: {len(items)} weights, at most {MAX_WEIGHTS}")
     try:
         p = np.array([float(x) for x in items], dtype=np.float64)
     except ValueError:

@@ -20,6 +20,8 @@ from .base import ClientInfo, Participation, build
 from .probs import WithBaseParams
 
 InfoLoader = Callable[[Config], ClientInfo]
+MAX_ROUNDS = 100_000  # a preview: one sampler step per round, in Python
+MAX_SHOWN_CLIENTS = 100
 
 
 def trajectories(part: Participation, rounds: int, clients: Sequence[int]) -> np.ndarray:
@@ -86,6 +88,8 @@ def _parse_clients(text: str | None, m: int) -> list[int]:
     bad = [i for i in ids if not 0 <= i < m]
     if not ids or bad:
         raise InputError(f"--clients: ids must be in [0, {m}) (task.clients), got {text!r}")
+    if len(ids) > MAX_SHOWN_CLIENTS:
+        raise InputError(f"--clients: at most {MAX_SHOWN_CLIENTS} clients, got {len(ids)}")
     return ids
 
 
@@ -97,8 +101,8 @@ def run_cli(args: argparse.Namespace, loader: InfoLoader | None = None) -> int:
         check_figure(args.out, "--out", [args.config])
     cfg = load(args.config, getattr(args, "set", None) or [])
     rounds = args.rounds if args.rounds is not None else max(40, 2 * cfg.availability.period)
-    if rounds < 1:
-        raise InputError(f"--rounds: must be >= 1, got {rounds}")
+    if not 1 <= rounds <= MAX_ROUNDS:
+        raise InputError(f"--rounds: must be in 1..{MAX_ROUNDS}, got {rounds}")
     clients = _parse_clients(args.clients, cfg.task.clients)
     info = client_info(cfg, loader)
     p = trajectories(build(cfg.availability, info), rounds, clients)

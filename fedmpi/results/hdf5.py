@@ -65,7 +65,7 @@ def _lock(fd: int, path: str) -> bool:
 def is_locked(path: str) -> bool:
     """True while some process holds the result file's write lock (a run is writing it)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # (a FIFO must not block us)
     except OSError:
         return False
     try:
@@ -102,15 +102,14 @@ def peek(path: str) -> tuple[str, dict[str, Any]]:
 
 
 def _stored_digest(config_yaml: str) -> str | None:
-    """Resume digest of a stored config (None when it is no longer a valid config)."""
-    import yaml
-
-    from .. import config, log
+    """Resume digest of a stored config (None when it is no longer a valid config). The text
+    comes from a file: it is read with the input limits (yamlio), like every other reader's."""
+    from .. import config, log, yamlio
 
     try:
         with log.muted():
-            return config.from_dict(yaml.safe_load(config_yaml) or {}).resume_digest()
-    except (InputError, yaml.YAMLError, TypeError, ValueError):
+            return config.from_dict(yamlio.loads(config_yaml, "config") or {}).resume_digest()
+    except (InputError, TypeError, ValueError, AttributeError):
         return None
 
 
@@ -127,8 +126,15 @@ class Claim:
     ``previous`` is what the path held before ('missing', 'empty', a status, or 'foreign' when
     ``overwrite`` allowed replacing it). Release with :meth:`release` (the writer does it)."""
 
-    def __init__(self, path: str, fd: int, created: bool, previous: str):
+    def __init__(self, path: str, fd: int, created: bool, previous: str, overwrite: bool = False):
         self.path, self.fd, self.created, self.previous = path, fd, created, previous
+        self.overwrite = overwrite
+
+    @property
+    def owns_sidecars(self) -> bool:
+        """Whether this run may rewrite the files named after the result (its metric CSV): it
+        continues or replaces a run there, or the user said --overwrite."""
+        return self.overwrite or self.previous not in ("missing", "empty")
 
     def release(self, discard: bool = False) -> None:
         """Drop the lock; ``discard`` also removes a file this claim created (nothing was run)."""
@@ -217,16 +223,17 @@ def claim(path: str, digest: str, inputs: Iterable[str] = (), overwrite: bool = 
     if why is not None:
         os.close(fd)
         raise InputError(f"{path}: {why}")
-    return Claim(path, fd, created, previous)
+    return Claim(path, fd, created, previous, overwrite)
 
 
 # ----------------------------------------------------------------------------- disk space
 
+_KEEP_SIZE, _PUNCH_HOLE = 1, 2  # fallocate modes (linux/falloc.h)
 _libc: Any = None
 
 
-def _fallocate_keep_size(fd: int, offset: int, length: int) -> None:
-    """Linux ``fallocate(fd, FALLOC_FL_KEEP_SIZE, offset, length)``; OSError(EOPNOTSUPP) elsewhere."""
+def _fallocate(fd: int, mode: int, offset: int, length: int) -> None:
+    """Linux ``fallocate(fd, mode, offset, length)``; OSError(EOPNOTSUPP) elsewhere."""
     global _libc
     import ctypes
     import ctypes.util
@@ -237,7 +244,7 @@ def _fallocate_keep_size(fd: int, offset: int, length: int) -> None:
     if fn is None:
         raise OSError(errno.EOPNOTSUPP, "no fallocate")
     fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-    if fn(fd, 1, offset, length) != 0:
+    if fn(fd, mode, offset, length) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
 
@@ -247,13 +254,21 @@ def reserve(fd: int, nbytes: int) -> None:
     there without changing its size, or (file systems without fallocate) free on the device.
     OSError (ENOSPC) when they cannot."""
     try:
-        _fallocate_keep_size(fd, os.fstat(fd).st_size, nbytes)
+        _fallocate(fd, _KEEP_SIZE, os.fstat(fd).st_size, nbytes)
     except OSError as e:
         if e.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
             raise
         st = os.fstatvfs(fd)
         if st.f_bavail * st.f_frsize < nbytes:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) from None
+
+
+def unreserve(fd: int) -> None:
+    """Give back what :func:`reserve` left allocated past the end of the file (best effort)."""
+    try:
+        _fallocate(fd, _KEEP_SIZE | _PUNCH_HOLE, os.fstat(fd).st_size, 1 << 40)
+    except OSError:
+        pass
 
 
 # ----------------------------------------------------------------------------- writing
@@ -317,15 +332,23 @@ class ResultWriter:
         except (OSError, KeyError, RuntimeError) as e:
             raise InputError(f"{self.path}: cannot continue this result file ({_short(e)}); free space, "
                              f"or start afresh with --overwrite") from None
-        for n in self.names:
-            g[n].resize((keep,))
+        try:
+            for n in self.names:
+                g[n].resize((keep,))
+        except (OSError, RuntimeError, ValueError) as e:
+            raise InputError(f"{self.path}: /metrics is damaged ({_short(e)}); this file cannot be continued: "
+                             f"--overwrite starts afresh") from None
         self.mask = self.f.get("availability/mask")
         if self.mask is not None:
             if self.mask.shape[0] < rounds_done:
                 raise InputError(f"{self.path}: holds {self.mask.shape[0]} rows of /availability/mask, "
                                  f"fewer than the checkpoint's {rounds_done} rounds")
-            self.mask.resize((rounds_done, self.mask.shape[1]))
-            damaged = _first_unreadable_row(self.mask)
+            damaged = _first_unreadable_row(self.mask, rounds_done)
+            try:
+                if damaged is None:
+                    self.mask.resize((rounds_done, self.mask.shape[1]))
+            except (OSError, RuntimeError, ValueError):
+                damaged = rounds_done
             if damaged is not None:
                 raise InputError(f"{self.path}: /availability/mask is damaged from row {damaged} (an earlier "
                                  f"write failed); this file cannot be continued: --overwrite starts afresh")
@@ -463,6 +486,7 @@ class ResultWriter:
                 s.close()
             if self.claim is not None:
                 self.claim.release()
+            unreserve(self._fd)
             os.close(self._fd)
 
 
@@ -472,10 +496,10 @@ def _short(e: BaseException) -> str:
     return text.splitlines()[0][:160]
 
 
-def _first_unreadable_row(ds: h5py.Dataset) -> int | None:
-    """The first row of a chunked dataset whose chunk no longer decodes (None: all read)."""
+def _first_unreadable_row(ds: h5py.Dataset, stop: int) -> int | None:
+    """The first row before ``stop`` whose chunk no longer decodes (None: all read)."""
     step = ds.chunks[0] if ds.chunks else 1024
-    for lo in range(0, ds.shape[0], step):
+    for lo in range(0, min(stop, ds.shape[0]), step):
         try:
             ds[lo:lo + step]
         except (OSError, RuntimeError, ValueError):

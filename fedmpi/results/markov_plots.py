@@ -170,6 +170,8 @@ def parse_r_list(text: str, r_max: int) -> list[int]:
             lo, hi, step = (int(x) for x in text.split(":"))
             if step < 1 or hi < lo:
                 raise ValueError
+            if lo < 0 or hi > r_max:  # before the list is made
+                raise InputError(f"--R: values must be in 0..{r_max} (M - 1), got {text!r}")
             Rs = list(range(lo, hi, step)) + [hi]
         else:
             Rs = [int(x) for x in text.split(",") if x.strip()]

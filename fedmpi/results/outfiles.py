@@ -60,10 +60,12 @@ def _temp_beside(path: str, suffix: str) -> tuple[int, str]:
 
 
 def check_target(path: str, key: str, inputs: Iterable[str] = (), overwrite: bool = False,
-                 replaceable: Callable[[str], bool] | None = None) -> None:
-    """Refuse (InputError naming ``key`` and ``path``) to write ``path`` when it is one of ``inputs``
-    (also through a link), a directory or special file, a fedmpi result file, or an existing file
-    that neither ``overwrite`` nor ``replaceable(path)`` allows replacing."""
+                 replaceable: Callable[[str], bool] | None = None,
+                 advice: str = "use --overwrite to replace it, or another path") -> None:
+    """Refuse (InputError naming ``key`` and ``path``, ending in ``advice`` where that helps) to
+    write ``path`` when it is one of ``inputs`` (also through a link), a directory or special
+    file, a fedmpi result file, or an existing file that neither ``overwrite`` nor
+    ``replaceable(path)`` allows replacing."""
     if not path or not path.strip():
         raise InputError(f"{key}: empty path")
     for inp in inputs:
@@ -82,8 +84,7 @@ def check_target(path: str, key: str, inputs: Iterable[str] = (), overwrite: boo
     if peek(path)[0] not in ("missing", "empty", "foreign"):
         raise InputError(f"{key}: {path} is a fedmpi result file; choose another path")
     if not overwrite and not (replaceable is not None and replaceable(path)):
-        raise InputError(f"{key}: {path} exists and was not written by this command; "
-                         f"use --overwrite to replace it, or another path")
+        raise InputError(f"{key}: {path} already exists; {advice}")
 
 
 class AtomicFile:

@@ -82,12 +82,10 @@ class Result:
 
 def load(path: str) -> Result:
     """Read a result file (also one a run is still writing). Bad files raise InputError. An
-    empty file is a run in set-up (status ``starting`` while its writer holds it, else
-    ``empty``): no rows yet."""
-    if os.path.isfile(path) and os.path.getsize(path) == 0:
-        status = "starting" if is_locked(path) else "empty"
-        return Result(path=path, status=status, config={}, metrics={"round": np.zeros(0, np.int64)},
-                      attrs={"status": status, "rounds_done": 0})
+    empty file that a run holds is that run in set-up: status ``starting``, no rows yet."""
+    if os.path.isfile(path) and os.path.getsize(path) == 0 and is_locked(path):
+        return Result(path=path, status="starting", config={}, metrics={"round": np.zeros(0, np.int64)},
+                      attrs={"status": "starting", "rounds_done": 0})
     metrics, attrs = read_metrics(path)
     try:  # the stored config is text from the file: read it with the input limits (no alias bombs)
         config = yamlio.loads(str(attrs.get("config", "")), f"{path}: config") or {}

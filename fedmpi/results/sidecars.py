@@ -41,7 +41,9 @@ class CsvSidecar:
 
     def __init__(self, path: str, replace: bool = False):
         """Refuses a ``path`` that holds anything but a metric CSV this run may ``replace``."""
-        check_target(path, "runtime.csv", replaceable=is_metric_csv if replace else None)
+        check_target(path, "runtime.csv", replaceable=is_metric_csv if replace else None,
+                     advice="move it away, or set runtime.csv: false" if replace else
+                     "move it away, set runtime.csv: false, or --overwrite if it is this run's old CSV")
         self.path = path
         self.fh = None
 

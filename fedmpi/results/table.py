@@ -21,6 +21,7 @@ import argparse
 import glob
 import math
 import os
+import stat
 import sys
 import warnings
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
+from .hdf5 import is_locked
 from .reader import Result, is_result_key, load
 
 FORMATS = ("md", "csv", "latex")
@@ -137,6 +139,16 @@ def _is_sweep(path: str) -> bool:
     return path.endswith((".yaml", ".yml")) and os.path.isfile(path)
 
 
+def _started(path: str) -> bool:
+    """Whether a sweep cell's or a folder's file is a run (an empty one no run holds was left by
+    a run killed in set-up: not completed)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return not stat.S_ISREG(st.st_mode) or st.st_size > 0 or is_locked(path)  # (load refuses a non-file)
+
+
 def gather(inputs: list[str], partial: bool = False, folder: str | None = None) -> tuple[list[Run], dict, bool]:
     """The runs of files, folders (every .h5 below) and sweep files; the table spec of a
     single sweep; whether runs came from a sweep (keeps the cells' order)."""
@@ -155,13 +167,14 @@ def gather(inputs: list[str], partial: bool = False, folder: str | None = None) 
                 if cell_state(c)[0] == "outdated":
                     print(f"fedmpi table: left out {c.path}: its config is no longer that of the sweep's cell",
                           file=sys.stderr)
-                elif os.path.exists(c.path):
+                elif _started(c.path):
                     runs.append(Run(load(c.path), {"variant": c.variant}))
         elif os.path.isdir(inp):
             files = sorted(glob.glob(os.path.join(inp, "**", "*.h5"), recursive=True))
             if not files:
                 raise InputError(f"{inp}: no .h5 result files in this folder")
-            runs += [Run(load(f), {}) for f in files]
+            runs += [Run(load(f), {}) for f in files if _started(f)]
+            skipped += sum(not _started(f) for f in files)
         else:
             runs.append(Run(load(inp), {}))
     kept = []
