@@ -154,7 +154,7 @@ def test_sweep_array_with_one_task_preempted_completes_and_tabulates(job):
     status = job.run(sys.executable, "-m", "fedmpi", "sweep", str(sweep), "--status")
     assert status.returncode == 0 and status.stdout.count(" done") >= 2, status.stdout + status.stderr
     table = job.run(sys.executable, "-m", "fedmpi", "table", str(sweep))
-    assert table.returncode == 0 and "2" in table.stdout, table.stderr
+    assert table.returncode == 0 and "test_acc" in table.stdout and " +/- " in table.stdout, table.stderr
 
 
 # ----------------------------------------------------------------------------- preemption and requeue
@@ -217,7 +217,8 @@ def test_plain_scancel_stops_for_good_and_resubmitting_resumes(job):
     assert done > 0 and os.path.exists(f"{out}.ckpt/manifest.json")
     again = job.sbatch("cpu_ranks.sbatch", cfg, "--out", "runs/c.h5")
     assert job.wait(again)["JobState"] == "COMPLETED", job.log(again)
-    assert re.search(rf"round {done + 2}/60", job.log(again)) and not re.search(r"round 2/60", job.log(again))
+    first = int(re.search(r"round (\d+)/60", job.log(again))[1])  # its first evaluation: it resumed
+    assert done < first <= done + 2, job.log(again)
     assert np.array_equal(_params(out), _reference(job, cfg))
 
 
