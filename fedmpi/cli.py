@@ -10,6 +10,7 @@ being run is imported (``fedmpi --help`` and ``fedmpi info`` never load torch).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
@@ -180,13 +181,14 @@ def _quiet_broken_pipe() -> int:
 def main(argv: list[str] | None = None) -> int:
     log.setup(launched_rank())
     argv = sys.argv[1:] if argv is None else list(argv)
-    if _command_in(argv) in ("run", "sweep"):  # a stop signal from now on: exit 3, never a kill
-        signals.install()
+    # a stop signal during a run or a sweep: exit 3 at the next round boundary, never a kill (signals.py)
+    trap = signals.trapped() if _runs(argv) else contextlib.nullcontext()
     try:
-        args = build_parser(argv).parse_args(argv)
-        handler = getattr(args, "_handler", None) or {"run": _cmd_run, "info": _cmd_info,
-                                                       "plot": _cmd_plot}[args.command]
-        code = int(handler(args) or 0)
+        with trap:
+            args = build_parser(argv).parse_args(argv)
+            handler = getattr(args, "_handler", None) or {"run": _cmd_run, "info": _cmd_info,
+                                                           "plot": _cmd_plot}[args.command]
+            code = int(handler(args) or 0)
         sys.stdout.flush()
         return code
     except BrokenPipeError:
@@ -208,7 +210,17 @@ def _record_exit(code: int) -> None:
             pass
 
 
+def _runs(argv: list[str]) -> bool:
+    """Whether ``argv`` runs experiments (``run``, ``sweep``): stop signals are trapped for it."""
+    return _command_in(argv) in ("run", "sweep")
+
+
 def entry() -> None:
+    """The console command: ``main`` with the stop signals trapped from the start to the exit of a
+    run or sweep (before torch is imported; Python would otherwise restore the killing default
+    handlers when ``main`` returns), and rank 0's exit code recorded for launch/fedmpi-launch."""
+    if _runs(sys.argv[1:]):
+        signals.install()
     code = 1
     try:
         code = main()
