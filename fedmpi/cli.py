@@ -179,7 +179,9 @@ def _record_exit(code: int) -> None:
 
 
 def entry() -> None:
-    """The process entry point (``fedmpi``, ``python -m fedmpi``)."""
+    """The console command: ``main`` with the stop signals trapped from the start to the exit of a
+    run or sweep (before torch is imported; Python would otherwise restore the killing default
+    handlers when ``main`` returns), and rank 0's exit code recorded for launch/fedmpi-launch."""
     code = 1
     if _stops(sys.argv[1:]):  # a stop signal from now on: exit 3, never a kill
         signals.install()

@@ -50,10 +50,11 @@ def agree(world: World, fn: Callable[[], object]) -> object:
 class Runner:
     """One run of ``cfg`` on ``world`` writing ``out_path`` (rank 0).
 
-    ``overwrite`` lets the run replace a completed or foreign file at ``out_path``; ``inputs``
-    are the files it reads (never accepted as the output); ``label`` prefixes progress lines;
-    ``callbacks`` run before every round on every rank, after those registered by plug-ins
-    (``registry.CALLBACKS``)."""
+    ``overwrite`` lets the run replace a completed or foreign file at ``out_path`` and start
+    afresh (the old checkpoint is deleted once set-up succeeded on every rank; ignored in a
+    requeued SLURM job, which resumes); ``inputs`` are the files it reads (never accepted as
+    the output); ``label`` prefixes progress lines; ``callbacks`` run before every round on
+    every rank, after those registered by plug-ins (``registry.CALLBACKS``)."""
 
     def __init__(self, cfg: Config, world: World, out_path: str, quiet: bool = False, resume: bool = False,
                  overwrite: bool = False, inputs: tuple[str, ...] = (), label: str = "",
@@ -64,8 +65,9 @@ class Runner:
         self.claim = None
         if overwrite and restart_count() > 0:  # a requeued SLURM job continues what its first start began
             overwrite = False
-            logging.getLogger(__name__).info(f"--overwrite ignored: this is restart {restart_count()} of SLURM job "
-                       f"{os.environ.get('SLURM_JOB_ID', '?')}, which resumes")
+            job = os.environ.get("SLURM_JOB_ID", "?")
+            logging.getLogger(__name__).info(f"--overwrite ignored: this is restart {restart_count()} of SLURM "
+                                             f"job {job}, which resumes")
         agree(world, lambda: self._claim_output(overwrite, inputs))
         try:
             agree(world, lambda: self._setup(resume, fresh=overwrite))

@@ -27,7 +27,7 @@ done
 job="job $SLURM_JOB_ID${SLURM_ARRAY_JOB_ID:+ (array task ${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID})}"
 if [[ $code -eq 3 && -z "$cancelled" ]]; then
   echo "fedmpi interrupted and checkpointed; requeueing $job"
-  scontrol requeue "$SLURM_JOB_ID"
+  scontrol requeue "$SLURM_JOB_ID" || echo "requeue refused; submit the same command again to continue"
 elif [[ $code -eq 3 ]]; then
   echo "fedmpi stopped by scancel and checkpointed: $job; submit the same command again to continue"
 fi

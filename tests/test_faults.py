@@ -19,6 +19,7 @@ import torch
 import fault_plugin
 import fedmpi.runner as runner_module
 from conftest import ROOT, fedmpi, synthetic_config, wait_for_rows, write_config
+from fedmpi import signals
 from fedmpi.config import Config
 from fedmpi.errors import InputError, Interrupted
 from fedmpi.runner import Runner
@@ -118,6 +119,21 @@ def test_signal_at_any_moment_of_start_up_exits_3(tmp_path, delay):
             status, done = str(f.attrs["status"]), int(f.attrs.get("rounds_done", 0))
         assert status == "interrupted"
         assert done == 0 or json.load(open(f"{out}.ckpt/manifest.json"))["round"] == done
+
+
+def test_trap_remembers_its_signals_and_gives_the_handlers_back():
+    """fedmpi.signals: the one trap of the round loop and the sweeps (in-process: for the block)."""
+    before = signal.getsignal(signal.SIGUSR1)
+    forwarded = []
+    with signals.trapped():
+        assert signals.received() == ""
+        with signals.trapped(forwarded.append):  # nested (a sweep's cell): same memory, one more listener
+            os.kill(os.getpid(), signal.SIGUSR1)
+            os.kill(os.getpid(), signal.SIGTERM)
+        assert signals.received() == "SIGUSR1" and forwarded == [signal.SIGUSR1, signal.SIGTERM]
+    assert signal.getsignal(signal.SIGUSR1) is before
+    with signals.trapped():
+        assert signals.received() == ""  # a new block forgets the last one's signals
 
 
 def _plugin(tmp_path, body: str) -> str:

@@ -72,8 +72,8 @@ class Jobs:
         over = {"rounds": 40, "eval_every": 2, "runtime": {"checkpoint_every": 2, "progress": True}, **over}
         return write_config(self.repo / f"{name}.yaml", synthetic_config(**over))
 
-    def sbatch(self, template: str, *args: str, opts: tuple = (), round_s: float = 0.0) -> str:
-        cmd = ["sbatch", "--parsable", "--ntasks=2", "--cpus-per-task=1", *opts, f"slurm/{template}", *args]
+    def sbatch(self, template: str, *args: str, opts: tuple = (), round_s: float = 0.0, ranks: int = 2) -> str:
+        cmd = ["sbatch", "--parsable", f"--ntasks={ranks}", "--cpus-per-task=1", *opts, f"slurm/{template}", *args]
         p = subprocess.run(cmd, cwd=self.repo, env=dict(self.env, FEDMPI_TEST_ROUND_S=str(round_s)),
                            capture_output=True, text=True, timeout=60)
         assert p.returncode == 0, p.stderr
@@ -138,12 +138,12 @@ def test_template_runs_from_a_fresh_clone(job, template, opts):
 
 
 def test_sweep_array_with_one_task_preempted_completes_and_tabulates(job):
-    base = job.config(rounds=30)
+    base = job.config(rounds=20)
     sweep = job.repo / "s.sweep.yaml"
     sweep.write_text(f"base: {base}\ngrid:\n  seed: [1, 2]\nout: runs/s\n")
     n = job.run(sys.executable, "-m", "fedmpi", "sweep", str(sweep), "--print-array-size")
     assert n.returncode == 0 and n.stdout.strip() == "2", n.stderr
-    array = job.sbatch("sweep_array.sbatch", str(sweep), opts=("--array=0-1",), round_s=0.3)
+    array = job.sbatch("sweep_array.sbatch", str(sweep), opts=("--array=0-1",), round_s=0.3, ranks=1)
     cell = job.repo / "runs" / "s" / "seed=2.h5"
     wait_for_rows(cell, 3)
     assert job.run("scancel", "--signal=USR1", "--batch", f"{array}_1").returncode == 0
@@ -154,7 +154,7 @@ def test_sweep_array_with_one_task_preempted_completes_and_tabulates(job):
     status = job.run(sys.executable, "-m", "fedmpi", "sweep", str(sweep), "--status")
     assert status.returncode == 0 and status.stdout.count(" done") >= 2, status.stdout + status.stderr
     table = job.run(sys.executable, "-m", "fedmpi", "table", str(sweep))
-    assert table.returncode == 0 and "2" in table.stdout, table.stderr
+    assert table.returncode == 0 and "test_acc" in table.stdout and " +/- " in table.stdout, table.stderr
 
 
 # ----------------------------------------------------------------------------- preemption and requeue
@@ -217,7 +217,8 @@ def test_plain_scancel_stops_for_good_and_resubmitting_resumes(job):
     assert done > 0 and os.path.exists(f"{out}.ckpt/manifest.json")
     again = job.sbatch("cpu_ranks.sbatch", cfg, "--out", "runs/c.h5")
     assert job.wait(again)["JobState"] == "COMPLETED", job.log(again)
-    assert re.search(rf"round {done + 2}/60", job.log(again)) and not re.search(r"round 2/60", job.log(again))
+    first = int(re.search(r"round (\d+)/60", job.log(again))[1])  # its first evaluation: it resumed
+    assert done < first <= done + 2, job.log(again)
     assert np.array_equal(_params(out), _reference(job, cfg))
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A one-node Slurm on this machine for the tests (tests/test_slurm_cluster.py):
 #   tests/slurm/cluster.sh up     # install what is missing (Debian, as root), start munged, slurmctld, slurmd
-#   tests/slurm/cluster.sh down   # stop them (the scratch folder stays for its logs)
+#   tests/slurm/cluster.sh down   # stop what up started (the scratch folder stays, with the logs)
 #   tests/slurm/cluster.sh env    # print the export line that points Slurm's commands at it
 # As root, without systemd. Configuration, state, spool and logs live in $FEDMPI_SLURM_DIR
 # (default /tmp/fedmpi-slurm); the commands find it through SLURM_CONF, so a system's own
@@ -57,6 +57,7 @@ ReturnToService=2
 KillWait=15
 MinJobAge=3600
 SchedulerType=sched/builtin
+SchedulerParameters=sched_interval=2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$mem State=UNKNOWN
@@ -80,6 +81,7 @@ up() {
   mkdir -p /run/munge /var/log/munge /var/lib/munge && chown munge: /run/munge /var/log/munge /var/lib/munge
   if ! [[ -S /run/munge/munge.socket.2 ]] || ! munge -n >/dev/null 2>&1; then
     runuser -u munge -- /usr/sbin/munged || fail "munged did not start"
+    touch "$DIR/munged.ours"  # stopped by down (a munged that was running already is left alone)
   fi
   running "$DIR/slurmctld.pid" || slurmctld -f "$CONF" || fail "slurmctld did not start: $DIR/slurmctld.log"
   running "$DIR/slurmd.pid" || slurmd -f "$CONF" || fail "slurmd did not start: $DIR/slurmd.log"
@@ -99,6 +101,8 @@ down() {
       for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
     fi
   done
+  if [[ -e $DIR/munged.ours ]] && running /run/munge/munged.pid; then kill "$(cat /run/munge/munged.pid)"; fi
+  rm -f "$DIR/munged.ours"
   say "down"
 }
 
