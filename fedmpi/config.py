@@ -4,8 +4,9 @@ Every key, its type, default, allowed range and meaning is declared once, with
 ``fedmpi.schema.opt``, in a dataclass next to the code that reads it: ``train`` in the local
 step (``fedmpi.engine.local_step``), ``evaluation`` in the evaluator, ``topology`` and
 ``sporadicity`` in ``fedmpi.decentral`` (sections of the decentralized algorithms), the
-parameters of each pluggable component next to its code. This module owns the run's own keys
-(the top level and ``runtime``) and assembles the root ``Config``.
+parameters of each pluggable component next to its code, the process world's ``runtime`` keys in
+``fedmpi.runtime.world``. This module owns the run's own keys (the top level, the rest of
+``runtime``) and assembles the root ``Config``.
 
 Three blocks select components from the registries (``fedmpi.registry``): ``algorithm``
 (``name``), ``task`` (``dataset`` and ``model``) and ``availability`` (``kind``). Such a block is
@@ -48,6 +49,7 @@ from .participation.base import AvailabilityParams
 from .participation.probs import BaseProbConfig  # noqa: F401
 from .privacy.params import PrivacyParams, check as check_privacy
 from .registry import Registry
+from .runtime.world import WorldParams
 from .schema import copy as _copy
 from .schema import opt
 
@@ -57,14 +59,9 @@ log = logging.getLogger(__name__)
 # ----------------------------------------------------------------------------- the run's own keys
 
 @dataclass
-class RuntimeConfig:
-    backend: Literal["auto", "nccl", "gloo"] = opt(
-        "auto", "torch.distributed backend; auto = nccl when every rank has its own GPU, else gloo")
-    device: Literal["auto", "cpu", "cuda"] = opt("auto", "auto = CUDA when available (rank r on GPU r mod GPUs)")
-    threads: Optional[int] = opt(None, "torch CPU threads per rank; null = cores / local ranks", ge=1, le=1024)
-    tf32: bool = opt(False, "let CUDA matmuls and convolutions round inputs to TF32 (faster on Ampere and later, "
-                            "~1e-3 relative error); false = full float32, as on CPU")
-    timeout_s: float = opt(300.0, "collective timeout: a dead rank ends the job after this", gt=0)
+class RuntimeConfig(WorldParams):
+    """The ``runtime`` block: the process world's keys (``WorldParams``), then the run's own."""
+
     checkpoint_every: int = opt(0, "rounds between checkpoints; 0 = off", ge=0)
     log_availability: bool = opt(False, "store the per-round participation mask")
     progress: bool = opt(True, "progress on rank 0's stderr: a tqdm bar on a TTY, else one line per evaluation")

@@ -52,9 +52,7 @@ def load(specs: Iterable[str] = ()) -> None:
 
 def _builtins() -> None:
     """Import the modules that register the built-in components (each once per process)."""
-    from .algorithms import fedavg, fedavg_all, fedknown, gfedavg, fedau, f3ast, mifa, fedvarp, fedswe  # noqa: F401
-    from .algorithms import fedopt, fedprox, scaffold, debiased, dspodfl  # noqa: F401
-    from . import models, participation  # noqa: F401  (models, availability kinds)
+    from . import algorithms, models, participation  # noqa: F401  (each package registers its own)
     from .data import datasets  # noqa: F401
     from . import task  # noqa: F401  (quadratic)
 

@@ -9,7 +9,7 @@ import os
 
 import h5py
 import numpy as np
-import pytest  # noqa: F401  (used by the tests below)
+import pytest
 
 from conftest import fedmpi, synthetic_config, write_config
 from fake_results import fake_result
@@ -45,16 +45,15 @@ def test_runtime_csv_never_replaces_a_file_it_did_not_write(tmp_path):
     _one_line_error(proc, 2, "runtime.csv", str(trace))
     assert _digest(trace) == before and not os.path.exists(tmp_path / "avail.h5")
     # its own metric CSV is rewritten when the run is overwritten
-    fedmpi(["run", cfg, "--out", str(tmp_path / "r.h5"), "--quiet", "--set", "availability.kind=always"])
-    fedmpi(["run", cfg, "--out", str(tmp_path / "r.h5"), "--quiet", "--set", "availability.kind=always",
-            "--overwrite"])
+    cfg = write_config(tmp_path / "a.yaml", synthetic_config(rounds=2, availability={"kind": "always"},
+                                                             runtime__csv=True))
+    fedmpi(["run", cfg, "--out", str(tmp_path / "r.h5"), "--quiet"])
+    fedmpi(["run", cfg, "--out", str(tmp_path / "r.h5"), "--quiet", "--overwrite"])
     assert open(tmp_path / "r.csv").readline().startswith("round,")
     os.unlink(tmp_path / "r.h5")  # a stale metric CSV of a deleted run: replaced only with --overwrite
-    proc = fedmpi(["run", cfg, "--out", str(tmp_path / "r.h5"), "--quiet", "--set", "availability.kind=always"],
-                  check=False)
+    proc = fedmpi(["run", cfg, "--out", str(tmp_path / "r.h5"), "--quiet"], check=False)
     _one_line_error(proc, 2, "r.csv", "--overwrite")
-    fedmpi(["run", cfg, "--out", str(tmp_path / "r.h5"), "--quiet", "--set", "availability.kind=always",
-            "--overwrite"])
+    fedmpi(["run", cfg, "--out", str(tmp_path / "r.h5"), "--quiet", "--overwrite"])
 
 
 # ----------------------------------------------------------------------------- 3: export
@@ -395,6 +394,7 @@ def test_dirichlet_repair_is_fast_and_gives_the_same_clients(seed):
 
 # ----------------------------------------------------------------------------- 20: a stopped peer
 
+@pytest.mark.mpi
 def test_a_stopped_peer_is_one_lost_contact_line(tmp_path):
     from fault_plugin import env
 

@@ -21,11 +21,14 @@ minibatches. Kinds:
 from __future__ import annotations
 
 import heapq
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..config import PartitionConfig
 from ..errors import InputError
+
+if TYPE_CHECKING:
+    from .datasets import PartitionConfig
 
 
 def partition(labels: np.ndarray, m: int, cfg: PartitionConfig, gen: np.random.Generator) -> list[np.ndarray]:

@@ -23,7 +23,10 @@ _SLICE = 1 << 20  # values read at a time: a model of any size costs a few MB he
 
 def _final_params(path: str):
     """The ``/final/params`` dataset of an open result file, or None (read slice by slice)."""
-    f = open_result(path)
+    try:
+        f = open_result(path)
+    except InputError:  # a run in set-up holds an empty file: no model yet
+        return None, None
     try:
         ds = f.get("final/params")
     except (KeyError, TypeError, ValueError, OSError):

@@ -28,7 +28,7 @@ import os
 import socket
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Literal, Optional, Sequence
 
 import numpy as np
 import psutil
@@ -36,8 +36,21 @@ import torch
 import torch.distributed as dist
 
 from ..errors import InputError
-
+from ..schema import opt
 from .launcher import announced_size, check_world_size, launched_size
+
+
+@dataclass
+class WorldParams:
+    """The ``runtime`` keys of the process world (``World.create`` takes them)."""
+
+    backend: Literal["auto", "nccl", "gloo"] = opt(
+        "auto", "torch.distributed backend; auto = nccl when every rank has its own GPU, else gloo")
+    device: Literal["auto", "cpu", "cuda"] = opt("auto", "auto = CUDA when available (rank r on GPU r mod GPUs)")
+    threads: Optional[int] = opt(None, "torch CPU threads per rank; null = cores / local ranks", ge=1, le=1024)
+    tf32: bool = opt(False, "let CUDA matmuls and convolutions round inputs to TF32 (faster on Ampere and later, "
+                            "~1e-3 relative error); false = full float32, as on CPU")
+    timeout_s: float = opt(300.0, "collective timeout: a dead rank ends the job after this", gt=0)
 
 
 def set_cuda_math(tf32: bool) -> None:
