@@ -469,3 +469,14 @@ def test_a_resealed_edited_checkpoint_is_refused(tmp_path, forge, words):
     with open(os.path.join(folder, checkpoint.MANIFEST), "w") as fh:
         json.dump(man, fh)
     _one_line_error(fedmpi(["run", cfg, "--out", out, "--quiet"], check=False), 2, "manifest.json", *words)
+
+
+def test_run_plot_path_is_checked_before_the_run(tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=1))
+    (tmp_path / "notes.png").write_text("not a figure")
+    for bad, words in (("notes.png", ["--plot", "already exists"]), ("fig.txt", ["--plot", ".png"])):
+        proc = fedmpi(["run", cfg, "--out", str(tmp_path / "r.h5"), "--quiet", "--plot", str(tmp_path / bad)],
+                      check=False)
+        _one_line_error(proc, 2, *words)
+        assert not (tmp_path / "r.h5").exists()
+    assert (tmp_path / "notes.png").read_text() == "not a figure"
