@@ -99,6 +99,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise InputError("--out: empty result path")
     if args.overwrite and args.resume:
         raise InputError("--overwrite: cannot be combined with --resume (one starts afresh, the other continues)")
+    if args.plot:  # before the run, not after it
+        from .results.outfiles import check_figure
+
+        check_figure(args.plot, "--plot", [args.config])
     plugins.load(args.plugins)  # on every rank, before the config is checked against the registries
     cfg = config.load(args.config, args.overrides, world_size=launched_size())
     if args.out is not None:  # --out may use {dotted.key} placeholders, as the output key does

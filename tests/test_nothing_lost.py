@@ -146,7 +146,7 @@ def test_a_flush_that_finds_no_space_writes_nothing(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------- sweeps: 7, 10, 14, 16, 21
 
 def _sweep(tmp_path, base_over: dict | None = None, **data) -> str:
-    write_config(tmp_path / "base.yaml", synthetic_config(rounds=2, eval_every=1, **(base_over or {})))
+    write_config(tmp_path / "base.yaml", synthetic_config(**{"rounds": 2, "eval_every": 1, **(base_over or {})}))
     path = tmp_path / "s.sweep.yaml"
     write_config(path, {"base": "base.yaml", "out": str(tmp_path / "out"), **data})
     return str(path)
@@ -158,14 +158,14 @@ def test_two_sweep_processes_on_one_sweep_both_succeed(tmp_path):
 
     from conftest import ROOT
 
-    s = _sweep(tmp_path, grid={"seed": [0, 1, 2, 3]})
+    s = _sweep(tmp_path, {"rounds": 1}, grid={"seed": list(range(8))})
     env = dict(os.environ, PYTHONPATH=ROOT)
     procs = [subprocess.Popen([sys.executable, "-m", "fedmpi", "sweep", s, "--quiet"], env=env, cwd=ROOT,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
     for p in procs:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err
-    assert "4 done" in fedmpi(["sweep", s, "--status"]).stdout
+    assert "8 done" in fedmpi(["sweep", s, "--status"]).stdout
 
 
 def test_sweep_size_is_capped_before_cells_are_made(tmp_path):
@@ -329,29 +329,55 @@ def test_long_strings_count_against_the_alias_budget(tmp_path):
 
 # ----------------------------------------------------------------------------- 13: IDX memory
 
-@pytest.mark.parametrize("labels", [12, 300_000])
-def test_an_idx_header_that_lies_is_refused_before_inflating(tmp_path, labels):
-    """A small gzip announcing 300000 images (235 MB): refused at once by the gzip trailer
-    (or by the labels' count), never inflated, let alone copied."""
+def _idx_run(tmp_path, root) -> tuple:
+    """``fedmpi run`` on the IDX files in ``root``: (the process, its peak RSS in KiB)."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(
+        rounds=1, task={"dataset": "fmnist", "root": str(root), "clients": 4, "model": "logreg"}))
+    proc = subprocess.Popen([sys.executable, "-m", "fedmpi", "run", cfg, "--out", str(tmp_path / "r.h5"), "--quiet"],
+                            cwd=ROOT, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONPATH=ROOT, FEDMPI_CACHE=str(tmp_path / "cache")))
+    err = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode, proc.stderr = os.waitstatus_to_exitcode(status), err
+    return proc, usage.ru_maxrss
+
+
+@pytest.mark.parametrize("lie", ["labels", "size"])
+def test_an_idx_header_that_lies_is_refused_before_inflating(tmp_path, lie):
+    """300000 images (235 MB inflated, 230 KB as gzip) with 12 labels, or a header announcing
+    them over 1 MB of data: refused before any image is inflated, at the peak memory of a run
+    refused for 13 labels of 12 tiny images (it was that plus twice the images)."""
     import gzip
     import struct
-    import time
+    import zlib
 
     from test_readers import write_idx
 
+    small = tmp_path / "small"
+    write_idx(small, np.random.default_rng(0))
+    (small / "train-labels-idx1-ubyte.gz").write_bytes(gzip.compress(bytes([0, 0, 8, 1]) + struct.pack(">I", 13)
+                                                                     + bytes(13)))
+    _, baseline = _idx_run(tmp_path, small)
     root = tmp_path / "fm"
     write_idx(root, np.random.default_rng(0))
-    (root / "train-images-idx3-ubyte.gz").write_bytes(gzip.compress(
-        bytes([0, 0, 8, 3]) + struct.pack(">3I", 300_000, 28, 28) + bytes(1 << 20)))
-    (root / "train-labels-idx1-ubyte.gz").write_bytes(gzip.compress(
-        bytes([0, 0, 8, 1]) + struct.pack(">I", labels) + bytes(labels)))
-    cfg = write_config(tmp_path / "c.yaml", synthetic_config(
-        rounds=1, task={"dataset": "fmnist", "root": str(root), "clients": 4, "model": "logreg"}))
-    start = time.monotonic()
-    proc = fedmpi(["run", cfg, "--out", str(tmp_path / "r.h5"), "--quiet"], check=False,
-                  env={"FEDMPI_CACHE": str(tmp_path / "cache")})
-    _one_line_error(proc, 2, "train-images-idx3-ubyte.gz", "12 labels" if labels == 12 else "truncated")
-    assert time.monotonic() - start < 30
+    n, data = 300_000, 300_000 * 784 if lie == "labels" else 1 << 20
+    with open(root / "train-images-idx3-ubyte.gz", "wb") as fh:
+        z = zlib.compressobj(1, zlib.DEFLATED, 31)
+        fh.write(z.compress(bytes([0, 0, 8, 3]) + struct.pack(">3I", n, 28, 28)))
+        for lo in range(0, data, 1 << 20):
+            fh.write(z.compress(bytes(min(1 << 20, data - lo))))
+        fh.write(z.flush())
+    if lie == "size":
+        (root / "train-labels-idx1-ubyte.gz").write_bytes(gzip.compress(
+            bytes([0, 0, 8, 1]) + struct.pack(">I", n) + bytes(n)))
+    proc, peak = _idx_run(tmp_path, root)
+    _one_line_error(proc, 2, "train-images-idx3-ubyte.gz", "12 labels" if lie == "labels" else "truncated")
+    assert peak < baseline + 100 * 1024, (peak, baseline)  # KiB; the images alone are 235 MB
 
 
 # ----------------------------------------------------------------------------- 17: dirichlet repair
@@ -443,3 +469,14 @@ def test_a_resealed_edited_checkpoint_is_refused(tmp_path, forge, words):
     with open(os.path.join(folder, checkpoint.MANIFEST), "w") as fh:
         json.dump(man, fh)
     _one_line_error(fedmpi(["run", cfg, "--out", out, "--quiet"], check=False), 2, "manifest.json", *words)
+
+
+def test_run_plot_path_is_checked_before_the_run(tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=1))
+    (tmp_path / "notes.png").write_text("not a figure")
+    for bad, words in (("notes.png", ["--plot", "already exists"]), ("fig.txt", ["--plot", ".png"])):
+        proc = fedmpi(["run", cfg, "--out", str(tmp_path / "r.h5"), "--quiet", "--plot", str(tmp_path / bad)],
+                      check=False)
+        _one_line_error(proc, 2, *words)
+        assert not (tmp_path / "r.h5").exists()
+    assert (tmp_path / "notes.png").read_text() == "not a figure"
