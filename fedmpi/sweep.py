@@ -26,7 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--list", action="store_true", help="list the cells with their overrides and exit")
     parser.add_argument("-j", "--jobs", type=int, default=1,
                         help="cells run at once, each in its own process with cores/J threads (default 1)")
-    parser.add_argument("--out", help="folder of the result files (default: the sweep's out, or runs/<sweep name>)")
+    parser.add_argument("--out", help="folder of the result files, relative to the working directory (default: the "
+                                      "sweep's out:, or runs/<sweep name>, relative to the sweep file)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     parser.add_argument("--plugin", dest="plugins", action="append", default=[], metavar="PATH_OR_MODULE",
                         help="import a plug-in before reading the configs (as fedmpi run --plugin); repeatable")
