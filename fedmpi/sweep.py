@@ -29,8 +29,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help="folder of the result files, relative to the working directory (default: the "
                                       "sweep's out:, or runs/<sweep name>, relative to the sweep file)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
-    parser.add_argument("--plugin", dest="plugins", action="append", default=[], metavar="PATH_OR_MODULE",
-                        help="import a plug-in before reading the configs (as fedmpi run --plugin); repeatable")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, help=argparse.SUPPRESS)
 
