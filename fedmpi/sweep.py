@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from . import log
 from .errors import InputError
 from .results.paths import assignments
 from .results.sweepfile import STATES, cell_state, first_difference, load, peek_config, status_text
@@ -34,6 +35,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
+    with log.once():  # the notices its cells share (a key of another algorithm): once per sweep
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         raise InputError(f"--jobs: must be >= 1, got {args.jobs}")
     if args.out is not None and not args.out.strip():

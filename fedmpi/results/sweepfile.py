@@ -62,11 +62,16 @@ class Cell:
 
     @property
     def expected(self) -> dict:
-        """Its validated config, flat, without output/runtime (made when first asked for)."""
+        """Its validated config, flat, without output/runtime (made when first asked for, without
+        notices: a listing compares configs, it runs none)."""
         if self._expected is None:
             with log.muted():
-                self._expected = _comparable(self.sweep.config(self).to_dict()) if self.sweep else {}
+                self.check()
         return self._expected
+
+    def check(self) -> None:
+        """Validate its config (notices go to the log) and keep it as ``expected``."""
+        self._expected = _comparable(self.sweep.config(self).to_dict()) if self.sweep else {}
 
 
 @dataclass
@@ -168,9 +173,10 @@ def load(path: str, out: str | None = None, validate: bool = True) -> Sweep:
                   _plugins(path, data.get("plugins")))
     for c in cells:
         c.sweep = sweep
-    if validate:  # every cell's config is valid before anything runs (notices come when a cell runs)
-        for c in cells:
-            c.expected  # noqa: B018 (validates and keeps it)
+    if validate:  # every cell's config is valid before anything runs; each distinct notice is said once
+        with log.once():
+            for c in cells:
+                c.check()
     return sweep
 
 
