@@ -57,6 +57,10 @@ def test_a_sweep_file_carries_its_own_plugins(tmp_path):
     os.chdir(exp)
     assert "2 cells: 2 done" in fedmpi(["sweep", "s.sweep.yaml", "--status"]).stdout
     assert fedmpi(["table", "s.sweep.yaml", "--format", "csv"]).stdout.count("\n") == 2
+    (exp / "s.sweep.yaml").write_text(yaml.safe_dump({"base": "base.yaml", "out": "res", "grid": {"seed": [0, 1]}}))
+    p = fedmpi(["table", "s.sweep.yaml"], check=False)  # without its plug-in: each cell says why it is left out
+    assert p.returncode == 2 and p.stderr.count("--plugin PATH_OR_MODULE") == 2, p.stderr
+    assert "unknown algorithm 'scaled_fedavg'" in p.stderr and "no completed runs to tabulate" in p.stderr
     (exp / "s.sweep.yaml").write_text(yaml.safe_dump({"base": "base.yaml", "plugins": "nothere.py"}))
     p = fedmpi(["sweep", "s.sweep.yaml"], check=False)
     assert p.returncode == 2 and "nothere.py: no such plug-in file" in p.stderr

@@ -285,6 +285,14 @@ def cell_state(cell: Cell) -> tuple[str, int]:
     return "failed", rounds
 
 
+def why_outdated(cell: Cell) -> str:
+    """Why a completed cell's file is not the sweep's cell any more (for the listings)."""
+    try:
+        return f"its config is no longer that of the sweep's cell ({first_difference(cell, peek_config(cell.path))})"
+    except InputError as e:  # e.g. the plug-in that registers its algorithm is not loaded
+        return f"the sweep gives the cell a config that is not valid ({e})"
+
+
 def peek_config(path: str) -> str:
     from .hdf5 import peek
 
