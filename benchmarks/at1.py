@@ -19,7 +19,7 @@ lr 0.1, logistic regression, FedAvg, 200 rounds.
 
 Each cycle runs fedmpi 1 rank, fedmpi 2 ranks, then the loop, and prints the ratios of that
 cycle, so both sides of a ratio saw about the same machine load (printed with each line).
-On one GPU the 2 ranks share it (gloo, tensors staged through host memory; README "GPUs and ranks").
+On one GPU the 2 ranks share it (gloo, tensors staged through host memory; docs/GPUS.md).
 Both final test accuracies are printed; they should agree within 0.01.
 """
 

@@ -49,7 +49,7 @@ def build_components(cfg: Config, world: World, participation: Participation | N
     trainer = LocalTrainer(task, cfg.train, cfg.seed)
     cls = ALGORITHMS.get(cfg.algorithm.name).obj
     if participation is None and cls.needs_participation:
-        participation = build_participation(cfg.availability, task.client_info(cfg.seed))
+        participation = build_participation(cfg.availability, task.client_info(cfg.seed, cfg.rounds))
     check_memory(cfg, world, task.m, trainer.spec.dim, task, trainer.path)
     components = Components(cfg, world, task, trainer, participation)
     components.algorithm = cls(Context(cfg, world, task, trainer, participation))

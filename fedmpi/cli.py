@@ -68,13 +68,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                    help="continue from the last checkpoint (required to exist; a run also resumes by itself "
                         "when a checkpoint of the same config is present)")
     r.add_argument("--quiet", action="store_true", help="no progress bar or progress lines")
-    r.add_argument("--plugin", dest="plugins", action="append", default=[], metavar="PATH_OR_MODULE",
-                   help="import a plug-in (a .py file, a package folder or a module name) that registers "
-                        "algorithms, models, datasets or availability kinds; repeatable (also $FEDMPI_PLUGINS)")
+    _add_plugin_option(r)
 
     i = sub.add_parser("info", help="status, rounds and last metrics of result files (several: compared)")
     i.add_argument("files", nargs="+")
     i.add_argument("--no-config", action="store_true", help="do not print the stored config")
+    _add_plugin_option(i)
 
     for name, module, text in _EXTENSIONS:
         sp = sub.add_parser(name, help=text)
@@ -85,8 +84,27 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         except ImportError:  # an optional part that is not in this build
             continue
         mod.add_arguments(sp)
+        _add_plugin_option(sp)
         sp.set_defaults(_handler=mod.run_cli)
     return p
+
+
+def _add_plugin_option(parser: argparse.ArgumentParser) -> None:
+    """``--plugin``: every command that reads configs or results takes it (fedmpi.plugins)."""
+    parser.add_argument("--plugin", dest="plugins", action="append", default=[], metavar="PATH_OR_MODULE",
+                        help="import a plug-in (a .py file, a package folder or a module name) that registers "
+                             "algorithms, models, datasets or availability kinds; repeatable (also $FEDMPI_PLUGINS)")
+
+
+def _load_plugins(args: argparse.Namespace) -> None:
+    """The plug-ins of a command that does not load them itself (run and sweep choose when), when
+    any are asked for: without them a command that only reads results never imports torch."""
+    if args.command in ("run", "sweep"):
+        return
+    from . import plugins
+
+    if args.plugins or os.environ.get(plugins.ENV):
+        plugins.load(args.plugins)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -159,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with signals.trapped() if _stops(argv) else contextlib.nullcontext():
             args = build_parser(argv).parse_args(argv)
+            _load_plugins(args)
             handler = getattr(args, "_handler", None) or {"run": _cmd_run, "info": _cmd_info}[args.command]
             code = int(handler(args) or 0)
         sys.stdout.flush()

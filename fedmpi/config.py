@@ -15,7 +15,7 @@ validated against the chosen components' own dataclasses (e.g. ``algorithm: {nam
 when one of them is selected. One rule for every block and section: a key that belongs only to
 another registered component is ignored with a notice naming its owners (a config written for
 one algorithm keeps working with ``--set algorithm.name=...``), any other unknown key is an
-error. The README's config reference is generated from the built-in components, grouped by
+error. The config reference (docs/CONFIG.md) is generated from the built-in components, grouped by
 owner (``python -m fedmpi.docs``). Any problem raises ``InputError`` whose message starts with
 the dotted key path, e.g. ``train.lr: must be > 0, got -1``.
 """

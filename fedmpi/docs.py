@@ -1,4 +1,4 @@
-"""Keeps the README's generated parts true: ``python -m fedmpi.docs`` rewrites them."""
+"""Keeps the generated config reference (docs/CONFIG.md) true: ``python -m fedmpi.docs`` rewrites it."""
 
 from __future__ import annotations
 
@@ -19,7 +19,10 @@ def config_table() -> str:
                                    "|---|---|---|---|", *rows]) for owner, rows in groups.items())
 
 
-def update_readme(path: str) -> bool:
+REFERENCE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "CONFIG.md")
+
+
+def update_reference(path: str = REFERENCE) -> bool:
     """Rewrite the config reference between the markers; True when the file changed."""
     with open(path, encoding="utf-8") as fh:
         text = fh.read()
@@ -32,5 +35,4 @@ def update_readme(path: str) -> bool:
 
 
 if __name__ == "__main__":
-    readme = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
-    print("updated" if update_readme(readme) else "up to date", readme)
+    print("updated" if update_reference() else "up to date", REFERENCE)

@@ -35,11 +35,42 @@ def setup(rank: int) -> None:
     logger.setLevel(logging.INFO if rank == 0 else logging.ERROR)
 
 
+class _Once(logging.Filter):
+    """Lets each distinct message through once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if text in self.seen:
+            return False
+        self.seen.add(text)
+        return True
+
+
 @contextmanager
-def muted() -> Iterator[None]:
-    """No notices inside: for configs that are only checked or compared, not run (a sweep's cells,
-    the config stored in a result file); the run itself prints them."""
-    logger = logging.getLogger("fedmpi")
+def once() -> Iterator[None]:
+    """Each distinct notice printed once inside: a sweep says what its cells share (a key of
+    another algorithm in the base config) once, not once per cell."""
+    handlers = [h for h in logging.getLogger("fedmpi").handlers if isinstance(h, _Stderr)]
+    only_once = _Once()
+    for h in handlers:
+        h.addFilter(only_once)
+    try:
+        yield
+    finally:
+        for h in handlers:
+            h.removeFilter(only_once)
+
+
+@contextmanager
+def muted(name: str = "fedmpi") -> Iterator[None]:
+    """No notices of logger ``name`` (and below) inside: for configs that are only checked or
+    compared, not run (a sweep's cells, the config stored in a result file); the run itself
+    prints them."""
+    logger = logging.getLogger(name)
     level = logger.level
     logger.setLevel(logging.WARNING)
     try:

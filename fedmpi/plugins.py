@@ -1,9 +1,10 @@
 """Loading the components: the one loader, and the one door through which plug-ins come in.
 
 ``load`` imports the built-in components (each module registers its own into
-``fedmpi.registry``), then the plug-ins; the entry points (``fedmpi run``, ``fedmpi sweep``) and
-``fedmpi.config.load``/``from_dict`` call it. Imports go one way: this module imports the
-components, the components import ``fedmpi.registry``, and the registry imports neither.
+``fedmpi.registry``), then the plug-ins; the command line (every command takes ``--plugin``),
+a sweep's cells (``results/sweepfile.py``) and ``fedmpi.config.load``/``from_dict`` call it.
+Imports go one way: this module imports the components, the components import
+``fedmpi.registry``, and the registry imports neither.
 
 A plug-in is a Python module (or package) that registers components when imported, e.g. an
 algorithm with ``@fedmpi.algorithms.register("fedavgm")``. It is loaded on every rank, before
@@ -12,7 +13,8 @@ the config is validated, from three sources, in this order:
 1. the entry-point group ``fedmpi.plugins`` of installed packages
    (``[options.entry_points] fedmpi.plugins = mine = mypkg.fedmpi_plugin``);
 2. ``$FEDMPI_PLUGINS``: paths or module names separated by ``:`` (``os.pathsep``);
-3. ``fedmpi run --plugin PATH_OR_MODULE`` (repeatable).
+3. ``--plugin PATH_OR_MODULE`` of any command (repeatable), and a sweep file's ``plugins:``
+   (relative to the sweep file).
 
 A spec is a ``.py`` file, a package folder (with ``__init__.py``) or an importable module name.
 Each is imported once per process; any failure is an ``InputError`` naming the plug-in.

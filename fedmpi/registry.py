@@ -37,6 +37,10 @@ class Entry:
         return self.module == "fedmpi" or self.module.startswith("fedmpi.")
 
 
+PLUGIN_HINT = ("a plug-in's name is known once the plug-in is loaded: --plugin PATH_OR_MODULE, "
+               "$FEDMPI_PLUGINS or a sweep file's plugins:")
+
+
 class Registry:
     """Name -> ``Entry`` for one kind of component; ``key`` is the config key that selects it."""
 
@@ -65,7 +69,8 @@ class Registry:
     def get(self, name: str) -> Entry:
         """The entry of ``name``; InputError naming the config key and the registered names otherwise."""
         if name not in self._entries:
-            raise InputError(f"{self.key}: unknown {self.kind} {name!r} (registered: {', '.join(self.names())})")
+            raise InputError(f"{self.key}: unknown {self.kind} {name!r} (registered: {', '.join(self.names())}; "
+                             f"{PLUGIN_HINT})")
         return self._entries[name]
 
     def names(self, builtin_only: bool = False) -> list[str]:

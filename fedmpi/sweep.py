@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from . import log
 from .errors import InputError
 from .results.paths import assignments
 from .results.sweepfile import STATES, cell_state, first_difference, load, peek_config, status_text
@@ -26,15 +27,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--list", action="store_true", help="list the cells with their overrides and exit")
     parser.add_argument("-j", "--jobs", type=int, default=1,
                         help="cells run at once, each in its own process with cores/J threads (default 1)")
-    parser.add_argument("--out", help="folder of the result files (default: the sweep's out, or runs/<sweep name>)")
+    parser.add_argument("--out", help="folder of the result files, relative to the working directory (default: the "
+                                      "sweep's out:, or runs/<sweep name>, relative to the sweep file)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
-    parser.add_argument("--plugin", dest="plugins", action="append", default=[], metavar="PATH_OR_MODULE",
-                        help="import a plug-in before reading the configs (as fedmpi run --plugin); repeatable")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, help=argparse.SUPPRESS)
 
 
 def run_cli(args: argparse.Namespace) -> int:
+    with log.once():  # the notices its cells share (a key of another algorithm): once per sweep
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         raise InputError(f"--jobs: must be >= 1, got {args.jobs}")
     if args.out is not None and not args.out.strip():

@@ -16,8 +16,9 @@ import signal
 import subprocess
 import sys
 import time
+from typing import TextIO
 
-from . import signals
+from . import log, signals
 from .cores import available_cores
 from .errors import InputError
 from .results.sweepfile import Cell, Sweep, cell_state
@@ -97,10 +98,15 @@ def serve(sweep: Sweep, quiet: bool, threads: int | None) -> int:
     """A ``-j`` worker: cell indices arrive on stdin, one per line; each answer is written to the
     original stdout as 'INDEX CODE' or 'INDEX 2 MESSAGE' for bad input, which the parent prints
     once however many workers meet it (everything else this process prints goes to stderr)."""
-    from .results.hdf5 import OutputBusy
-
     answers = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
+    with log.muted("fedmpi.config"):  # the parent checked every cell and said the config notices once
+        return _serve(sweep, answers, quiet, threads)
+
+
+def _serve(sweep: Sweep, answers: TextIO, quiet: bool, threads: int | None) -> int:
+    from .results.hdf5 import OutputBusy
+
     for line in sys.stdin:
         i = int(line)
         try:

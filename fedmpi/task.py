@@ -72,8 +72,8 @@ class Task:
         """(1 / (255 std), mean / std): made once, not at every minibatch (four small ops each)."""
         return 1.0 / (255.0 * self.std), self.mean / self.std
 
-    def client_info(self, seed: int) -> ClientInfo:
-        return ClientInfo(m=self.m, seed=seed, label_hist=self.label_hist, group=self.groups)
+    def client_info(self, seed: int, rounds: int | None = None) -> ClientInfo:
+        return ClientInfo(m=self.m, seed=seed, label_hist=self.label_hist, group=self.groups, rounds=rounds)
 
     def to(self, device: torch.device) -> "Task":
         """The same task with its model and tensors on ``device``."""

@@ -190,4 +190,4 @@ def test_each_availability_kind_has_its_own_parameters():
     fields = {e.name: {f.name for f in dataclasses.fields(e.params)} for e in AVAILABILITY.entries(builtin_only=True)}
     assert fields["always"] == {"kind"} and fields["cohort"] == {"kind", "size"}
     assert fields["markov"] == {"kind", "base", "R", "B", "markov_groups"}
-    assert fields["trace"] == {"kind", "trace", "trace_format", "schedule"}
+    assert fields["trace"] == {"kind", "trace", "trace_format", "schedule", "trace_repeat"}

@@ -253,3 +253,19 @@ def test_missing_sweep_file(capsys):
     assert capsys.readouterr().err.strip() == "fedmpi: error: nope.sweep.yaml: sweep file not found"
     with pytest.raises(InputError):
         sweepfile.load("nope.yaml")
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_notice_the_cells_share_is_said_once_per_sweep(tmp_path, capsys, jobs):
+    """The base config's fedswe key is ignored by every mifa cell: one notice, not one per cell."""
+    write_config(tmp_path / "base.yaml", synthetic_config(rounds=2, eval_every=2, algorithm={"name": "fedswe", "k": 3}))
+    path = tmp_path / "s.sweep.yaml"
+    path.write_text(yaml.safe_dump({"base": "base.yaml", "set": {"algorithm.name": "mifa"},
+                                    "grid": {"seed": [0, 1, 2]}}))
+    if jobs == 1:
+        assert main(["sweep", str(path), "--quiet"]) == 0
+        err = capsys.readouterr().err
+    else:
+        err = fedmpi(["sweep", str(path), "--quiet", "-j", "2"]).stderr
+    assert err.count("notice: algorithm.k: not a parameter of mifa (only of fedswe); ignored") == 1, err
+    assert len(os.listdir(tmp_path / "runs" / "s")) == 3

@@ -194,3 +194,48 @@ def test_schedule_belongs_to_trace_and_excludes_trace(caplog):
         from_dict({"task": {"clients": 4}, "availability": {"kind": "trace", "schedule": [[0]], "trace": "x"}})
     with pytest.raises(InputError, match="cannot tell 0/1 rows"):
         _schedule(2, [[0, 1]])
+
+
+def test_a_trace_shorter_than_the_run_is_refused_unless_it_repeats(tmp_path):
+    f = tmp_path / "ids.txt"
+    f.write_text("0 1\n2\n")
+    short = ClientInfo(m=3, seed=0, rounds=5)
+    with pytest.raises(InputError, match=re.escape(f"availability.trace: {f}: 2 rounds, shorter than the run's 5 "
+                                                   f"(rounds); set availability.trace_repeat: true")):
+        build(availability_params("trace", trace=str(f)), short)
+    with pytest.raises(InputError, match=r"^availability\.schedule: 1 rounds, shorter than the run's 5"):
+        build(availability_params("trace", schedule=[[0]]), short)
+    repeated = build(availability_params("trace", trace=str(f), trace_repeat=True), short)
+    assert rounds(repeated, 5) == [[0, 1], [2], [0, 1], [2], [0, 1]]
+    assert rounds(trace(f, 3), 3) == [[0, 1], [2], [0, 1]]  # no run (a preview): no check
+    assert rounds(build(availability_params("trace", trace=str(f)), ClientInfo(m=3, seed=0, rounds=2)), 2)
+
+
+def test_a_run_longer_than_its_trace_is_exit_2(tmp_path, capsys):
+    from conftest import synthetic_config, write_config
+    from fedmpi.cli import main
+
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=4, availability={"kind": "trace",
+                                                                                     "schedule": [[0, 1], [2]]}))
+    assert main(["run", cfg, "--quiet", "--out", "r.h5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("availability.schedule: 2 rounds, shorter than the run's 4 (rounds); set "
+                        "availability.trace_repeat: true to replay it from its first round") and "\n" not in err
+    assert main(["run", cfg, "--quiet", "--out", "r.h5", "--set", "availability.trace_repeat=true"]) == 0
+
+
+def test_every_example_of_the_traces_page_reads(tmp_path):
+    """docs/TRACES.md: each ```trace FORMAT M block is a file of that format for M clients."""
+    from conftest import ROOT
+    from fedmpi.participation.trace import load_trace
+
+    text = open(os.path.join(ROOT, "docs", "TRACES.md"), encoding="utf-8").read()
+    blocks = re.findall(r"^```trace (\w+) (\d+)\n(.*?)^```$", text, flags=re.S | re.M)
+    assert [b[0] for b in blocks] == ["ids", "matrix", "intervals", "intervals"]
+    for i, (fmt, m, body) in enumerate(blocks):
+        f = tmp_path / f"t{i}"
+        f.write_text(body)
+        part = load_trace(str(f), "auto", int(m))  # auto guesses the format the page names
+        assert rounds(part, part.length) == [[0, 2], [1], []][:part.length]
+        assert part.length == (2 if i == 2 else 3)
+        assert rounds(load_trace(str(f), fmt, int(m)), part.length) == rounds(part, part.length)

@@ -43,6 +43,7 @@ class ClientInfo:
     seed: int
     label_hist: np.ndarray | None = None  # (m, classes) sample counts per class, None for quadratic
     group: np.ndarray | None = None  # (m,) data group of each client (partition 'groups'), else None
+    rounds: int | None = None  # the run's rounds (None: no run, e.g. fedmpi availability's preview)
 
 
 class Participation(Stateful):

@@ -25,7 +25,9 @@ round, each either the available client ids or (``trace_format: matrix``, or ``a
 row has m entries of 0/1 and m > 2) a 0/1 row; a string there is read as a trace path. Under
 ``auto`` one id list among the rows makes every row an id list.
 
-Rounds beyond the trace's length wrap around: round t replays round t mod length.
+A trace shorter than the run is refused (exit 2) unless ``availability.trace_repeat: true``;
+then rounds beyond the trace's length wrap around: round t replays round t mod length.
+docs/TRACES.md shows each format with an example.
 Limits: a text, JSON or pickle trace file is at most ``MAX_TRACE_BYTES`` (checked before reading;
 ``.npy`` matrices are not limited), JSON nests at most ``yamlio.MAX_DEPTH`` levels, and every
 client id is checked against [0, m) before it becomes a 64-bit integer.
@@ -268,6 +270,8 @@ class TraceParams(AvailabilityParams):
     schedule: Optional[Union[str, list]] = opt(
         None,
         "trace: the rounds inline, one list per round (available ids, or a 0/1 row of m); a string is a trace path")
+    trace_repeat: bool = opt(False, "trace: replay it from its first round when the run is longer than the trace "
+                                    "(false: such a run is refused)")
 
     def input_files(self) -> tuple[str, ...]:
         return tuple(p for p in (self.trace, self.schedule) if isinstance(p, str) and p)
@@ -281,9 +285,18 @@ def _check_trace(cfg) -> None:
 @register("trace", params=TraceParams, check=_check_trace)
 def _trace(cfg: TraceParams, info: ClientInfo) -> Participation:
     if isinstance(cfg.schedule, list):
-        return inline_trace(cfg.schedule, cfg.trace_format, info.m, info.seed)
+        return _long_enough(inline_trace(cfg.schedule, cfg.trace_format, info.m, info.seed), cfg, info,
+                            "availability.schedule")
     path = cfg.schedule or cfg.trace
     if not path:
         raise InputError(f"{_KEY}: kind 'trace' needs a file path (ids per round, 0/1 matrix or intervals) "
                          f"or availability.schedule")
-    return load_trace(path, cfg.trace_format, info.m, info.seed)
+    return _long_enough(load_trace(path, cfg.trace_format, info.m, info.seed), cfg, info, f"{_KEY}: {path}")
+
+
+def _long_enough(trace: Trace, cfg: TraceParams, info: ClientInfo, where: str) -> Trace:
+    """A trace shorter than the run would silently repeat: refused unless ``trace_repeat`` asks for it."""
+    if info.rounds is not None and trace.length < info.rounds and not cfg.trace_repeat:
+        raise InputError(f"{where}: {trace.length} rounds, shorter than the run's {info.rounds} (rounds); "
+                         f"set availability.trace_repeat: true to replay it from its first round")
+    return trace

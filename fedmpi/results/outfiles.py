@@ -1,7 +1,7 @@
 """Files written next to result files (CSV sidecars and exports, figures): never over a file this
 command did not make, and never half-written.
 
-The rule (README, "what fedmpi guarantees"): a command replaces an existing file only when the
+The rule (docs/GUARANTEES.md): a command replaces an existing file only when the
 user named it with ``--overwrite``, or when it is recognisably the same kind of output (a figure
 over a figure, a run's own metric CSV when that run is resumed or overwritten). An input of the
 command, a fedmpi result file or anything that is not a regular file is never replaced. Content is

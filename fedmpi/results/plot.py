@@ -94,8 +94,10 @@ def gather_runs(inputs: list[str]) -> list[tuple[Result, str]]:
     """(result, sweep variant) of files, folders and sweep files; unfinished runs included."""
     from .table import gather
 
-    runs, _, _ = gather(inputs, partial=True)
-    return [(r.result, str(r.keys.get("variant") or "")) for r in runs]
+    found = gather(inputs, partial=True)
+    if not found.runs:
+        raise InputError(f"no evaluations to plot: no result files ({found.where})")
+    return [(r.result, str(r.keys.get("variant") or "")) for r in found.runs]
 
 
 def load_curves(paths: list[str], metric: str, x: str) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray, int]]:
@@ -169,7 +171,7 @@ def plot(paths: list[str], metric: str | list[str], out: str, x: str = "round", 
     runs = gather_runs(paths)
     per_metric = [(m, curves_of(runs, m, x)) for m in metrics]
     if not any(c for _, c in per_metric):
-        raise InputError(f"{', '.join(paths)}: no evaluations to plot")
+        raise InputError(f"{', '.join(paths)}: no evaluations to plot (the runs have not evaluated yet)")
     if labels:
         for m, curves in per_metric:
             if len(labels) != len(curves):

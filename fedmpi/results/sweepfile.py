@@ -3,8 +3,9 @@ by ``fedmpi.sweeprun``; ``fedmpi sweep`` is ``fedmpi.sweep``; ``fedmpi table`` r
 
 A sweep file::
 
-    base: fmnist_sine.yaml            # the config every cell starts from (relative to this file)
-    out: runs/fmnist_sine             # folder of the cells' result files (default runs/<sweep name>)
+    base: fmnist_sine.yaml            # the config every cell starts from
+    out: ../../runs/fmnist_sine       # folder of the cells' result files (default runs/<sweep name>)
+    plugins: [qffl.py]                # plug-ins the cells need (loaded before any cell's config is read)
     set:                              # overrides for every cell (dotted keys)
       rounds: 200
       runtime.threads: 1
@@ -19,6 +20,10 @@ Cells are variants x grid, in that order (variant outer); cell ``i`` is the same
 machine, so ``--index i`` (a SLURM array task) names one cell. A cell's result file is
 ``OUT/<variant label or its key=value list>/<grid key=value list>.h5``, e.g.
 ``runs/fmnist_sine/fedswe_k100/seed=0.h5``.
+
+Paths in a sweep file (``base``, ``out``, ``plugins``) are relative to the sweep file's folder,
+so every command reads the same cells from any working directory; paths on the command line
+(``--out``, ``--folder``) are relative to the working directory (docs/SWEEPS.md).
 
 A cell's state (:func:`cell_state`) is read from its result file: done, running (another
 process holds its lock), interrupted, failed, not started, or outdated (its config is no longer
@@ -36,7 +41,7 @@ from .. import log, yamlio
 from ..errors import InputError
 from .paths import assignments, value_text
 
-_TOP_KEYS = ("base", "out", "set", "variants", "grid", "table")
+_TOP_KEYS = ("base", "out", "plugins", "set", "variants", "grid", "table")
 MAX_CELLS = 100_000  # checked before any cell is made (a SLURM array is at most this long, too)
 STATES = ("done", "running", "interrupted", "failed", "not started", "outdated")
 _NOT_COMPARED = ("output", "runtime")  # a cell's file may differ from the sweep in these keys only
@@ -57,11 +62,16 @@ class Cell:
 
     @property
     def expected(self) -> dict:
-        """Its validated config, flat, without output/runtime (made when first asked for)."""
+        """Its validated config, flat, without output/runtime (made when first asked for, without
+        notices: a listing compares configs, it runs none)."""
         if self._expected is None:
             with log.muted():
-                self._expected = _comparable(self.sweep.config(self).to_dict()) if self.sweep else {}
+                self.check()
         return self._expected
+
+    def check(self) -> None:
+        """Validate its config (notices go to the log) and keep it as ``expected``."""
+        self._expected = _comparable(self.sweep.config(self).to_dict()) if self.sweep else {}
 
 
 @dataclass
@@ -73,13 +83,15 @@ class Sweep:
     grid_keys: list[str]
     variants: list[str]
     table: dict = field(default_factory=dict)
+    plugins: list[str] = field(default_factory=list)  # the sweep file's plug-ins (paths made relative to here)
 
     def config(self, cell: Cell, world_size: int = 1, threads: int | None = None):
         """The validated Config of ``cell`` (``threads`` fills runtime.threads when the config
         leaves it null)."""
-        from .. import config
+        from .. import config, plugins
 
         try:
+            plugins.load(self.plugins)  # (each once per process) every cell, -j worker and listing reads through here
             cfg = config.load(self.base, world_size=world_size, values={**cell.overrides, "output": cell.path})
         except InputError as e:
             if str(e).startswith(self.base):
@@ -122,7 +134,7 @@ def load(path: str, out: str | None = None, validate: bool = True) -> Sweep:
             raise InputError(f"{path}: {k}: unknown key (allowed: {', '.join(_TOP_KEYS)})")
     if not isinstance(data.get("base"), str):
         raise InputError(f"{path}: base: the base config file is required (a path relative to the sweep file)")
-    base = os.path.normpath(os.path.join(os.path.dirname(path), data["base"]))
+    base = beside(path, data["base"])
     common = _flat_overrides(data.get("set"), "set")
     grid = _flat_overrides(data.get("grid"), "grid")
     for k, vals in grid.items():
@@ -137,9 +149,10 @@ def load(path: str, out: str | None = None, validate: bool = True) -> Sweep:
     if size > MAX_CELLS:
         raise InputError(f"{path}: grid: {size} cells (variants x grid values); at most {MAX_CELLS} per sweep file, "
                          f"split it into several")
-    folder = out if out is not None else data.get("out") or os.path.join("runs", _stem(path))
+    folder = data.get("out", os.path.join("runs", _stem(path)))
     if not isinstance(folder, str) or not folder.strip():
         raise InputError(f"{path}: out: must be a folder path, got {folder!r}")
+    folder = out if out is not None else beside(path, folder)  # --out: relative to the working directory
     cells = []
     for (label, vset), combo in itertools.product(variants, itertools.product(*grid.values())):
         values = dict(zip(grid, combo))
@@ -156,13 +169,32 @@ def load(path: str, out: str | None = None, validate: bool = True) -> Sweep:
     table = data.get("table") or {}
     if not isinstance(table, dict):
         raise InputError(f"{path}: table: must be a mapping (see fedmpi table --help)")
-    sweep = Sweep(path, base, folder, cells, list(grid), [v[0] for v in variants if v[1] is not None], table)
+    sweep = Sweep(path, base, folder, cells, list(grid), [v[0] for v in variants if v[1] is not None], table,
+                  _plugins(path, data.get("plugins")))
     for c in cells:
         c.sweep = sweep
-    if validate:  # every cell's config is valid before anything runs (notices come when a cell runs)
-        for c in cells:
-            c.expected  # noqa: B018 (validates and keeps it)
+    if validate:  # every cell's config is valid before anything runs; each distinct notice is said once
+        with log.once():
+            for c in cells:
+                c.check()
     return sweep
+
+
+def beside(sweep_file: str, path: str) -> str:
+    """``path`` as written in ``sweep_file``: relative to the sweep file's folder unless absolute."""
+    return os.path.normpath(os.path.join(os.path.dirname(sweep_file), os.path.expanduser(path)))
+
+
+def _plugins(path: str, data: Any) -> list[str]:
+    """The ``plugins:`` list: files and folders relative to the sweep file; module names as given."""
+    if data is None:
+        return []
+    if isinstance(data, str):
+        data = [data]
+    if not isinstance(data, list) or not all(isinstance(p, str) and p.strip() for p in data):
+        raise InputError(f"{path}: plugins: must be a list of plug-in files, folders or module names, got {data!r}")
+    return [beside(path, p) if p.endswith(".py") or "/" in p or os.path.exists(beside(path, p)) else p
+            for p in data]
 
 
 def _refuse_repeated_values(path: str, key: str, values: list) -> None:
@@ -253,6 +285,14 @@ def cell_state(cell: Cell) -> tuple[str, int]:
     return "failed", rounds
 
 
+def why_outdated(cell: Cell) -> str:
+    """Why a completed cell's file is not the sweep's cell any more (for the listings)."""
+    try:
+        return f"its config is no longer that of the sweep's cell ({first_difference(cell, peek_config(cell.path))})"
+    except InputError as e:  # e.g. the plug-in that registers its algorithm is not loaded
+        return f"the sweep gives the cell a config that is not valid ({e})"
+
+
 def peek_config(path: str) -> str:
     from .hdf5 import peek
 
@@ -267,5 +307,6 @@ def status_text(sweep: Sweep) -> str:
         state, rounds = cell_state(c)
         counts[state] += 1
         lines.append(f"{c.index:>4}  {state:<12} {rounds:>7}  {c.path}")
-    lines.append(f"{len(sweep.cells)} cells: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    lines.append(f"{len(sweep.cells)} cells: " + ", ".join(f"{n} {s}" for s, n in counts.items())
+                 + f" (result files in {sweep.folder})")
     return "\n".join(lines)

@@ -149,33 +149,50 @@ def _started(path: str) -> bool:
     return not stat.S_ISREG(st.st_mode) or st.st_size > 0 or is_locked(path)  # (load refuses a non-file)
 
 
-def gather(inputs: list[str], partial: bool = False, folder: str | None = None) -> tuple[list[Run], dict, bool]:
-    """The runs of files, folders (every .h5 below) and sweep files; the table spec of a
-    single sweep; whether runs came from a sweep (keeps the cells' order)."""
+@dataclass
+class Gathered:
+    """What ``gather`` found: the runs, the table spec of a single sweep, whether runs came from a
+    sweep (keeps the cells' order), and where it looked (for the messages that found nothing)."""
+
+    runs: list[Run]
+    spec: dict
+    from_sweep: bool
+    looked: list[str]
+
+    @property
+    def where(self) -> str:
+        return "looked in " + "; ".join(self.looked)
+
+
+def gather(inputs: list[str], partial: bool = False, folder: str | None = None) -> Gathered:
+    """The runs of files, folders (every .h5 below) and sweep files (their cells' files)."""
     runs: list[Run] = []
     spec: dict = {}
     from_sweep = False
     skipped = 0
+    looked: list[str] = []
     for inp in inputs:
         if _is_sweep(inp):
-            from .sweepfile import cell_state, load as load_sweep
+            from .sweepfile import cell_state, load as load_sweep, why_outdated
 
             sweep = load_sweep(inp, folder, validate=False)  # only completed cells' configs are compared
             spec = sweep.table if len(inputs) == 1 else {}
             from_sweep = True
+            looked.append(f"{sweep.folder} ({len(sweep.cells)} cell files of {inp})")
             for c in sweep.cells:
                 if cell_state(c)[0] == "outdated":
-                    print(f"fedmpi table: left out {c.path}: its config is no longer that of the sweep's cell",
-                          file=sys.stderr)
+                    print(f"fedmpi table: left out {c.path}: {why_outdated(c)}", file=sys.stderr)
                 elif _started(c.path):
                     runs.append(Run(load(c.path), {"variant": c.variant}))
         elif os.path.isdir(inp):
+            looked.append(inp)
             files = sorted(glob.glob(os.path.join(inp, "**", "*.h5"), recursive=True))
             if not files:
                 raise InputError(f"{inp}: no .h5 result files in this folder")
             runs += [Run(load(f), {}) for f in files if _started(f)]
             skipped += sum(not _started(f) for f in files)
         else:
+            looked.append(inp)
             runs.append(Run(load(inp), {}))
     kept = []
     for r in runs:
@@ -184,12 +201,14 @@ def gather(inputs: list[str], partial: bool = False, folder: str | None = None) 
             continue
         r.keys = {**r.result.flat_config(), **r.keys}
         kept.append(r)
+    found = Gathered(kept, spec, from_sweep, looked)
     if skipped and not kept:
-        raise InputError(f"table: no completed runs to tabulate ({skipped} not completed; --partial includes them)")
+        raise InputError(f"table: no completed runs to tabulate ({skipped} not completed; --partial includes them; "
+                         f"{found.where})")
     if skipped:
         print(f"fedmpi table: left out {skipped} runs that are not completed (--partial includes them)",
               file=sys.stderr)
-    return kept, spec, from_sweep
+    return found
 
 
 # ----------------------------------------------------------------------------- the table
@@ -433,7 +452,10 @@ def _specs(args: argparse.Namespace, spec: dict, runs: list[Run]) -> list[Metric
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    runs, spec, from_sweep = gather(args.inputs, args.partial, args.folder)
+    found = gather(args.inputs, args.partial, args.folder)
+    if not found.runs:
+        raise InputError(f"table: no completed runs to tabulate ({found.where})")
+    runs, spec, from_sweep = found.runs, found.spec, found.from_sweep
     for k in spec:
         if k not in _TABLE_KEYS:
             raise InputError(f"table.{k}: unknown key (allowed: {', '.join(_TABLE_KEYS)})")
