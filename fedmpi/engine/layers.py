@@ -295,16 +295,25 @@ class StackedNet:
                   keys: Params | None) -> Params:
         """Every client's gradient {name: (n, *shape)} of its minibatch loss (the mean, or the
         ``weights`` (n, b) weighted sum) at ``params``; ``keys`` as in ``forward``."""
+        return self.value_and_gradients(loss, params, x, y, weights, keys, value=False)[1]
+
+    def value_and_gradients(self, loss, params: Params, x: Tensor, y: Tensor, weights: Tensor | None,
+                            keys: Params | None, value: bool = True) -> tuple[Tensor | None, Params]:
+        """``gradients`` and, if ``value``, each client's minibatch loss (n,) from the same forward
+        pass (None otherwise)."""
         if self.closed_form(loss):
             with torch.no_grad():
                 h = x
                 for layer in self.layers[:-1]:
                     h = layer.forward(params, h, keys)
                 out = self.layers[-1].forward(params, h, keys)
-                return self.layers[-1].grads(params, h, loss.output_grad(out, y, weights))
+                losses = None
+                if value:
+                    losses = loss(out, y) if weights is None else (per_sample(loss)(out, y) * weights).sum(-1)
+                return losses, self.layers[-1].grads(params, h, loss.output_grad(out, y, weights))
         leaves = {name: v.detach().requires_grad_(True) for name, v in params.items()}
         with torch.enable_grad():
             out = self.forward(leaves, x, keys)
             losses = per_client(loss)(out, y) if weights is None else (per_sample(loss)(out, y) * weights).sum(-1)
             grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
-        return dict(zip(leaves, grads))
+        return (losses.detach() if value else None), dict(zip(leaves, grads))

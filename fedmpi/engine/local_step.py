@@ -30,6 +30,10 @@ from ..schema import opt
 @dataclass
 class TrainConfig:
     local_steps: int = opt(5, "s: local SGD steps per round", ge=1)
+    local_epochs: Optional[float] = opt(
+        None, "E: client i does ceil(n_i E / batch_size) steps instead of s; null = off", gt=0)
+    local_steps_draw: Literal["fixed", "uniform"] = opt(
+        "fixed", "uniform: each round a client does 1..its steps, uniformly (stragglers' partial work)")
     batch_size: int = opt(32, "minibatch size (drawn uniformly with replacement)", ge=1)
     lr: float = opt(0.05, "eta_l (eta_0 when scheduled)", gt=0)
     lr_schedule: Literal["constant", "inv_sqrt"] = opt(
