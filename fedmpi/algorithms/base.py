@@ -66,6 +66,7 @@ import torch
 
 from ..engine.local_step import StepTerm
 from ..engine.local import LocalStats
+from ..engine.threads import one_thread
 from ..engine.reduce import client_sum, gather_clients, reproducible_sum_blocks
 from ..errors import InputError
 from ..privacy.mechanism import Privacy
@@ -155,8 +156,9 @@ class ClientOutputs:
                sizes: np.ndarray) -> ClientOutputs:
         """Collective: every rank gives its ``local`` clients' numbers; every rank gets all of ``ids``."""
         n = len(local)
+        nan = np.full(n, np.nan)
         filled = stats.loss is not None
-        rows = np.stack([stats.loss if filled else np.full(n, np.nan), stats.first_loss if filled else np.full(n, np.nan),
+        rows = np.stack([stats.loss if filled else nan, stats.first_loss if filled else nan,
                          stats.steps if filled else np.zeros(n), delta_sq, sizes[local]], 1) if n else np.zeros((0, 5))
         cols = gather_clients(world, ids, local, rows).T
         return cls(np.asarray(ids), *cols)
@@ -247,7 +249,9 @@ class ServerAlgorithm(Algorithm):
         start = self.start_models(local)
         stats = LocalStats()
         end = self.privacy.clip(t, start, self.local_training(t, local, start, stats))  # privacy: ||Delta_i|| <= C
-        delta_sq = (end - start).double().pow_(2).sum(1).cpu().numpy()
+        with one_thread(end.device):  # row by row, the same bits whatever the block (float32: one cheap pass)
+            delta = end - start
+            delta_sq = torch.linalg.vecdot(delta, delta).double().cpu().numpy()
         self.outputs = ClientOutputs.gather(self.world, active, local, stats, delta_sq, self._sizes)
         buf = reproducible_sum_blocks(  # one reduction; rows made block by block to bound memory
             self.world, lambda s: self._owned(self.contribution(t, active, local[s], start[s], end[s]), start, end),

@@ -211,7 +211,8 @@ class LocalTrainer:
                     x[rows] = xs[:k]
                 if stats is not None and losses:
                     stats.first_loss[rows] = losses[0].cpu().numpy()[:k]
-                    stats.loss[rows] = torch.stack(losses).double().sum(0).cpu().numpy()[:k] / np.maximum(steps[rows], 1)
+                    total = torch.stack(losses).double().sum(0).cpu().numpy()[:k]
+                    stats.loss[rows] = total / np.maximum(steps[rows], 1)
         return x
 
     def chunk_size(self) -> int:
