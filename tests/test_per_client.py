@@ -210,3 +210,60 @@ def test_state_dict_round_trip(name, algo):
     for t in range(3, ROUNDS):
         a.round(t), b.round(t)
     assert torch.equal(a.x, b.x)
+
+
+def test_fedexp_and_power_of_choice_are_not_private_sums():
+    from fedmpi.algorithms.fedexp import FedExP
+    from fedmpi.algorithms.power_of_choice import PowerOfChoice
+
+    assert not FedExP.private_sum() and not PowerOfChoice.private_sum()
+
+
+# ----------------------------------------------------------------------------- lr schedules
+
+def schedule(**train):
+    from fedmpi.engine.local_step import TrainConfig, lr_at
+
+    cfg = TrainConfig(lr=0.8, **train)
+    return [lr_at(cfg, t) for t in range(8)]
+
+
+def test_lr_schedules():
+    assert schedule() == [0.8] * 8
+    assert schedule(lr_schedule="inv_sqrt")[5] == 0.8 / math.sqrt(1.5)
+    cos = schedule(lr_schedule="cosine", lr_period=4)
+    assert cos == pytest.approx([0.8 * (1 + math.cos(math.pi * min(t, 4) / 4)) / 2 for t in range(8)])
+    assert cos[4:] == [0.0] * 4
+    assert schedule(lr_schedule="step", lr_period=3, lr_gamma=0.5) == pytest.approx([0.8] * 3 + [0.4] * 3 + [0.2] * 2)
+    warm = schedule(lr_schedule="warmup_cosine", lr_period=8, lr_warmup=3)
+    assert warm[:3] == pytest.approx([0.8 / 3, 1.6 / 3, 0.8]) and warm[3:] == schedule(lr_schedule="cosine",
+                                                                                       lr_period=8)[3:]
+
+
+def test_a_plugin_schedule_and_bad_schedule_keys():
+    from fedmpi.engine.local_step import LR_SCHEDULES, lr_schedule
+
+    @lr_schedule("halve_once")
+    def halve_once(cfg, t):
+        return cfg.lr if t < 2 else cfg.lr / 2
+
+    try:
+        assert schedule(lr_schedule="halve_once")[:3] == [0.8, 0.8, 0.4]
+        assert schedule(lr_schedule="warmup_halve_once", lr_warmup=2)[:3] == [0.4, 0.8, 0.4]
+    finally:
+        del LR_SCHEDULES["halve_once"]
+    for train, key in [({"lr_schedule": "linear"}, "train.lr_schedule"), ({"lr_schedule": "cosine"}, "train.lr_period"),
+                       ({"lr_schedule": "warmup_constant"}, "train.lr_warmup")]:
+        with pytest.raises(InputError, match=key):
+            quadratic_cfg("fedavg_active", U, X0, train=train)
+
+
+def test_the_schedule_drives_local_training():
+    """Round t's steps use lr_at(t): the quadratic task's Delta_i shows the step size."""
+    algo = build(quadratic_cfg("fedavg_active", [4.0], 0.0, s=1, lr=0.5,
+                               train={"lr_schedule": "step", "lr_period": 1, "lr_gamma": 0.5}))
+    x = 0.0
+    for t in range(3):
+        algo.round(t)
+        x = x + 0.5 * 0.5 ** t * (4.0 - x)
+        assert scalar(algo.x) == pytest.approx(x, rel=1e-6)

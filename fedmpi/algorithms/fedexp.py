@@ -10,7 +10,8 @@ Delta_bar = mean_{i in A_t} Delta_i, M = |A_t|, eps = ``fedexp_eps``:
 When the updates point the same way ||Delta_bar||^2 is about their mean square and eta_g^t = 1
 (FedAvg); when they cancel, the server extrapolates. ||Delta_i||^2 comes from
 ``ClientOutputs.delta_sq`` (summed reproducibly). ``train.global_lr`` is not used (it must stay
-1). The paper also reports the average of the last two iterates; fedmpi evaluates x^t.
+1), and privacy is refused (the rule reads every ||Delta_i||^2). The paper also reports the
+average of the last two iterates; fedmpi evaluates x^t.
 """
 
 from __future__ import annotations
@@ -41,9 +42,10 @@ class FedExP(FedAvgActive):
         if cfg.train.global_lr != 1.0:
             raise InputError(f"train.global_lr: fedexp sets its own server step size (leave it at 1), "
                              f"got {cfg.train.global_lr}")
-        if cfg.privacy.mechanism != "none":
-            raise InputError("privacy.mechanism: fedexp reads every ||Delta_i||^2, which the DP sum does not "
-                             "protect (use none)")
+
+    @classmethod
+    def private_sum(cls) -> bool:
+        return False  # the step size reads every ||Delta_i||^2, which the noised sum does not protect
 
     def server_update(self, t: int, active: np.ndarray, total: torch.Tensor) -> torch.Tensor:
         """x^t + eta_g^t Delta_bar (rank 0; ``total`` = Delta_bar)."""

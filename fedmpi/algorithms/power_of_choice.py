@@ -54,6 +54,10 @@ class PowerOfChoice(FedAvgActive):
             raise InputError(f"algorithm.candidates: must be at least select ({cfg.algorithm.select}), "
                              f"got {cfg.algorithm.candidates}")
 
+    @classmethod
+    def private_sum(cls) -> bool:
+        return False  # the pick reads clients' losses, and the DP accounting assumes random participation
+
     def select(self, t: int, available: np.ndarray) -> np.ndarray:
         """S_t from C_t by ell (every rank, same input)."""
         cand = available
