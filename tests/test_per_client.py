@@ -267,3 +267,22 @@ def test_the_schedule_drives_local_training():
         algo.round(t)
         x = x + 0.5 * 0.5 ** t * (4.0 - x)
         assert scalar(algo.x) == pytest.approx(x, rel=1e-6)
+
+
+def test_steps_from_a_file_and_its_errors(tmp_path):
+    path = tmp_path / "steps.txt"
+    path.write_text("1 2 3\n4 5 6\n7 8 9 10 11 12\n")
+    task, tr = trainer(train__local_steps_file=str(path))
+    assert tr.steps_of(np.array([0, 5, 11]), 3).tolist() == [1, 6, 12]
+    path.write_text("3 1 2")
+    algo = build(quadratic_cfg("fednova", U, X0, train={"local_steps_file": str(path)}))
+    algo.round(0)
+    assert algo.outputs.steps.tolist() == [3, 1, 2]
+    for text, needle in [("1 2", "one integer >= 1 per client"), ("1 0 2", "one integer"), ("a b c", "integers")]:
+        path.write_text(text)
+        with pytest.raises(InputError, match=f"train.local_steps_file: .*{needle}"):
+            build(quadratic_cfg("fedavg_active", U, X0, train={"local_steps_file": str(path)}))
+    with pytest.raises(InputError, match="train.local_steps_file"):
+        build(quadratic_cfg("fedavg_active", U, X0, train={"local_steps_file": str(tmp_path / "none.txt")}))
+    with pytest.raises(InputError, match="train.local_steps_file"):
+        quadratic_cfg("fedavg_active", U, X0, train={"local_steps_file": str(path), "local_epochs": 1.0})

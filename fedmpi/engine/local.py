@@ -35,6 +35,7 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from .. import rng
 from ..data.augment import require_images
+from ..errors import InputError
 from ..models import has_conv
 from ..models.dropout import KeyedDropout
 from ..models.losses import per_sample
@@ -58,6 +59,23 @@ class LocalStats:
     loss: np.ndarray | None = None
     first_loss: np.ndarray | None = None
     steps: np.ndarray | None = None
+
+
+def read_steps(path: str, m: int) -> np.ndarray:
+    """Client i's local steps from a text file of m whitespace-separated integers >= 1."""
+    try:
+        with open(path) as fh:
+            words = fh.read().split()
+    except OSError as e:
+        raise InputError(f"train.local_steps_file: cannot read {path!r} ({e.strerror})") from None
+    try:
+        steps = np.array([int(w) for w in words], dtype=np.int64)
+    except ValueError:
+        raise InputError(f"train.local_steps_file: {path!r} must hold integers only") from None
+    if len(steps) != m or (steps < 1).any():
+        raise InputError(f"train.local_steps_file: {path!r} must hold one integer >= 1 per client ({m}), "
+                         f"got {len(steps)} numbers, smallest {steps.min() if len(steps) else '-'}")
+    return steps
 
 
 def choose_path(engine: str, model: torch.nn.Module, device: torch.device) -> str:
@@ -93,6 +111,7 @@ class LocalTrainer:
         self._sizes = np.asarray(task.sizes, dtype=np.int64)  # host copies for the minibatch ids
         self._offsets = np.asarray(task.offsets[:-1], dtype=np.int64)
         self._order = task.order.cpu().numpy()
+        self._steps = None if cfg.local_steps_file is None else read_steps(cfg.local_steps_file, task.m)
         model = task.model
         self._key_names = [f"{name}.key" for name, mod in model.named_modules() if isinstance(mod, KeyedDropout)]
         each_sample = per_sample(task.loss)
@@ -147,11 +166,13 @@ class LocalTrainer:
 
     # ------------------------------------------------------------------ training
     def steps_of(self, clients: np.ndarray, t: int) -> np.ndarray:
-        """Local steps (n,) of ``clients`` in round t: s, or ceil(n_i E / B) with ``local_epochs``
-        E; with ``local_steps_draw: uniform`` each client then draws its count uniformly from
+        """Local steps (n,) of ``clients`` in round t: s, ceil(n_i E / B) with ``local_epochs`` E,
+        or ``local_steps_file``'s; with ``local_steps_draw: uniform`` each client then draws its count uniformly from
         1..that (stream (seed, "steps", t), counter = client id). Same on every rank."""
         clients = np.asarray(clients, dtype=np.int64)
-        if self.cfg.local_epochs is None:
+        if self._steps is not None:
+            steps = self._steps[clients]
+        elif self.cfg.local_epochs is None:
             steps = np.full(len(clients), self.cfg.local_steps, dtype=np.int64)
         else:
             need = self._sizes[clients] * self.cfg.local_epochs / self.cfg.batch_size

@@ -34,6 +34,9 @@ class TrainConfig:
     local_steps: int = opt(5, "s: local SGD steps per round", ge=1)
     local_epochs: Optional[float] = opt(
         None, "E: client i does ceil(n_i E / batch_size) steps instead of s; null = off", gt=0)
+    local_steps_file: Optional[str] = opt(
+        None, "a text file of m integers >= 1, client i's steps instead of s (e.g. measured device speeds); "
+        "null = off")
     local_steps_draw: Literal["fixed", "uniform"] = opt(
         "fixed", "uniform: each round a client does 1..its steps, uniformly (stragglers' partial work)")
     batch_size: int = opt(32, "minibatch size (drawn uniformly with replacement)", ge=1)
@@ -57,6 +60,8 @@ class TrainConfig:
         "auto", "batched = all clients of a rank at once; auto picks the faster path")
 
     def __post_init__(self) -> None:
+        if self.local_epochs is not None and self.local_steps_file is not None:
+            raise InputError("train.local_steps_file: give either local_epochs or local_steps_file, not both")
         base = self.lr_schedule.removeprefix("warmup_")
         if base not in LR_SCHEDULES:
             raise InputError(f"train.lr_schedule: unknown schedule {self.lr_schedule!r} (allowed: "
