@@ -67,7 +67,7 @@ def test_fixed_shape_blocks_change_no_bit(monkeypatch, model, stacked):
         monkeypatch.setattr(tr, "chunk_size", lambda: 4)  # 7 clients: a full block and one of 3 padded to 4
     seen = []
     block = padded._train_block
-    monkeypatch.setattr(padded, "_train_block", lambda x, ids, *a: (seen.append(len(ids)), block(x, ids, *a)))
+    monkeypatch.setattr(padded, "_train_block", lambda x, ids, *a: (seen.append(len(ids)), block(x, ids, *a))[1])
     ids = np.array([5, 0, 3, 9, 2, 7, 11])
     g = torch.Generator().manual_seed(1)
     x0 = plain.spec.flatten(task.model).expand(len(ids), -1) + 0.01 * torch.randn(len(ids), plain.spec.dim, generator=g)

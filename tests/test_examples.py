@@ -128,3 +128,23 @@ def test_checkpoint_and_resume(tmp_path):
     assert p.returncode == 3 and "interrupted: signal SIGUSR1 at round 4" in p.stderr
     run(preempted, "--resume", ranks=2)
     same(full, preempted)
+
+
+def test_loss_weighted_reads_the_per_client_losses():
+    """Quadratic task: w_i = ell_i / sum ell_j, ell_i the mean of the losses at x and at the step
+    after (s = 2, eta_l = 0.5: x_1 = u + (x - u) / 2)."""
+    load([PLUGIN])
+    u, x0 = [0.0, 8.0, -4.0], 2.0
+    script = [[0, 1], [], [2], [0, 1, 2], [1]]
+    cfg = config.from_dict({"seed": 1, "task": {"dataset": "quadratic", "model": "scalar", "clients": 3, "u": u,
+                                                "x0": x0},
+                            "train": {"local_steps": 2, "lr": 0.5, "batch_size": 1, "engine": "sequential"},
+                            "algorithm": {"name": "my_loss_weighted"}})
+    algo = build_components(cfg, World(), participation=Scripted(3, script)).algorithm
+    x = x0
+    for t, active in enumerate(script):
+        algo.round(t)
+        if active:
+            ell = [((x - u[i]) ** 2 / 2 + ((x - u[i]) / 2) ** 2 / 2) / 2 for i in active]
+            x = x + sum(e * (1 - Q) * (u[i] - x) for e, i in zip(ell, active)) / sum(ell)
+        assert scalar(algo.x) == pytest.approx(x, rel=1e-6, abs=1e-6), t

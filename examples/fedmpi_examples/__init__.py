@@ -6,9 +6,11 @@ Load it with ``fedmpi run CONFIG --plugin examples/fedmpi_examples`` (or
 
 - algorithm ``my_fedavgm``: FedAvg with server momentum ``algorithm.beta`` (``fedavgm.py``; fedmpi
   ships the same rule as ``fedavgm``: this file shows how such an algorithm is written);
+- algorithm ``my_loss_weighted``: FedAvg weighted by each client's training loss this round
+  (``lossweighted.py``: how an algorithm reads the per-client numbers, ``ClientOutputs``);
 - model ``resmlp``: an MLP with residual blocks, ``task.width`` and ``task.blocks`` (``model.py``);
 - dataset ``spirals``: interleaved 2-D spirals from numpy arrays, ``task.spiral_samples``,
   ``task.arms``, ``task.noise`` (``dataset.py``).
 """
 
-from . import dataset, fedavgm, model  # noqa: F401  (each registers its component)
+from . import dataset, fedavgm, lossweighted, model  # noqa: F401  (each registers its component)

@@ -4,5 +4,6 @@
 from . import fedavg, fedavg_all, fedknown, gfedavg, fedau, f3ast, mifa, fedvarp, fedswe  # noqa: F401
 from . import fedopt, fedprox, scaffold  # noqa: F401
 from . import debiased  # noqa: F401
+from . import qffl, fednova, fedexp, power_of_choice  # noqa: F401
 from . import dspodfl  # noqa: F401
-from .base import Algorithm, AlgorithmParams, Context, ServerAlgorithm, Snapshot, register  # noqa: F401
+from .base import Algorithm, AlgorithmParams, ClientOutputs, Context, ServerAlgorithm, Snapshot, register  # noqa: F401

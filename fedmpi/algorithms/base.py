@@ -38,6 +38,7 @@ The runner calls (every "collective" method must be called on every rank, in the
 | 2. ``start_models``, ``lr_scale``, ``local_terms`` | every rank, its local active clients | read state |
 | 3. ``local_training(t, local, start)`` (default: ``ctx.trainer`` with ``local_terms``) | every rank | client state |
 | 3b. privacy: each update clipped to ``privacy.clip`` (``fedmpi.privacy``) | every rank; adaptive: collective | its C |
+| 3c. ``self.outputs`` = the ``ClientOutputs`` of all active clients (one small gather) | collective | -- |
 | 4. ``contribution(...)`` (default ``weights``) | every rank, on blocks, twice each | nothing: pure |
 | 5. one reproducible sum of the rows into rank 0; privacy: plus its noise | collective | -- |
 | 6. ``server_update(t, active, total)`` -> x^{t+1} | rank 0 only | server state |
@@ -46,6 +47,13 @@ The runner calls (every "collective" method must be called on every rank, in the
 
 Step 5 gives the same bits whatever the number of ranks (``engine.reduce``). Subclasses
 override only the steps their paper changes, so each algorithm file reads like its definition.
+
+Per-client outputs: from step 3c on, ``self.outputs`` (``ClientOutputs``) holds every active
+client's mean training loss, its loss at the start model, its steps, ||Delta_i||^2 and its
+sample count, the same bits on every rank; steps 4-8 read it, and so does ``select`` of the
+next round (None before the first round of a process: it is not checkpointed, so an algorithm
+that needs it across rounds keeps what it needs in its declared state). ``outputs.sum(values)``
+sums per-client numbers reproducibly (``engine.reduce.client_sum``).
 """
 
 from __future__ import annotations
@@ -57,7 +65,9 @@ import numpy as np
 import torch
 
 from ..engine.local_step import StepTerm
-from ..engine.reduce import reproducible_sum_blocks
+from ..engine.local import LocalStats
+from ..engine.threads import one_thread
+from ..engine.reduce import client_sum, gather_clients, reproducible_sum_blocks
 from ..errors import InputError
 from ..privacy.mechanism import Privacy
 from ..privacy.sampling import sampling_of
@@ -122,6 +132,48 @@ class Snapshot:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass
+class ClientOutputs:
+    """Per-client outputs of a round's local training: one entry per active client, in the order
+    of ``ids``, float64 numpy arrays, the same on every rank (``ServerAlgorithm.round`` step 3c).
+
+    ``loss``: the mean of its minibatch training losses over its local steps; ``first_loss``: the
+    minibatch loss of its first step (at its start model: an unbiased estimate of F_i(x^t) when
+    it starts from x^t); ``steps``: local steps it did (tau_i); ``delta_sq``: ||Delta_i||^2 (after
+    privacy clipping); ``samples``: its number of training samples n_i."""
+
+    ids: np.ndarray
+    loss: np.ndarray
+    first_loss: np.ndarray
+    steps: np.ndarray
+    delta_sq: np.ndarray
+    samples: np.ndarray
+
+    FIELDS = ("loss", "first_loss", "steps", "delta_sq", "samples")
+
+    @classmethod
+    def gather(cls, world: World, ids: np.ndarray, local: np.ndarray, stats: LocalStats, delta_sq: np.ndarray,
+               sizes: np.ndarray) -> ClientOutputs:
+        """Collective: every rank gives its ``local`` clients' numbers; every rank gets all of ``ids``."""
+        n = len(local)
+        nan = np.full(n, np.nan)
+        filled = stats.loss is not None
+        rows = np.stack([stats.loss if filled else nan, stats.first_loss if filled else nan,
+                         stats.steps if filled else np.zeros(n), delta_sq, sizes[local]], 1) if n else np.zeros((0, 5))
+        cols = gather_clients(world, ids, local, rows).T
+        return cls(np.asarray(ids), *cols)
+
+    def at(self, clients: np.ndarray) -> np.ndarray:
+        """Positions of ``clients`` (a subset of ``ids``) in the arrays."""
+        sorter = np.argsort(self.ids, kind="stable")
+        return sorter[np.searchsorted(self.ids, clients, sorter=sorter)]
+
+    @staticmethod
+    def sum(values: np.ndarray) -> float:
+        """Reproducible sum of per-client numbers (correctly rounded: no order, no rank count matters)."""
+        return client_sum(values)
+
+
 class Algorithm(Stateful):
     """Base of every algorithm; the contract is in the module docstring."""
 
@@ -182,6 +234,8 @@ class ServerAlgorithm(Algorithm):
         self.eta_g = self.cfg.train.global_lr
         self.x = ctx.spec.flatten(ctx.task.model).to(ctx.device)  # x^t, identical on every rank
         self.active = np.zeros(0, dtype=np.int64)
+        self.outputs: ClientOutputs | None = None  # this round's (from step 3c), else the last round's
+        self._sizes = np.asarray(ctx.task.sizes, dtype=np.float64)
         p = self.cfg.privacy  # ---- privacy hook (#27): one mechanism for every algorithm with ``private_sum``
         self.privacy = Privacy(p, sampling_of(self.cfg, ctx.participation) if p.mechanism != "none" else None,
                                self.cfg.rounds, self.cfg.seed, ctx.spec.dim, ctx.world)
@@ -193,7 +247,9 @@ class ServerAlgorithm(Algorithm):
         self.active = active
         local = self.ctx.local(active)
         start = self.start_models(local)
-        end = self.privacy.clip(t, start, self.local_training(t, local, start))  # privacy: ||Delta_i|| <= C
+        stats = LocalStats()
+        end = self.privacy.clip(t, start, self.local_training(t, local, start, stats))  # privacy: ||Delta_i|| <= C
+        self.outputs = ClientOutputs.gather(self.world, active, local, stats, self._delta_sq(start, end), self._sizes)
         buf = reproducible_sum_blocks(  # one reduction; rows made block by block to bound memory
             self.world, lambda s: self._owned(self.contribution(t, active, local[s], start[s], end[s]), start, end),
             len(local), len(active), overwrite=True)
@@ -204,6 +260,13 @@ class ServerAlgorithm(Algorithm):
         self.world.broadcast_(self.x)
         self.after_round(t, active, local, start, end)
         return len(active)
+
+    @staticmethod
+    def _delta_sq(start: torch.Tensor, end: torch.Tensor) -> np.ndarray:
+        """||Delta_i||^2 per row, row by row: the same bits whatever the block (``vector_norm`` is
+        4x ``vecdot``'s speed on the anchor task)."""
+        with one_thread(end.device):
+            return torch.linalg.vector_norm(end - start, dim=1).double().pow_(2).cpu().numpy()
 
     # ---------------------------------------------------------------- hooks
     def select(self, t: int, available: np.ndarray) -> np.ndarray:
@@ -225,11 +288,12 @@ class ServerAlgorithm(Algorithm):
         FedProx's proximal term, SCAFFOLD's correction (default: none)."""
         return ()
 
-    def local_training(self, t: int, local: np.ndarray, start: torch.Tensor) -> torch.Tensor:
+    def local_training(self, t: int, local: np.ndarray, start: torch.Tensor, stats: LocalStats) -> torch.Tensor:
         """End models of the local active clients after their local steps from ``start``
-        (default: ``ctx.trainer.train`` with ``lr_scale`` and ``local_terms``)."""
+        (default: ``ctx.trainer.train`` with ``lr_scale`` and ``local_terms``); fills ``stats``
+        (an override that does not: its clients' losses read NaN, their steps 0)."""
         return self.ctx.trainer.train(start, local, t, lr_scale=self.lr_scale(t, local),
-                                      terms=self.local_terms(t, local, start))
+                                      terms=self.local_terms(t, local, start), stats=stats)
 
     def contribution(self, t: int, active: np.ndarray, local: np.ndarray,
                      start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:

@@ -34,6 +34,7 @@ have three implementations (``conv_impl``):
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -295,16 +296,45 @@ class StackedNet:
                   keys: Params | None) -> Params:
         """Every client's gradient {name: (n, *shape)} of its minibatch loss (the mean, or the
         ``weights`` (n, b) weighted sum) at ``params``; ``keys`` as in ``forward``."""
+        return self.value_and_gradients(loss, params, x, y, weights, keys, value=False)[1]
+
+    def value_and_gradients(self, loss, params: Params, x: Tensor, y: Tensor, weights: Tensor | None,
+                            keys: Params | None, value: bool = True) -> tuple[Tensor | Deferred | None, Params]:
+        """``gradients`` and, if ``value``, each client's minibatch loss (n,) from the same forward
+        pass (None otherwise); the closed form defers it (``Deferred``)."""
         if self.closed_form(loss):
             with torch.no_grad():
                 h = x
                 for layer in self.layers[:-1]:
                     h = layer.forward(params, h, keys)
                 out = self.layers[-1].forward(params, h, keys)
-                return self.layers[-1].grads(params, h, loss.output_grad(out, y, weights))
+                if not value:
+                    return None, self.layers[-1].grads(params, h, loss.output_grad(out, y, weights))
+                g, raw = loss.output_grad_and_raw(out, y, weights)
+                return Deferred(loss, raw, weights), self.layers[-1].grads(params, h, g)
         leaves = {name: v.detach().requires_grad_(True) for name, v in params.items()}
         with torch.enable_grad():
             out = self.forward(leaves, x, keys)
             losses = per_client(loss)(out, y) if weights is None else (per_sample(loss)(out, y) * weights).sum(-1)
             grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
-        return dict(zip(leaves, grads))
+        return (losses.detach() if value else None), dict(zip(leaves, grads))
+
+
+
+class Deferred:
+    """One closed-form step's minibatch losses, not finished yet: a few small ops per step cost
+    more than the step's own arithmetic for small models, so ``minibatch_losses`` finishes every
+    step's at once, on the host."""
+
+    def __init__(self, loss: Loss, raw: Tensor, weights: Tensor | None):
+        self.loss, self.raw, self.weights = loss, raw, weights
+
+
+def minibatch_losses(values: list[Tensor | Deferred]) -> np.ndarray:
+    """(steps, n) float64 on the host from each step's (n,) losses or ``Deferred`` (all of one kind)."""
+    if not isinstance(values[0], Deferred):
+        return torch.stack(values).double().cpu().numpy()
+    first = values[0]
+    raw = torch.stack([v.raw for v in values]).double().cpu().numpy()
+    weights = None if first.weights is None else torch.stack([v.weights for v in values]).double().cpu().numpy()
+    return first.loss.minibatch_losses(raw, weights)

@@ -17,24 +17,30 @@ depend on which rank trains it or which other clients train with it. They are dr
 uniformly with replacement (``full_gradient`` uses every local sample instead). Dropout
 masks come from the same kind of stream, (seed, "dropout", round, step) and the client id
 (``models.dropout``). On CPU, training runs with one intra-op thread (``engine.threads``).
+
+Clients may do different numbers of steps (``steps_of``: ``train.local_epochs``, stragglers'
+draws): a block runs its largest count and a client that is done gets a zero step size, so its
+rows stay exactly where they were (the same bits as training it alone). ``LocalStats`` asks the
+trainer for each client's minibatch losses, taken from the gradient pass itself (no extra pass).
 """
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
-from torch.func import functional_call, grad, vmap
+from torch.func import functional_call, grad_and_value, vmap
 
 from .. import rng
 from ..data.augment import require_images
+from ..errors import InputError
 from ..models import has_conv
 from ..models.dropout import KeyedDropout
 from ..models.losses import per_sample
-from .layers import StackedNet, conv_impl
-from .local_step import LocalStep, StepTerm, TrainConfig
+from .layers import StackedNet, conv_impl, minibatch_losses
+from .local_step import LocalStep, StepTerm, TrainConfig, lr_at  # noqa: F401 (lr_at: re-exported)
 from .params import ParamSpec
 from .shapes import MAX_FIXED_BLOCK, fixed_shapes, pad_rows
 from .threads import one_thread
@@ -43,11 +49,33 @@ if TYPE_CHECKING:
     from ..task import Task
 
 
-def lr_at(cfg: TrainConfig, t: int) -> float:
-    """eta_l at 0-based round t (``constant`` or ``inv_sqrt``: eta_0 / sqrt(t/10 + 1))."""
-    if cfg.lr_schedule == "inv_sqrt":
-        return cfg.lr / math.sqrt(t / 10.0 + 1.0)
-    return cfg.lr
+@dataclass
+class LocalStats:
+    """What one ``train`` call reports per trained client, in the order of its rows (filled by the
+    trainer; host float64/int64 arrays): ``loss`` the mean of its minibatch losses over the steps it
+    took, ``first_loss`` the minibatch loss of its first step (at the start model), ``steps`` the
+    number of steps it took."""
+
+    loss: np.ndarray | None = None
+    first_loss: np.ndarray | None = None
+    steps: np.ndarray | None = None
+
+
+def read_steps(path: str, m: int) -> np.ndarray:
+    """Client i's local steps from a text file of m whitespace-separated integers >= 1."""
+    try:
+        with open(path) as fh:
+            words = fh.read().split()
+    except OSError as e:
+        raise InputError(f"train.local_steps_file: cannot read {path!r} ({e.strerror})") from None
+    try:
+        steps = np.array([int(w) for w in words], dtype=np.int64)
+    except ValueError:
+        raise InputError(f"train.local_steps_file: {path!r} must hold integers only") from None
+    if len(steps) != m or (steps < 1).any():
+        raise InputError(f"train.local_steps_file: {path!r} must hold one integer >= 1 per client ({m}), "
+                         f"got {len(steps)} numbers, smallest {steps.min() if len(steps) else '-'}")
+    return steps
 
 
 def choose_path(engine: str, model: torch.nn.Module, device: torch.device) -> str:
@@ -83,6 +111,7 @@ class LocalTrainer:
         self._sizes = np.asarray(task.sizes, dtype=np.int64)  # host copies for the minibatch ids
         self._offsets = np.asarray(task.offsets[:-1], dtype=np.int64)
         self._order = task.order.cpu().numpy()
+        self._steps = None if cfg.local_steps_file is None else read_steps(cfg.local_steps_file, task.m)
         model = task.model
         self._key_names = [f"{name}.key" for name, mod in model.named_modules() if isinstance(mod, KeyedDropout)]
         each_sample = per_sample(task.loss)
@@ -95,7 +124,7 @@ class LocalTrainer:
             return (each_sample(out.unsqueeze(0), yb.unsqueeze(0))[0] * wb).sum()
 
         self._loss_of = loss_of
-        self._grad = grad(loss_of)
+        self._grad = grad_and_value(loss_of)  # (gradients, loss): the loss comes free
         self._batched_grad = vmap(self._grad, in_dims=(0, 0, 0, 0, 0), randomness="different")
         self._batched_grad_nw = vmap(lambda p, k, x, y: self._grad(p, k, x, y, None), randomness="different")
 
@@ -136,21 +165,45 @@ class LocalTrainer:
         return augment(xb.float(), list(self.cfg.augment), self.cfg.augment_mode, u)
 
     # ------------------------------------------------------------------ training
-    def train(self, start: torch.Tensor, clients: np.ndarray, t: int, lr_scale: torch.Tensor | None = None,
-              steps: int | None = None, terms: Sequence[StepTerm] = ()) -> torch.Tensor:
-        """End models (n, d) after ``steps`` (default s) local SGD steps from ``start`` (n, d).
+    def steps_of(self, clients: np.ndarray, t: int) -> np.ndarray:
+        """Local steps (n,) of ``clients`` in round t: s, ceil(n_i E / B) with ``local_epochs`` E,
+        or ``local_steps_file``'s; with ``local_steps_draw: uniform`` each client then draws its count uniformly from
+        1..that (stream (seed, "steps", t), counter = client id). Same on every rank."""
+        clients = np.asarray(clients, dtype=np.int64)
+        if self._steps is not None:
+            steps = self._steps[clients]
+        elif self.cfg.local_epochs is None:
+            steps = np.full(len(clients), self.cfg.local_steps, dtype=np.int64)
+        else:
+            need = self._sizes[clients] * self.cfg.local_epochs / self.cfg.batch_size
+            steps = np.maximum(np.ceil(need - 1e-9), 1).astype(np.int64)
+        if self.cfg.local_steps_draw == "uniform":
+            u = rng.uniform(rng.key(self.seed, "steps", t), clients)
+            steps = np.minimum((u * steps).astype(np.int64) + 1, steps)
+        return steps
 
+    def train(self, start: torch.Tensor, clients: np.ndarray, t: int, lr_scale: torch.Tensor | None = None,
+              steps: int | np.ndarray | None = None, terms: Sequence[StepTerm] = (),
+              stats: LocalStats | None = None) -> torch.Tensor:
+        """End models (n, d) after local SGD steps from ``start`` (n, d).
+
+        ``steps``: one count for all, one per client (n,), or None for ``steps_of(clients, t)``;
         ``lr_scale`` (n,) multiplies each client's step size (e.g. debiased FedAvg's nu_i);
-        ``terms``: the algorithm's additions to every step's (clipped) gradient (``local_step``).
+        ``terms``: the algorithm's additions to every step's (clipped) gradient (``local_step``);
+        ``stats``: filled with the clients' losses and step counts (``LocalStats``).
         """
         with one_thread(self.device):
             x = start.detach().clone()
-        return self.train_(x, clients, t, lr_scale, steps, terms)
+        return self.train_(x, clients, t, lr_scale, steps, terms, stats)
 
     def train_(self, x: torch.Tensor, clients: np.ndarray, t: int, lr_scale: torch.Tensor | None = None,
-               steps: int | None = None, terms: Sequence[StepTerm] = ()) -> torch.Tensor:
+               steps: int | np.ndarray | None = None, terms: Sequence[StepTerm] = (),
+               stats: LocalStats | None = None) -> torch.Tensor:
         """``train`` on the rows of ``x`` in place (same bits); returns ``x``."""
         n = x.shape[0]
+        steps = self.steps_of(clients, t) if steps is None else np.broadcast_to(np.asarray(steps, np.int64), (n,))
+        if stats is not None:
+            stats.loss, stats.first_loss, stats.steps = np.zeros(n), np.full(n, np.nan), steps.copy()
         if n == 0:
             return x
         # via float64: a learning rate beyond float32 becomes inf (the run then diverges, exit 4), not an error
@@ -163,12 +216,15 @@ class LocalTrainer:
             for a in range(0, n, chunk):  # a client's result does not depend on its chunk-mates
                 rows, k = slice(a, a + chunk), min(chunk, n - a)
                 extra = chunk - k if self.fixed_shape else 0  # engine.shapes: pad to one shape
-                xs, ids, rates = (pad_rows(v[rows], extra) for v in (x, clients, lr))
+                xs, ids, rates, todo = (pad_rows(v[rows], extra) for v in (x, clients, lr, steps))
                 rule = LocalStep(self.cfg, [(term, self.spec.views(pad_rows(term.rows[rows], extra)))
                                             for term in terms])
-                self._train_block(xs, ids, t, rates, steps, rule)
+                losses = self._train_block(xs, ids, t, rates, todo, rule, stats is not None)
                 if extra:
                     x[rows] = xs[:k]
+                if losses is not None:
+                    host = losses[:, :k]
+                    stats.first_loss[rows], stats.loss[rows] = host[0], host.sum(0) / np.maximum(steps[rows], 1)
         return x
 
     def chunk_size(self) -> int:
@@ -191,20 +247,34 @@ class LocalTrainer:
         return max(1, (64 << 20) // per_client)
 
     def _train_block(self, x: torch.Tensor, clients: np.ndarray, t: int, lr: torch.Tensor,
-                     steps: int | None, rule: LocalStep) -> None:
+                     steps: np.ndarray, rule: LocalStep, record: bool = False) -> np.ndarray | None:
         """Local steps (``rule``) on the rows of ``x`` in place, parameter by parameter (no (n, d)
-        gradient copy)."""
+        gradient copy); client j takes ``steps[j]`` of them (afterwards its step size is 0).
+        ``record``: returns the minibatch losses (steps, n), zero for the clients that are done."""
         params = self.spec.views(x)
-        rates = {name: lr.view(-1, *[1] * (v.dim() - 1)) for name, v in params.items()}
-        for step in range(self.cfg.local_steps if steps is None else steps):
+        shape = {name: (-1, *[1] * (v.dim() - 1)) for name, v in params.items()}
+        rates = {name: lr.view(s) for name, s in shape.items()}
+        uneven = bool((steps != steps.max()).any())
+        losses = []
+        for step in range(int(steps.max())):
+            if uneven:  # clients that are done stay put: x - 0 * d is x, bit for bit
+                going = torch.as_tensor(step < steps, device=lr.device)
+                rates = {name: torch.where(going, lr, 0.0).view(s) for name, s in shape.items()}
             xb, yb, wb = self.batch(clients, t, step)
-            g = self.param_gradients(x, xb, yb, wb, self.dropout_keys(clients, t, step))
+            loss, g = self.value_and_gradients(x, xb, yb, wb, self.dropout_keys(clients, t, step), record)
+            if record:
+                losses.append(loss)
             if self.cfg.grad_clip is not None:
                 norms = sum(v.flatten(1).pow(2).sum(1) for v in g.values()).sqrt()
                 scale = torch.clamp(self.cfg.grad_clip / (norms + 1e-12), max=1.0)
                 g = {name: v * scale.view(rates[name].shape) for name, v in g.items()}
             for name, v in params.items():
                 v.addcmul_(rates[name], rule.direction(name, v, g[name]), value=-1.0)  # x - lr d, one fused pass
+        if not losses:
+            return None
+        values = minibatch_losses(losses)  # (steps, n), host float64
+        values[np.arange(len(losses))[:, None] >= steps[None, :]] = 0.0  # clients that were done
+        return values
 
     def dropout_keys(self, clients: np.ndarray, t: int, step: int) -> dict[str, torch.Tensor]:
         """{'<layer>.key': (n,) int64} for the model's ``KeyedDropout`` layers: one key per client,
@@ -218,25 +288,34 @@ class LocalTrainer:
     def param_gradients(self, x: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor, wb: torch.Tensor | None,
                         keys: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """Per-client gradients {name: (n, *shape)} at the rows of ``x`` (``keys``: see ``dropout_keys``)."""
+        return self.value_and_gradients(x, xb, yb, wb, keys, value=False)[1]
+
+    def value_and_gradients(self, x: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor, wb: torch.Tensor | None,
+                            keys: dict[str, torch.Tensor] | None = None,
+                            value: bool = True) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+        """``param_gradients`` and, if ``value``, the minibatch losses (n,) of the same pass (else None)."""
         if keys is None:
             if self._key_names:
                 raise ValueError("param_gradients: this model has dropout; pass keys=dropout_keys(clients, t, step)")
             keys = {}
         if self.path == "batched" and self.net is not None:
-            return self.net.gradients(self.task.loss, self.spec.views(x), self.task.inputs(xb), yb, wb, keys)
+            return self.net.value_and_gradients(self.task.loss, self.spec.views(x), self.task.inputs(xb), yb, wb,
+                                                keys, value)
         if self.path == "batched":
             if x.shape[0] == 1:  # vmap over one client takes other kernels (other rounding): compute it as a pair
-                pair = self.param_gradients(x.expand(2, -1), xb.expand(2, *xb.shape[1:]),
-                                            yb.expand(2, *yb.shape[1:]), None if wb is None else wb.expand(2, -1),
-                                            {n: k.expand(2) for n, k in keys.items()})
-                return {name: v[:1] for name, v in pair.items()}
+                loss, pair = self.value_and_gradients(
+                    x.expand(2, -1), xb.expand(2, *xb.shape[1:]), yb.expand(2, *yb.shape[1:]),
+                    None if wb is None else wb.expand(2, -1), {n: k.expand(2) for n, k in keys.items()}, value)
+                return (None if loss is None else loss[:1]), {name: v[:1] for name, v in pair.items()}
             params = self.spec.views(x)
-            return (self._batched_grad(params, keys, xb, yb, wb) if wb is not None
-                    else self._batched_grad_nw(params, keys, xb, yb))
-        rows = []
+            g, loss = (self._batched_grad(params, keys, xb, yb, wb) if wb is not None
+                       else self._batched_grad_nw(params, keys, xb, yb))
+            return (loss if value else None), g
+        rows, losses = [], []
         for i in range(x.shape[0]):
             p = x[i].clone().requires_grad_(True)
             loss = self._loss_of(self.spec.views(p), {n: k[i] for n, k in keys.items()}, xb[i], yb[i],
                                  None if wb is None else wb[i])
             rows.append(torch.autograd.grad(loss, p)[0])
-        return self.spec.views(torch.stack(rows))
+            losses.append(loss.detach())
+        return (torch.stack(losses) if value else None), self.spec.views(torch.stack(rows))

@@ -19,21 +19,35 @@ number of ranks; with every option off ``d`` is ``g`` itself (the same bits as p
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Callable, Literal, Optional
 
 import torch
 
+from ..errors import InputError
 from ..schema import opt
 
 
 @dataclass
 class TrainConfig:
     local_steps: int = opt(5, "s: local SGD steps per round", ge=1)
+    local_epochs: Optional[float] = opt(
+        None, "E: client i does ceil(n_i E / batch_size) steps instead of s; null = off", gt=0)
+    local_steps_file: Optional[str] = opt(
+        None, "a text file of m integers >= 1, client i's steps instead of s (e.g. measured device speeds); "
+        "null = off")
+    local_steps_draw: Literal["fixed", "uniform"] = opt(
+        "fixed", "uniform: each round a client does 1..its steps, uniformly (stragglers' partial work)")
     batch_size: int = opt(32, "minibatch size (drawn uniformly with replacement)", ge=1)
     lr: float = opt(0.05, "eta_l (eta_0 when scheduled)", gt=0)
-    lr_schedule: Literal["constant", "inv_sqrt"] = opt(
-        "constant", "inv_sqrt: eta_0 / sqrt(t/10 + 1), t the 0-based round")
+    lr_schedule: str = opt(
+        "constant", "eta_l by 0-based round t: constant, inv_sqrt (eta_0 / sqrt(t/10 + 1)), cosine, step, "
+        "warmup_<any of these>, or a plug-in's (``engine.local_step.lr_schedule``)")
+    lr_period: Optional[int] = opt(
+        None, "T: cosine eta_0 (1 + cos(pi min(t, T) / T)) / 2; step: eta_0 lr_gamma^floor(t / T)", ge=1)
+    lr_gamma: float = opt(0.1, "the step schedule's factor every lr_period rounds", gt=0)
+    lr_warmup: int = opt(0, "W: warmup_<schedule> ramps eta_0 (t + 1) / W for t < W, then follows it", ge=0)
     global_lr: float = opt(1.0, "eta_g, server learning rate", gt=0)
     grad_clip: Optional[float] = opt(None, "clip each client's gradient to this norm; null = off", gt=0)
     momentum: float = opt(0.0, "local SGD momentum, buffer reset every round; 0 = plain SGD", ge=0, lt=1)
@@ -44,6 +58,62 @@ class TrainConfig:
     full_gradient: bool = opt(False, "local steps use the client's full local gradient (GD)")
     engine: Literal["auto", "batched", "sequential"] = opt(
         "auto", "batched = all clients of a rank at once; auto picks the faster path")
+
+    def __post_init__(self) -> None:
+        if self.local_epochs is not None and self.local_steps_file is not None:
+            raise InputError("train.local_steps_file: give either local_epochs or local_steps_file, not both")
+        base = self.lr_schedule.removeprefix("warmup_")
+        if base not in LR_SCHEDULES:
+            raise InputError(f"train.lr_schedule: unknown schedule {self.lr_schedule!r} (allowed: "
+                             f"{', '.join(LR_SCHEDULES)}, and warmup_ before any of them)")
+        if base in ("cosine", "step") and self.lr_period is None:
+            raise InputError(f"train.lr_period: the {base} schedule needs its period in rounds")
+        if base != self.lr_schedule and self.lr_warmup < 1:
+            raise InputError(f"train.lr_warmup: {self.lr_schedule} needs a warmup of at least 1 round")
+
+
+#: name -> f(train config, 0-based round t) -> eta_l; ``lr_schedule`` adds to it.
+LR_SCHEDULES: dict[str, Callable[[TrainConfig, int], float]] = {}
+
+
+def lr_schedule(name: str) -> Callable:
+    """Decorator: ``@lr_schedule("name") def f(cfg: TrainConfig, t: int) -> float`` makes
+    ``train.lr_schedule: name`` (and ``warmup_name``) available; a plug-in may add its own. It must
+    be a function of its arguments only (every rank computes it)."""
+
+    def deco(fn: Callable[[TrainConfig, int], float]) -> Callable[[TrainConfig, int], float]:
+        LR_SCHEDULES[name] = fn
+        return fn
+
+    return deco
+
+
+def lr_at(cfg: TrainConfig, t: int) -> float:
+    """eta_l at 0-based round t: ``cfg.lr_schedule`` (``warmup_X``: eta_0 (t + 1) / W while t < W, then X)."""
+    base = cfg.lr_schedule.removeprefix("warmup_")
+    if base != cfg.lr_schedule and t < cfg.lr_warmup:
+        return cfg.lr * (t + 1) / cfg.lr_warmup
+    return LR_SCHEDULES[base](cfg, t)
+
+
+@lr_schedule("constant")
+def _constant(cfg: TrainConfig, t: int) -> float:
+    return cfg.lr
+
+
+@lr_schedule("inv_sqrt")
+def _inv_sqrt(cfg: TrainConfig, t: int) -> float:
+    return cfg.lr / math.sqrt(t / 10.0 + 1.0)
+
+
+@lr_schedule("cosine")
+def _cosine(cfg: TrainConfig, t: int) -> float:
+    return cfg.lr * (1.0 + math.cos(math.pi * min(t, cfg.lr_period) / cfg.lr_period)) / 2.0
+
+
+@lr_schedule("step")
+def _step(cfg: TrainConfig, t: int) -> float:
+    return cfg.lr * cfg.lr_gamma ** (t // cfg.lr_period)
 
 
 class StepTerm:

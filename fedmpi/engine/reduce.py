@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
+import numpy as np
 import torch
 
 from ..runtime import World
@@ -81,3 +82,25 @@ def preround(rows: torch.Tensor, biggest: torch.Tensor, n_total: int, out: torch
     when already known."""
     sigma = grid(biggest, n_total) if sigma is None else sigma
     return torch.add(rows, sigma, out=out).sub_(sigma)
+
+
+def gather_clients(world: World, ids: np.ndarray, local: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Per-client scalar rows of every rank, on every rank (collective; mpi4py, host memory).
+
+    ``ids``: all clients concerned (the same on every rank); ``local``: this rank's clients among
+    them; ``rows`` (len(local), k) their values. Returns (len(ids), k) float64 in the order of
+    ``ids``. No arithmetic, so the same bits whatever the number of ranks; sums of the result
+    with ``client_sum`` are then the same too."""
+    rows = np.asarray(rows, dtype=np.float64)
+    rows = rows.reshape(len(local), -1) if rows.ndim != 2 else rows
+    out = np.zeros((len(ids), rows.shape[1]))
+    sorter = np.argsort(ids, kind="stable")
+    for their, vals in world.allgather_obj((np.asarray(local, dtype=np.int64), rows)):
+        out[sorter[np.searchsorted(ids, their, sorter=sorter)]] = vals
+    return out
+
+
+def client_sum(values: np.ndarray) -> float:
+    """The sum of per-client scalars, correctly rounded (``math.fsum``): independent of their order,
+    so of how clients are spread over ranks."""
+    return math.fsum(np.asarray(values, dtype=np.float64).ravel().tolist())

@@ -41,6 +41,10 @@ CASES = {
     "fedadagrad": {"train": {"global_lr": 0.03}, "availability": {"kind": "markov", "B": 2, "R": 2}},
     "scaffold": {"train": {"momentum": 0.5}},
     "fedprox": {"algorithm": {"mu": 0.1}, "train": {"momentum": 0.9, "weight_decay": 1e-3}},
+    "qffl": {"algorithm": {"q": 2.0}, "train": {"local_steps_draw": "uniform"}},
+    "fednova": {"train": {"local_epochs": 0.5, "local_steps_draw": "uniform", "momentum": 0.5}},
+    "fedexp": {"train": {"local_steps": 3}},
+    "power_of_choice": {"algorithm": {"select": 2, "candidates": 4}},
 }
 
 

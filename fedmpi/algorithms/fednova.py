@@ -1,0 +1,35 @@
+"""FedNova (Wang, Liu, Liang, Joshi & Poor, NeurIPS 2020, "Tackling the Objective Inconsistency
+Problem in Heterogeneous Federated Optimization"): normalised averaging for clients that do
+different amounts of local work.
+
+tau_i = client i's local steps this round (``ClientOutputs.steps``: ``train.local_epochs``,
+stragglers' draws), p_i = n_i / sum_{j in A_t} n_j, rho = ``train.momentum``:
+
+    a_i     = ||a_i||_1 = tau_i                                  (plain local SGD)
+            = (tau_i - rho (1 - rho^tau_i) / (1 - rho)) / (1 - rho)   (local momentum rho)
+    tau_eff = sum_{i in A_t} p_i a_i
+    x^{t+1} = x^t + eta_g tau_eff sum_{i in A_t} p_i Delta_i / a_i          (A_t empty: x^t)
+
+Each Delta_i / a_i is client i's average step direction (times -eta_l); FedAvg would weight
+Delta_i itself, so clients with more steps pull the model towards their own optimum. With
+equal tau_i this is FedAvg weighted by data share.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import ServerAlgorithm, register
+
+
+@register("fednova")
+class FedNova(ServerAlgorithm):
+    def weights(self, t: int, active: np.ndarray, local: np.ndarray) -> np.ndarray:
+        """tau_eff p_i / a_i, from ``self.outputs`` (every rank, pure)."""
+        out, rho = self.outputs, self.cfg.train.momentum
+        tau = out.steps
+        a = (tau - rho * (1 - rho ** tau) / (1 - rho)) / (1 - rho) if rho else tau
+        p = out.samples / out.sum(out.samples)
+        tau_eff = out.sum(p * a)
+        mine = out.at(local)
+        return tau_eff * p[mine] / a[mine]

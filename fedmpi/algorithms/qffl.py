@@ -1,0 +1,39 @@
+"""q-FFL as q-FedAvg (Li, Sanjabi, Beirami & Smith, ICLR 2020, "Fair Resource Allocation in
+Federated Learning", Algorithm 2): clients with a larger loss weigh more, by the power q.
+
+F_i = client i's loss at x^t (``ClientOutputs.first_loss``: the loss of its first minibatch,
+at x^t), L = 1 / eta_l (the paper's Lipschitz estimate), Delta_i = x_i - x^t:
+
+    h_i     = q F_i^(q-1) L^2 ||Delta_i||^2 + L F_i^q
+    x^{t+1} = x^t + eta_g sum_{i in A_t} L F_i^q Delta_i / sum_{i in A_t} h_i   (A_t empty: x^t)
+
+q = 0 is FedAvg over A_t (h_i = L). The sum of the h_i runs over every rank's clients
+(``ClientOutputs.sum``: the same bits on any number of ranks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..engine.local import lr_at
+from ..schema import opt
+from .base import AlgorithmParams, ServerAlgorithm, register
+
+
+@dataclass
+class QFFLParams(AlgorithmParams):
+    q: float = opt(1.0, "fairness power q (0 = FedAvg; larger q weighs high-loss clients more)", ge=0)
+
+
+@register("qffl")
+class QFFL(ServerAlgorithm):
+    Params = QFFLParams
+
+    def weights(self, t: int, active: np.ndarray, local: np.ndarray) -> np.ndarray:
+        """L F_i^q / sum_{A_t} h_i, from ``self.outputs`` (every rank, pure)."""
+        q, L, out = self.params.q, 1.0 / lr_at(self.cfg.train, t), self.outputs
+        F = np.maximum(out.first_loss, 0.0)
+        h = L * F ** q + (q * F ** (q - 1) * L ** 2 * out.delta_sq if q else 0.0)
+        return L * F[out.at(local)] ** q / out.sum(h)
