@@ -22,7 +22,7 @@ from . import guards, rng
 from .algorithms.base import Algorithm, Context
 from .config import Config
 from .data.datasets import checked_arrays, dataset_arrays
-from .data.partition import client_groups, label_histogram, partition
+from .data.partition import client_groups, label_histogram, partition, split_local_test
 from .engine.local import LocalTrainer
 from .errors import InputError
 from .models import build_model, loss_fn
@@ -93,9 +93,12 @@ def build_task(cfg: Config, device: torch.device) -> Task:
     if m > len(ytr):
         raise InputError(f"task.clients: {m} clients but only {len(ytr)} training samples")
     parts = partition(ytr, m, cfg.task.partition, rng.generator(cfg.seed, "partition"))
-    sizes = np.array([len(p) for p in parts])
-    offsets = np.concatenate([[0], np.cumsum(sizes)])
-    order = np.concatenate(parts).astype(np.int64)
+    local = {}
+    if cfg.task.partition.local_test > 0:  # held out before anything counts the clients' samples
+        parts, held = split_local_test(parts, cfg.task.partition.local_test, rng.generator(cfg.seed, "local_test"))
+        test_order, test_offsets = _flat(held)
+        local = {"local_test_order": torch.from_numpy(test_order).to(device), "local_test_offsets": test_offsets}
+    order, offsets = _flat(parts)
     model = build_model(cfg.task.model, tuple(xtr.shape[1:]), classes, seed=cfg.seed, params=cfg.task)
     return Task(model=model.to(device), loss=loss_fn(cfg.task.model),
                 train_x=torch.from_numpy(np.ascontiguousarray(xtr)).to(device),
@@ -104,7 +107,13 @@ def build_task(cfg: Config, device: torch.device) -> Task:
                 test_y=torch.from_numpy(yte.astype(np.int64)).to(device),
                 order=torch.from_numpy(order).to(device), offsets=offsets, classes=classes,
                 label_hist=label_histogram(ytr, parts, classes),
-                groups=client_groups(m, cfg.task.partition), mean=mean, std=std, image=data.image)
+                groups=client_groups(m, cfg.task.partition), mean=mean, std=std, image=data.image, **local)
+
+
+def _flat(parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-client index arrays -> (order, offsets (m + 1,)): client i's are order[offsets[i]:offsets[i+1]]."""
+    offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
+    return np.concatenate(parts).astype(np.int64), offsets
 
 
 def client_info(cfg: Config) -> ClientInfo:

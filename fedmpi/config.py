@@ -59,6 +59,16 @@ log = logging.getLogger(__name__)
 # ----------------------------------------------------------------------------- the run's own keys
 
 @dataclass
+class StopAtConfig:
+    """``runtime.stop_at``: end the run at the first evaluation where a metric reaches a value."""
+
+    metric: Optional[str] = opt(None, "metric watched at every evaluation (e.g. test_acc); null = never stop early")
+    value: float = opt(0.0, "the value to reach")
+    goal: Literal["at_least", "at_most"] = opt("at_least", "reached when the metric is >= value (at_least) "
+                                                          "or <= value (at_most, for losses)")
+
+
+@dataclass
 class RuntimeConfig(WorldParams):
     """The ``runtime`` block: the process world's keys (``WorldParams``), then the run's own."""
 
@@ -70,6 +80,7 @@ class RuntimeConfig(WorldParams):
     csv: bool = opt(False, "also write the metric rows to a CSV file next to the result file (RUN.csv)")
     tensorboard: Optional[str] = opt(None, "also log the metrics as TensorBoard scalars under this folder "
                                            "(needs the tensorboard package: fedmpi[tensorboard])")
+    stop_at: StopAtConfig = opt(StopAtConfig(), "stop early once a metric reaches a value (recorded in the file)")
 
 
 
@@ -103,6 +114,8 @@ class Config:
         d = self.to_dict()
         keep = {k: d[k] for k in ("seed", "task", "train", "algorithm", "availability", "topology", "sporadicity")}
         keep.update({"privacy": d["privacy"]} if self.privacy.mechanism != "none" else {})  # old digests stay valid
+        if not self.task.partition.local_test:  # old digests stay valid
+            del keep["task"]["partition"]["local_test"]
         return hashlib.sha256(yaml.safe_dump(keep, sort_keys=True).encode()).hexdigest()[:16]
 
     def components(self) -> list[registry.Entry]:

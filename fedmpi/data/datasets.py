@@ -46,6 +46,8 @@ class PartitionConfig:
     alpha: float = opt(0.5, "Dirichlet concentration (dirichlet, groups)", gt=0)
     classes_per_client: int = opt(1, "classes per client (shards)", ge=1)
     groups: int = opt(2, "client groups that split the classes (groups)", ge=1)
+    local_test: float = opt(0.0, "fraction of each client's samples held out as its local test split "
+                                 "(per-client metrics; never trained on)", ge=0, lt=1)
 
 
 @dataclass

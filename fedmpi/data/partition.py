@@ -67,6 +67,20 @@ def partition(labels: np.ndarray, m: int, cfg: PartitionConfig, gen: np.random.G
     return _split(owner, m)
 
 
+def split_local_test(parts: list[np.ndarray], fraction: float,
+                     gen: np.random.Generator) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(train, local test) parts: each client holds out floor(fraction n_i) of its samples, drawn
+    by ``gen``, at least one when n_i >= 2 and never its last one (``task.partition.local_test``)."""
+    train, test = [], []
+    for p in parts:
+        k = min(max(int(fraction * p.size), 1 if fraction > 0 else 0), p.size - 1)
+        held = np.zeros(p.size, dtype=bool)
+        held[gen.choice(p.size, size=max(k, 0), replace=False)] = True
+        train.append(p[~held])
+        test.append(p[held])
+    return train, test
+
+
 def label_histogram(labels: np.ndarray, parts: list[np.ndarray], classes: int) -> np.ndarray:
     """(m, classes) int64: how many samples of each class every client holds."""
     labels = np.asarray(labels, dtype=np.int64)
