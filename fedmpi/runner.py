@@ -29,7 +29,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from . import checkpoint, guards
+from . import checkpoint, guards, provenance
 from .build import Components, build_components
 from .checkpointer import Checkpointer
 from .config import Config
@@ -101,6 +101,7 @@ class Runner:
             self.claim = claim(self.out_path, self.cfg.resume_digest(), inputs, overwrite)
 
     def _setup(self, resume: bool, fresh: bool) -> None:
+        provenance.reset_inputs()  # what this run reads, not an earlier run of the process
         self.components = build_components(self.cfg, self.world)
         self.evaluator = Evaluator(self.components)
         stop = self.cfg.runtime.stop_at.metric
@@ -120,12 +121,13 @@ class Runner:
         cfg, run = self.cfg, self.components
         extra = sidecars.build(cfg.runtime, self.out_path, replace=self.claim.owns_sidecars)
         resume_at = self.checkpointer.rounds_done or None
+        notes = {"callbacks": "; ".join(f"{w}: {', '.join(_name(f) for f in fns)}"
+                                        for w, fns in self.callbacks.items() if fns),
+                 **provenance.record(cfg.to_dict(), skip=(self.out_path,))}
         writer = ResultWriter(self.out_path, cfg.to_yaml(), cfg.seed, self.world.size, self.evaluator.names,
                               run.m, cfg.runtime.log_availability, resume_at=resume_at,
                               claim_=self.claim, flush_s=cfg.runtime.flush_s,
-                              client_arrays=self.evaluator.client_arrays,
-                              notes={"callbacks": "; ".join(f"{w}: {', '.join(_name(f) for f in fns)}"
-                                                            for w, fns in self.callbacks.items() if fns)})
+                              client_arrays=self.evaluator.client_arrays, notes=notes)
         self.writer = writer  # set before anything else: a failure below still finishes the file
         writer.add_sidecars(extra)
         if resume_at is None:

@@ -26,7 +26,7 @@ import numpy as np
 import psutil
 import yaml
 
-from .. import rng
+from .. import provenance, rng
 from ..errors import InputError
 from ..registry import DATASETS, MODELS
 from ..schema import opt
@@ -77,7 +77,8 @@ def register_dataset(name: str, *, params: type | None = None, check: Callable[[
 
     ``params``: a ``DatasetParams`` subclass with the dataset's own keys (in the ``task`` block);
     ``check``: cross-key checks of the config; ``cache``: keep the arrays in an ``.npz`` under
-    ``task.cache_dir``, keyed by the dataset's keys, the seed and the factory's source file."""
+    ``task.cache_dir``, keyed by the dataset's keys, the seed, the content of the factory's source
+    file and the content of every file its keys name (name the files a factory reads in keys)."""
     return DATASETS.register(name, params=params, check=check, cache=cache)
 
 
@@ -160,9 +161,10 @@ def dataset_arrays(cfg: Config) -> "DataArrays | Task":
     own = {k: v for k, v in dataclasses.asdict(cfg.task).items()
            if k not in {f.name for f in dataclasses.fields(TaskConfig)} or k in ("dataset", "root")}
     src = inspect.getsourcefile(entry.obj) or ""
-    stat = os.stat(src) if src and os.path.exists(src) else None
-    key = yaml.safe_dump({"params": own, "seed": cfg.seed, "source": src,
-                          "stamp": [stat.st_size, stat.st_mtime_ns] if stat else None}, sort_keys=True)
+    code = provenance.source_hash(src) if src and os.path.exists(src) else None
+    files = {p: provenance.content_key(p) for p in provenance.named_files(own)}  # a regenerated file: a miss
+    key = yaml.safe_dump({"params": own, "seed": cfg.seed, "source": src, "code": code, "files": files},
+                         sort_keys=True)
     fingerprint = hashlib.sha256(key.encode()).hexdigest()
     path = os.path.join(os.path.expanduser(cfg.task.cache_dir or readers.default_cache_dir()),
                         f"{cfg.task.dataset}-{fingerprint[:12]}.npz")

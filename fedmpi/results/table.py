@@ -171,15 +171,14 @@ def gather(inputs: list[str], partial: bool = False, folder: str | None = None) 
     skipped = 0
     for inp in inputs:
         if _is_sweep(inp):
-            from .sweepfile import cell_state, load as load_sweep
+            from .sweepfile import cell_state, load as load_sweep, why_outdated
 
             sweep = load_sweep(inp, folder, validate=False)  # only completed cells' configs are compared
             spec = sweep.table if len(inputs) == 1 else {}
             from_sweep = True
             for c in sweep.cells:
                 if cell_state(c)[0] == "outdated":
-                    print(f"fedmpi table: left out {c.path}: its config is no longer that of the sweep's cell",
-                          file=sys.stderr)
+                    print(f"fedmpi table: left out {c.path}: outdated ({why_outdated(c)})", file=sys.stderr)
                 elif _started(c.path):
                     runs.append(Run(load(c.path), {"variant": c.variant}))
         elif os.path.isdir(inp):
