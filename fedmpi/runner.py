@@ -98,7 +98,7 @@ class Runner:
         if self.world.rank == 0:
             from .results.hdf5 import claim
 
-            self.claim = claim(self.out_path, self.cfg.resume_digest(), inputs, overwrite)
+            self.claim = claim(self.out_path, self.cfg.resume_digest(), inputs, overwrite, cfg=self.cfg)
 
     def _setup(self, resume: bool, fresh: bool) -> None:
         provenance.reset_inputs()  # what this run reads, not an earlier run of the process

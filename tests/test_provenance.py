@@ -129,3 +129,19 @@ def test_sweep_cells_outdated_by_a_plugin_or_data_change(tmp_path):
     assert "changed since: data d.csv changed" in fedmpi(["info", str(cell)]).stdout
     p = fedmpi(["sweep", str(sweep), "--plugin", str(plug), "--quiet"], check=False)
     assert p.returncode == 2 and "data d.csv changed" in p.stderr
+
+
+def test_refusing_another_experiment_names_the_keys_that_differ(tmp_path):
+    from conftest import synthetic_config
+
+    a = config.from_dict(synthetic_config())
+    b = config.from_dict(synthetic_config(train__lr=0.3, seed=4, rounds=99))  # rounds: not part of the experiment
+    assert a.resume_differences(b) == ["seed", "train.lr"]
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=9, runtime={"checkpoint_every": 2}))
+    import fault_plugin
+
+    out = str(tmp_path / "r.h5")
+    fedmpi(["run", cfg, "--out", out, "--quiet"], check=False, env=fault_plugin.env("0:5:kill"))
+    p = fedmpi(["run", cfg, "--out", out, "--set", "train.lr=0.3", "--set", "task.clients=10"], check=False)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
+    assert "another experiment (differs in task.clients, train.lr)" in p.stderr

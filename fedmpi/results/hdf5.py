@@ -103,16 +103,31 @@ def peek(path: str) -> tuple[str, dict[str, Any]]:
     return str(attrs["status"]), attrs
 
 
-def _stored_digest(config_yaml: str) -> str | None:
-    """Resume digest of a stored config (None when it is no longer a valid config). The text
-    comes from a file: it is read with the input limits (yamlio), like every other reader's."""
+def _stored_config(config_yaml: str) -> Any:
+    """A stored config (None when it is no longer a valid config). The text comes from a file:
+    it is read with the input limits (yamlio), like every other reader's."""
     from .. import config, log, yamlio
 
     try:
         with log.muted():
-            return config.from_dict(yamlio.loads(config_yaml, "config") or {}).resume_digest()
+            return config.from_dict(yamlio.loads(config_yaml, "config") or {})
     except (InputError, TypeError, ValueError, AttributeError):
         return None
+
+
+def _stored_digest(config_yaml: str) -> str | None:
+    """Resume digest of a stored config (None when it is no longer a valid config)."""
+    stored = _stored_config(config_yaml)
+    return None if stored is None else stored.resume_digest()
+
+
+def _another_experiment(config_yaml: str, cfg: Any) -> str:
+    """' (differs in: KEYS)' naming where a stored config differs from ``cfg``, or ''."""
+    stored = _stored_config(config_yaml)
+    if stored is None or cfg is None:
+        return ""
+    keys = stored.resume_differences(cfg)
+    return f" (differs in {', '.join(keys[:6])}{', ...' if len(keys) > 6 else ''})" if keys else ""
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -176,14 +191,15 @@ def _still_named(fd: int, path: str) -> bool:
     return (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
 
 
-def claim(path: str, digest: str, inputs: Iterable[str] = (), overwrite: bool = False) -> Claim:
+def claim(path: str, digest: str, inputs: Iterable[str] = (), overwrite: bool = False, cfg: Any = None) -> Claim:
     """Lock ``path`` for writing a run whose ``Config.resume_digest()`` is ``digest``.
 
     Nothing is written. Refused (InputError, exit 2): an empty path, a directory, a path that
     is one of ``inputs`` (config, trace, graph files), a file another process is writing
     (:class:`OutputBusy`, even with ``overwrite``); without ``overwrite`` also a completed run, a
     file that is not a fedmpi result, and an unfinished run of another experiment. An unfinished
-    run of the same experiment (killed, interrupted, failed) may be resumed or restarted."""
+    run of the same experiment (killed, interrupted, failed) may be resumed or restarted. With
+    ``cfg`` (the run's Config) the refusal of another experiment names the keys that differ."""
     if not path or not path.strip():
         raise InputError("--out: empty result path")
     if os.path.isdir(path):
@@ -220,7 +236,8 @@ def claim(path: str, digest: str, inputs: Iterable[str] = (), overwrite: bool = 
     elif previous == "foreign":
         why = "exists and is not a fedmpi result file; refusing to overwrite it (--overwrite to replace it)"
     elif _stored_digest(str(attrs.get("config", ""))) != digest:
-        why = (f"holds an unfinished ({previous}) run of another experiment; use --overwrite to replace it, "
+        why = (f"holds an unfinished ({previous}) run of another experiment"
+               f"{_another_experiment(str(attrs.get('config', '')), cfg)}; use --overwrite to replace it, "
                f"or another output path")
     if why is not None:
         os.close(fd)
