@@ -50,11 +50,6 @@ def fingerprint(path: str) -> dict:
             "sha256": _content_hash(path, st.st_size)}
 
 
-def content_key(path: str) -> str:
-    """The content hash of a file (what a cache keyed by content uses)."""
-    return fingerprint(path)["sha256"]
-
-
 def file_changed(path: str, recorded: Mapping[str, Any]) -> bool:
     """Whether ``path`` no longer holds the content ``recorded`` (missing: changed)."""
     try:
@@ -94,10 +89,11 @@ def reset_inputs() -> None:
     _inputs.clear()
 
 
-def note_input(path: str) -> None:
-    """Record a data file this process read (readers and dataset plug-ins call it)."""
+def note_input(path: str) -> dict:
+    """Record a data file this process read (readers and dataset plug-ins call it); its fingerprint."""
     path = os.path.abspath(path)
     _inputs[path] = fingerprint(path)
+    return _inputs[path]
 
 
 def note_plugin(label: str, path: str | None) -> None:
@@ -108,16 +104,26 @@ def note_plugin(label: str, path: str | None) -> None:
     _plugins[label] = {"path": os.path.abspath(path), "sha256": source_hash(path)}
 
 
-def named_files(data: Any) -> list[str]:
-    """The existing files named by string values anywhere in ``data`` (a config as a dict)."""
+FOLDER_FILES = 64  # a named folder of at most this many files counts as its files
+
+
+def named_files(data: Any, folders: bool = False) -> list[str]:
+    """The existing files named by string values anywhere in ``data`` (a config as a dict); with
+    ``folders``, also the files directly in a named folder of at most ``FOLDER_FILES`` files."""
     out: list[str] = []
     if isinstance(data, dict):
         data = list(data.values())
     if isinstance(data, list):
         for v in data:
-            out += named_files(v)
-    elif isinstance(data, str) and data and os.path.isfile(os.path.expanduser(data)):
-        out.append(os.path.abspath(os.path.expanduser(data)))
+            out += named_files(v, folders)
+    elif isinstance(data, str) and data:
+        path = os.path.abspath(os.path.expanduser(data))
+        if os.path.isfile(path):
+            out.append(path)
+        elif folders and os.path.isdir(path):
+            inside = sorted(os.path.join(path, f) for f in os.listdir(path))
+            inside = [f for f in inside if os.path.isfile(f)]
+            out += inside if len(inside) <= FOLDER_FILES else []
     return out
 
 

@@ -120,8 +120,7 @@ def _fingerprint(dataset: str, root: str, sources: list[str]) -> str:
     by_content = len(sources) <= _CONTENT_KEYED
     for p in sources:
         if by_content:
-            provenance.note_input(p)
-            key = provenance.content_key(p)
+            key = provenance.note_input(p)["sha256"]
         else:
             st = os.stat(p)
             key = f"{st.st_size}\0{st.st_mtime_ns}"
