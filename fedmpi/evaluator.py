@@ -59,7 +59,7 @@ class Evaluator:
         self.run = run
         self.per_client = metrics.wants_clients(run.cfg)
         self.names = self._names()
-        arrays = self.per_client and run.cfg.evaluation.clients.arrays
+        arrays = run.cfg.evaluation.clients.arrays
         self.client_arrays = metrics.client_names(run.task.classes) if arrays else []
         self._train_subset = self._train_eval_subset()
         self.last_models: dict[str, torch.Tensor] = {}  # the models of the last evaluation (rank 0)

@@ -1,15 +1,16 @@
 """Metrics for any algorithm: per-client numbers, their summaries, and registered metrics.
 
 **Per-client metrics** (``evaluation.clients``). At an evaluation, the main model (label ``""``
-of ``evaluation_snapshot``) is evaluated on each client's own data: its local test split when
+of ``evaluation_snapshot``; without one, the first model it offers, e.g. the decentralized
+average) is evaluated on each client's own data: its local test split when
 ``task.partition.local_test`` > 0, else its training samples. Each rank evaluates the clients
 of its shard one by one (the same batches whatever the number of ranks, so the same bits) and
 rank 0 gathers the values in client order: ``loss`` and, for classification, ``acc`` (a client
 without local test samples is NaN and left out of the summaries). The summaries are metrics of
 the row: ``client_<name>_p10``, ``_p50``, ``_p90``, ``_std`` (ddof 0) and ``_worst``, the mean
 over the worst ``evaluation.clients.worst`` fraction of clients (highest losses, lowest
-accuracies); with ``evaluation.clients.arrays`` every value is also stored, one row per
-evaluation, in ``/clients/<name>`` of the result file.
+accuracies); with ``evaluation.clients.arrays`` (which implies the evaluation) every value is
+also stored, one row per evaluation, in ``/clients/<name>`` of the result file.
 
 **Registered metrics** (``register_metric``, plug-ins too): a function of a ``MetricInput``
 (the row so far, the per-client values) returning one number, added to every run's row after
@@ -47,7 +48,8 @@ class ClientMetricsConfig:
     enabled: bool = opt(False, "evaluate the main model on each client's own data (its local test split, "
                                "else its training samples) and log p10/p50/p90/std/worst of client loss and acc")
     worst: float = opt(0.1, "fraction of clients averaged in the client_*_worst summaries", gt=0, le=1)
-    arrays: bool = opt(False, "also store every client's values in /clients/<name> (one row per evaluation)")
+    arrays: bool = opt(False, "also store every client's values in /clients/<name> (one row per evaluation; "
+                              "implies enabled)")
 
 
 @dataclass(frozen=True)
@@ -71,8 +73,10 @@ def register_metric(name: str, fn: MetricFn | None = None, *, clients: bool = Fa
 
 
 def wants_clients(cfg: Any) -> bool:
-    """Whether a run of ``cfg`` evaluates every client (asked for, or a registered metric needs it)."""
-    return cfg.evaluation.clients.enabled or any(e.options.get("clients") for e in METRICS)
+    """Whether a run of ``cfg`` evaluates every client (asked for, arrays asked for, or a
+    registered metric needs it)."""
+    c = cfg.evaluation.clients
+    return c.enabled or c.arrays or any(e.options.get("clients") for e in METRICS)
 
 
 def client_names(classes: int) -> list[str]:

@@ -3,7 +3,8 @@
 A result file records (root attributes, written by the runner): ``fedmpi_source`` (a hash of
 every ``.py`` file of the fedmpi package), ``plugins`` and ``inputs`` (JSON): each loaded
 plug-in's path and source hash, and each input file's fingerprint. ``outdated(attrs)`` says,
-later, what of that has changed since (``fedmpi sweep --status``, ``fedmpi info``).
+later, what of that has changed since (``fedmpi sweep --status``: plug-ins and data;
+``fedmpi info``: fedmpi's source too).
 
 An input file is one the dataset reader read (``note_input``) or one named by a string value of
 the config (e.g. a dataset plug-in's ``task.csv``, an availability trace). Its fingerprint is
@@ -138,11 +139,13 @@ def record(config: dict, skip: Iterable[str] = ()) -> dict[str, str]:
             "inputs": json.dumps(inputs, sort_keys=True)}
 
 
-def outdated(attrs: Mapping[str, Any]) -> str | None:
-    """What changed since the run that wrote ``attrs``: fedmpi's source, a plug-in's, an input
-    file (the first few named), or None. A file without provenance (older fedmpi) is None."""
+def outdated(attrs: Mapping[str, Any], fedmpi: bool = False) -> str | None:
+    """What changed since the run that wrote ``attrs``: a plug-in's source, an input file (the
+    first few named), with ``fedmpi`` also fedmpi's own source; or None. A file without
+    provenance (older fedmpi) is None. A sweep leaves fedmpi's source out: every update of
+    fedmpi would otherwise make every result outdated; ``fedmpi info`` shows it."""
     why = []
-    if attrs.get("fedmpi_source") and attrs["fedmpi_source"] != fedmpi_source():
+    if fedmpi and attrs.get("fedmpi_source") and attrs["fedmpi_source"] != fedmpi_source():
         why.append(f"fedmpi source (was {attrs.get('fedmpi_version')})")
     try:
         plugins = json.loads(attrs.get("plugins") or "{}")

@@ -100,3 +100,15 @@ def test_natural_needs_client_ids_and_a_broken_file_is_named(tmp_path):
     c["task"]["leaf"]["train"] = str(tmp_path / "bad.json")
     p = fedmpi(["run", write_config(tmp_path / "b.yaml", c), "--quiet"], check=False)
     assert p.returncode == 2 and "bad.json: not a LEAF json file" in p.stderr
+
+
+@pytest.mark.mpi
+def test_natural_regression_same_bits_on_1_and_3_ranks(tmp_path):
+    cfg = write_config(tmp_path / "r.yaml", _config(tmp_path, regression=True, partition={"kind": "natural",
+                                                                                         "local_test": 0.2}))
+    for ranks, out in ((0, "one.h5"), (3, "three.h5")):
+        fedmpi(["run", cfg, "--quiet", "--out", str(tmp_path / out), "--set", "evaluation.clients.arrays=true"],
+               ranks=ranks)
+    with h5py.File(tmp_path / "one.h5") as a, h5py.File(tmp_path / "three.h5") as b:
+        for k in ("final/params", "metrics/test_loss", "clients/loss"):
+            np.testing.assert_array_equal(a[k][:], b[k][:])

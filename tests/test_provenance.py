@@ -145,3 +145,10 @@ def test_refusing_another_experiment_names_the_keys_that_differ(tmp_path):
     p = fedmpi(["run", cfg, "--out", out, "--set", "train.lr=0.3", "--set", "task.clients=10"], check=False)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
     assert "another experiment (differs in task.clients, train.lr)" in p.stderr
+
+
+def test_fedmpi_source_changes_show_in_info_only():
+    attrs = {"fedmpi_source": "0" * 32, "fedmpi_version": "0.0.1", "plugins": "{}", "inputs": "{}"}
+    assert provenance.outdated(attrs) is None  # a sweep's cells stay done across fedmpi updates
+    assert provenance.outdated(attrs, fedmpi=True) == "fedmpi source (was 0.0.1) changed"
+    assert provenance.outdated({"status": "completed"}) is None  # a file of an older fedmpi

@@ -118,7 +118,7 @@ def made_by(attrs: dict) -> list[str]:
     lines = [f"made by:    fedmpi {attrs.get('fedmpi_version')} source {str(attrs['fedmpi_source'])[:16]}"]
     lines += [f"  plug-in {p.get('path')}  {str(p.get('sha256'))[:16]}" for p in plugins.values()]
     lines += [f"  input   {path}  {fp.get('size')} bytes  {str(fp.get('sha256'))[:16]}" for path, fp in inputs.items()]
-    lines.append(f"  changed since: {provenance.outdated(attrs) or 'nothing'}")
+    lines.append(f"  changed since: {provenance.outdated(attrs, fedmpi=True) or 'nothing'}")
     return lines
 
 

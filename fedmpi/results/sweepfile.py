@@ -22,7 +22,7 @@ machine, so ``--index i`` (a SLURM array task) names one cell. A cell's result f
 
 A cell's state (:func:`cell_state`) is read from its result file: done, running (another
 process holds its lock), interrupted, failed, not started, or outdated (its config is no longer
-the cell's, or the code or data that made it changed: ``fedmpi.provenance``).
+the cell's, or a plug-in or data file that made it changed: ``fedmpi.provenance``).
 """
 
 from __future__ import annotations
