@@ -21,11 +21,13 @@ import torch
 from . import guards, rng
 from .algorithms.base import Algorithm, Context
 from .config import Config
+from .data.arrays import DataArrays
 from .data.datasets import checked_arrays, dataset_arrays
-from .data.partition import client_groups, label_histogram, partition
+from .data.partition import client_groups, label_histogram, natural_parts, partition, split_local_test
 from .engine.local import LocalTrainer
 from .errors import InputError
 from .models import build_model, loss_fn
+from .models.losses import mse
 from .participation import ClientInfo
 from .participation import Participation
 from .participation import build as build_participation
@@ -92,19 +94,44 @@ def build_task(cfg: Config, device: torch.device) -> Task:
     m = cfg.task.clients
     if m > len(ytr):
         raise InputError(f"task.clients: {m} clients but only {len(ytr)} training samples")
-    parts = partition(ytr, m, cfg.task.partition, rng.generator(cfg.seed, "partition"))
-    sizes = np.array([len(p) for p in parts])
-    offsets = np.concatenate([[0], np.cumsum(sizes)])
-    order = np.concatenate(parts).astype(np.int64)
-    model = build_model(cfg.task.model, tuple(xtr.shape[1:]), classes, seed=cfg.seed, params=cfg.task)
-    return Task(model=model.to(device), loss=loss_fn(cfg.task.model),
+    parts = _parts(data, m, cfg)
+    local = {}
+    if cfg.task.partition.local_test > 0:  # held out before anything counts the clients' samples
+        parts, held = split_local_test(parts, cfg.task.partition.local_test, rng.generator(cfg.seed, "local_test"))
+        test_order, test_offsets = _flat(held)
+        local = {"local_test_order": torch.from_numpy(test_order).to(device), "local_test_offsets": test_offsets}
+    order, offsets = _flat(parts)
+    outputs = classes or ytr.shape[1]  # regression: one output per target
+    model = build_model(cfg.task.model, tuple(xtr.shape[1:]), outputs, seed=cfg.seed, params=cfg.task)
+    return Task(model=model.to(device), loss=loss_fn(cfg.task.model) if classes else mse,
                 train_x=torch.from_numpy(np.ascontiguousarray(xtr)).to(device),
-                train_y=torch.from_numpy(ytr.astype(np.int64)).to(device),
+                train_y=torch.from_numpy(ytr).to(device),
                 test_x=torch.from_numpy(np.ascontiguousarray(xte)).to(device),
-                test_y=torch.from_numpy(yte.astype(np.int64)).to(device),
+                test_y=torch.from_numpy(yte).to(device),
                 order=torch.from_numpy(order).to(device), offsets=offsets, classes=classes,
-                label_hist=label_histogram(ytr, parts, classes),
-                groups=client_groups(m, cfg.task.partition), mean=mean, std=std, image=data.image)
+                label_hist=label_histogram(ytr, parts, classes) if classes else None,
+                groups=client_groups(m, cfg.task.partition), mean=mean, std=std, image=data.image, **local)
+
+
+def _parts(data: DataArrays, m: int, cfg: Config) -> list[np.ndarray]:
+    """Each client's training sample indices (``task.partition``)."""
+    kind = cfg.task.partition.kind
+    if kind == "natural":
+        if data.client_train is None:
+            raise InputError(f"task.partition.kind: natural needs a dataset that gives client ids "
+                             f"(DataArrays.client_train); {cfg.task.dataset!r} gives none")
+        return natural_parts(data.client_train, m)
+    if not data.classes and kind != "iid":
+        raise InputError(f"task.partition.kind: {kind} splits by class labels; a regression dataset "
+                         f"(classes 0) takes iid or natural")
+    labels = data.y_train if data.classes else np.zeros(len(data.y_train), np.int64)
+    return partition(labels, m, cfg.task.partition, rng.generator(cfg.seed, "partition"))
+
+
+def _flat(parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-client index arrays -> (order, offsets (m + 1,)): client i's are order[offsets[i]:offsets[i+1]]."""
+    offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64)
+    return np.concatenate(parts).astype(np.int64), offsets
 
 
 def client_info(cfg: Config) -> ClientInfo:

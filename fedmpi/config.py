@@ -59,6 +59,16 @@ log = logging.getLogger(__name__)
 # ----------------------------------------------------------------------------- the run's own keys
 
 @dataclass
+class StopAtConfig:
+    """``runtime.stop_at``: end the run at the first evaluation where a metric reaches a value."""
+
+    metric: Optional[str] = opt(None, "metric watched at every evaluation (e.g. test_acc); null = never stop early")
+    value: float = opt(0.0, "the value to reach")
+    goal: Literal["at_least", "at_most"] = opt("at_least", "reached when the metric is >= value (at_least) "
+                                                          "or <= value (at_most, for losses)")
+
+
+@dataclass
 class RuntimeConfig(WorldParams):
     """The ``runtime`` block: the process world's keys (``WorldParams``), then the run's own."""
 
@@ -70,6 +80,7 @@ class RuntimeConfig(WorldParams):
     csv: bool = opt(False, "also write the metric rows to a CSV file next to the result file (RUN.csv)")
     tensorboard: Optional[str] = opt(None, "also log the metrics as TensorBoard scalars under this folder "
                                            "(needs the tensorboard package: fedmpi[tensorboard])")
+    stop_at: StopAtConfig = opt(StopAtConfig(), "stop early once a metric reaches a value (recorded in the file)")
 
 
 
@@ -100,10 +111,20 @@ class Config:
 
     def resume_digest(self) -> str:
         """Hash of what a checkpoint depends on (not rounds, evaluation, output or runtime)."""
+        return hashlib.sha256(yaml.safe_dump(self._resume_keys(), sort_keys=True).encode()).hexdigest()[:16]
+
+    def resume_differences(self, other: "Config") -> list[str]:
+        """The dotted keys where ``other`` differs in what ``resume_digest`` covers."""
+        a, b = _flat(self._resume_keys()), _flat(other._resume_keys())
+        return [k for k in dict.fromkeys([*a, *b]) if a.get(k, "-") != b.get(k, "-")]
+
+    def _resume_keys(self) -> dict:
         d = self.to_dict()
         keep = {k: d[k] for k in ("seed", "task", "train", "algorithm", "availability", "topology", "sporadicity")}
         keep.update({"privacy": d["privacy"]} if self.privacy.mechanism != "none" else {})  # old digests stay valid
-        return hashlib.sha256(yaml.safe_dump(keep, sort_keys=True).encode()).hexdigest()[:16]
+        if not self.task.partition.local_test:  # old digests stay valid
+            del keep["task"]["partition"]["local_test"]
+        return keep
 
     def components(self) -> list[registry.Entry]:
         """The registry entries this config selects (dataset, model, algorithm, availability kind)."""
@@ -113,6 +134,16 @@ class Config:
             if dataclasses.is_dataclass(block):
                 out += [reg.get(getattr(block, name)) for name, reg in _selectors(type(block)).items()]
         return out
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as {dotted key: repr of the value}."""
+    if not isinstance(d, dict) or not d:
+        return {prefix.rstrip("."): repr(d)}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}."))
+    return out
 
 
 # ----------------------------------------------------------------------------- parsing

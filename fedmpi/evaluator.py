@@ -3,8 +3,9 @@
 Metric names follow from the task and the algorithm's declarations: for each label of
 ``algorithm.evaluated_models`` (``""`` -> no suffix) ``test_loss``, ``test_acc`` (classification),
 ``x`` (a scalar model), and ``train_loss``/``train_acc`` for the main model when
-``evaluation.train``; then the algorithm's own ``metrics``; ``epsilon`` under ``privacy``; then
-``n_active``, ``wall_time`` and ``peak_rss_mb``. The result-file contract is in docs/INTERFACES.md.
+``evaluation.train``; then the algorithm's own ``metrics``; ``epsilon`` under ``privacy``; the
+per-client summaries and the registered metrics (``fedmpi.metrics``); then ``n_active``,
+``wall_time`` and ``peak_rss_mb``. The result-file contract is in docs/INTERFACES.md.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import numpy as np
 import psutil
 import torch
 
-from . import rng
+from . import metrics, rng
 from .engine.evaluate import evaluate
+from .errors import InputError
 from .schema import opt
 
 if TYPE_CHECKING:
@@ -31,6 +33,7 @@ class EvaluationConfig:
     train: bool = opt(True, "also evaluate on the training set")
     train_samples: Optional[int] = opt(None, "evaluate train metrics on a fixed subsample of this size", ge=1)
     batch_size: int = opt(2000, "evaluation batch size", ge=1)
+    clients: metrics.ClientMetricsConfig = opt(metrics.ClientMetricsConfig(), "per-client metrics (fedmpi.metrics)")
 
 
 RUN_METRICS = ("n_active", "wall_time", "peak_rss_mb")
@@ -49,13 +52,18 @@ def peak_rss_mb() -> float:
 
 
 class Evaluator:
-    """Metric names (``names``) and ``evaluate``, collective: every rank calls it."""
+    """Metric names (``names``), per-client array names (``client_arrays``, stored in the result
+    file) and ``evaluate``, collective: every rank calls it."""
 
     def __init__(self, run: Components):
         self.run = run
+        self.per_client = metrics.wants_clients(run.cfg)
         self.names = self._names()
+        arrays = run.cfg.evaluation.clients.arrays
+        self.client_arrays = metrics.client_names(run.task.classes) if arrays else []
         self._train_subset = self._train_eval_subset()
         self.last_models: dict[str, torch.Tensor] = {}  # the models of the last evaluation (rank 0)
+        self.last_clients: dict[str, np.ndarray] = {}  # the per-client values of the last evaluation (rank 0)
 
     def _names(self) -> list[str]:
         task, cfg, algo = self.run.task, self.run.cfg, self.run.algorithm
@@ -69,7 +77,14 @@ class Evaluator:
             if scalar:
                 names.append(f"x{sfx}")
         private = ["epsilon"] if cfg.privacy.mechanism != "none" else []  # privacy (#27): the accountant's
-        return list(dict.fromkeys(names + list(algo.metrics) + private + list(RUN_METRICS)))
+        clients = metrics.summary_names(task.classes) if self.per_client else []
+        extra = clients + metrics.registered_names()
+        taken = set(names) | set(algo.metrics) | set(private) | set(RUN_METRICS)
+        clash = [n for n in extra if n in taken]
+        if clash:
+            raise InputError(f"plug-in: metric {clash[0]!r} is already a metric of this run (algorithm "
+                             f"{cfg.algorithm.name}); register it under another name")
+        return list(dict.fromkeys(names + list(algo.metrics) + private + extra + list(RUN_METRICS)))
 
     def _train_eval_subset(self) -> torch.Tensor | None:
         k, x = self.run.cfg.evaluation.train_samples, self.run.task.train_x
@@ -82,9 +97,14 @@ class Evaluator:
         """The metrics row after ``rounds_done`` rounds (on rank 0; ``{}`` elsewhere)."""
         snap = self.run.algorithm.evaluation_snapshot()  # collective
         rss = self.run.world.max_float(peak_rss_mb())  # collective
+        clients = None
+        if self.per_client:  # collective
+            main = snap.models.get("", next(iter(snap.models.values()), None)) if self.run.world.rank == 0 else None
+            clients = metrics.evaluate_clients(self.run, main)
         if self.run.world.rank != 0:
             return {}
         self.last_models = snap.models
+        self.last_clients = clients or {}
         task, spec, bs = self.run.task, self.run.spec, self.run.cfg.evaluation.batch_size
         row: dict[str, float] = {}
         for label, model in snap.models.items():
@@ -104,5 +124,11 @@ class Evaluator:
         row.update(snap.metrics)
         if "epsilon" in self.names:  # privacy (#27): epsilon at privacy.delta after rounds_done rounds
             row["epsilon"] = self.run.algorithm.privacy.epsilon(rounds_done)
+        cc = self.run.cfg.evaluation.clients
+        for name, values in self.last_clients.items():
+            row.update(metrics.summarize(name, values, cc.worst))
+        sizes = metrics.client_sizes(self.run)
+        row.update(metrics.registered(metrics.MetricInput(rounds_done, dict(row), self.last_clients, sizes,
+                                                          self.run.cfg)))
         row.update(round=rounds_done, n_active=n_active, wall_time=wall_time, peak_rss_mb=rss)
         return row

@@ -32,6 +32,7 @@ import traceback
 from types import ModuleType
 from typing import Callable, Iterable
 
+from . import provenance
 from .errors import InputError
 
 ENV = "FEDMPI_PLUGINS"
@@ -71,7 +72,7 @@ def _once(key: str, what: str, do: Callable[[], object]) -> None:
     if key in _done:
         return
     try:
-        do()
+        loaded = do()
     except InputError as e:
         raise InputError(f"{what}: {e}") from None
     except Exception as e:  # the plug-in's own error: one line, with where it happened
@@ -80,6 +81,13 @@ def _once(key: str, what: str, do: Callable[[], object]) -> None:
         text = " ".join(str(e).split()) or type(e).__name__
         raise InputError(f"{what}: plug-in failed to load ({type(e).__name__}: {text}{where})") from None
     _done.add(key)
+    provenance.note_plugin(key, _source_file(loaded))
+
+
+def _source_file(loaded: object) -> str | None:
+    """The file a loaded plug-in (a module, or what an entry point names) was defined in."""
+    module = loaded if isinstance(loaded, ModuleType) else sys.modules.get(getattr(loaded, "__module__", ""))
+    return getattr(module, "__file__", None)
 
 
 def import_spec(spec: str) -> ModuleType:

@@ -1,7 +1,7 @@
 """One registry mechanism for everything a user can plug in.
 
 A ``Registry`` maps a name to the object that builds a component (an algorithm class, a model
-or dataset factory, an availability factory, a round callback) and to the dataclass of that
+or dataset factory, an availability factory, a callback, a metric) and to the dataclass of that
 component's own parameters. The config (``fedmpi.config``) checks names and parameters against
 the registries AFTER plug-ins are loaded (``fedmpi.plugins``), so a user's component is named,
 configured and validated exactly like a built-in one.
@@ -94,4 +94,8 @@ ALGORITHMS = Registry("algorithm", "algorithm.name")
 MODELS = Registry("model", "task.model")
 DATASETS = Registry("dataset", "task.dataset")
 AVAILABILITY = Registry("availability kind", "availability.kind")
-CALLBACKS = Registry("round callback", "plug-in")  # fn(run, t) before round t on every rank; all registered run
+# Every registered callback runs on every rank, at its ``when`` (an option; runner.py):
+# "round_start" (the default) fn(run, t) before round t; "round_end" fn(run, t) after it;
+# "evaluated" fn(run, rounds_done, row) -> a reason to stop the run early (str) or None.
+CALLBACKS = Registry("callback", "plug-in")
+METRICS = Registry("metric", "plug-in")  # fn(MetricInput) -> float, on rank 0 (fedmpi.metrics)

@@ -5,6 +5,14 @@ checkpointer, which resumes; the result file) is checked collectively: if any ra
 bad input, every rank exits 2 and rank 0 prints the first error, so a wrong file on one node
 neither hangs the job nor prints one error per rank. The loop then only sequences the
 components: callbacks, ``algorithm.round``, evaluation, checkpoints.
+
+Callbacks run on every rank at one of three moments (``WHEN``): ``round_start`` ``fn(run, t)``
+before round t, ``round_end`` ``fn(run, t)`` after it, ``evaluated`` ``fn(run, rounds_done,
+row)`` after each evaluation with rank 0's metric row (the same row on every rank). An
+``evaluated`` callback may return a reason (a string) to stop the run there: rank 0's decision
+is agreed by every rank, the run ends ``completed`` after that evaluation and the file records
+the reason (attributes ``stopped_early``, ``stopped_round``). ``runtime.stop_at`` is such a
+callback; the file's ``callbacks`` attribute lists those that ran.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from . import checkpoint, guards
+from . import checkpoint, guards, provenance
 from .build import Components, build_components
 from .checkpointer import Checkpointer
 from .config import Config
@@ -31,7 +39,9 @@ from .registry import CALLBACKS
 from .runtime import World
 from .runtime.launcher import restart_count
 
-Callback = Callable[[Components, int], None]  # (run, t) before round t, on every rank
+Callback = Callable[[Components, int], None]  # (run, t) at round t, on every rank
+EvalCallback = Callable[[Components, int, dict], "str | None"]  # (run, rounds_done, row) -> reason to stop
+WHEN = ("round_start", "round_end", "evaluated")
 
 
 def agree(world: World, fn: Callable[[], object]) -> object:
@@ -53,14 +63,15 @@ class Runner:
     ``overwrite`` lets the run replace a completed or foreign file at ``out_path`` and start
     afresh (the old checkpoint is deleted once set-up succeeded on every rank; ignored in a
     requeued SLURM job, which resumes); ``inputs`` are the files it reads (never accepted as
-    the output); ``label`` prefixes progress lines; ``callbacks`` run before every round on
-    every rank, after those registered by plug-ins (``registry.CALLBACKS``)."""
+    the output); ``label`` prefixes progress lines; ``callbacks`` (a function: before every
+    round; or a ``(when, fn)`` pair, ``when`` in ``WHEN``) run on every rank after those
+    registered by plug-ins (``registry.CALLBACKS``)."""
 
     def __init__(self, cfg: Config, world: World, out_path: str, quiet: bool = False, resume: bool = False,
                  overwrite: bool = False, inputs: tuple[str, ...] = (), label: str = "",
-                 callbacks: Iterable[Callback] = ()):
+                 callbacks: Iterable[Callback | tuple[str, Callable]] = ()):
         self.cfg, self.world, self.out_path, self.quiet, self.label = cfg, world, out_path, quiet, label
-        self.callbacks = [e.obj for e in CALLBACKS] + list(callbacks)
+        self.callbacks = _by_moment(cfg, callbacks)
         self.writer = None
         self.claim = None
         if overwrite and restart_count() > 0:  # a requeued SLURM job continues what its first start began
@@ -87,11 +98,16 @@ class Runner:
         if self.world.rank == 0:
             from .results.hdf5 import claim
 
-            self.claim = claim(self.out_path, self.cfg.resume_digest(), inputs, overwrite)
+            self.claim = claim(self.out_path, self.cfg.resume_digest(), inputs, overwrite, cfg=self.cfg)
 
     def _setup(self, resume: bool, fresh: bool) -> None:
+        provenance.reset_inputs()  # what this run reads, not an earlier run of the process
         self.components = build_components(self.cfg, self.world)
         self.evaluator = Evaluator(self.components)
+        stop = self.cfg.runtime.stop_at.metric
+        if stop is not None and stop not in self.evaluator.names:
+            raise InputError(f"runtime.stop_at.metric: this run logs no metric {stop!r} "
+                             f"(it logs: {', '.join(self.evaluator.names)})")
         self.checkpointer = Checkpointer(self.components, self.out_path, required=resume, flush=self._flush,
                                          fresh=fresh)
         if self.world.rank == 0:
@@ -105,9 +121,13 @@ class Runner:
         cfg, run = self.cfg, self.components
         extra = sidecars.build(cfg.runtime, self.out_path, replace=self.claim.owns_sidecars)
         resume_at = self.checkpointer.rounds_done or None
+        notes = {"callbacks": "; ".join(f"{w}: {', '.join(_name(f) for f in fns)}"
+                                        for w, fns in self.callbacks.items() if fns),
+                 **provenance.record(cfg.to_dict(), skip=(self.out_path,))}
         writer = ResultWriter(self.out_path, cfg.to_yaml(), cfg.seed, self.world.size, self.evaluator.names,
                               run.m, cfg.runtime.log_availability, resume_at=resume_at,
-                              claim_=self.claim, flush_s=cfg.runtime.flush_s)
+                              claim_=self.claim, flush_s=cfg.runtime.flush_s,
+                              client_arrays=self.evaluator.client_arrays, notes=notes)
         self.writer = writer  # set before anything else: a failure below still finishes the file
         writer.add_sidecars(extra)
         if resume_at is None:
@@ -132,11 +152,15 @@ class Runner:
                     row = self._evaluate(0, 0)
                     if bar is not None:
                         bar.evaluated(row)
+                    if self._stop_early(row, 0):
+                        start = rounds  # reached before training: no round runs
                 for t in range(start, rounds):
-                    for callback in self.callbacks:
+                    for callback in self.callbacks["round_start"]:
                         callback(self.components, t)
                     n_active = algo.round(t)
                     done = t + 1
+                    for callback in self.callbacks["round_end"]:
+                        callback(self.components, t)
                     if self.writer is not None and self.cfg.runtime.log_availability:
                         self.writer.append_mask(algo.last_mask())
                     last = done == rounds or algo.done()
@@ -145,6 +169,7 @@ class Runner:
                         self._stop_if_diverged(row, done)
                         if bar is not None:
                             bar.evaluated(row)
+                        last = self._stop_early(row, done) or last
                     if bar is not None:
                         bar.update(1)
                     if last:
@@ -169,8 +194,22 @@ class Runner:
     def _evaluate(self, rounds_done: int, n_active: int) -> dict[str, float]:
         row = self.evaluator.evaluate(rounds_done, n_active, self._wall_time())  # collective
         if self.writer is not None:
-            self.writer.append(row, rounds_done)
+            self.writer.append(row, rounds_done, self.evaluator.last_clients)
         return row
+
+    def _stop_early(self, row: dict[str, float], rounds_done: int) -> bool:
+        """Collective: the ``evaluated`` callbacks on every rank with rank 0's row; True when
+        rank 0's first reason to stop says so (recorded in the file)."""
+        if not self.callbacks["evaluated"]:
+            return False
+        row = self.world.allgather_obj(row if self.world.rank == 0 else None)[0]
+        reason = None
+        for callback in self.callbacks["evaluated"]:
+            reason = reason or callback(self.components, rounds_done, row)
+        reason = self.world.allgather_obj(reason)[0]
+        if reason and self.writer is not None:
+            self.writer.notes.update(stopped_early=str(reason), stopped_round=rounds_done)
+        return bool(reason)
 
     def _stop_if_diverged(self, row: dict[str, float], rounds_done: int) -> None:
         """Collective: raise Diverged on every rank when a loss or an evaluated model (rank 0) is
@@ -198,6 +237,39 @@ class Runner:
             self.writer.finish(status, final, rounds_done)
         if status == "completed":
             self.checkpointer.discard()
+
+
+def _by_moment(cfg: Config, extra: Iterable[Callback | tuple[str, Callable]]) -> dict[str, list[Callable]]:
+    """The callbacks of a run by moment: registered ones (option ``when``), ``runtime.stop_at``,
+    then ``extra`` (functions run at round start)."""
+    out: dict[str, list[Callable]] = {w: [] for w in WHEN}
+    pairs = [(e.options.get("when", "round_start"), e.obj) for e in CALLBACKS]
+    if cfg.runtime.stop_at.metric is not None:
+        pairs.append(("evaluated", stop_at(cfg.runtime.stop_at)))
+    pairs += [c if isinstance(c, tuple) else ("round_start", c) for c in extra]
+    for when, fn in pairs:
+        if when not in out:
+            raise InputError(f"plug-in: callback {_name(fn)}: when must be one of {', '.join(WHEN)}, got {when!r}")
+        out[when].append(fn)
+    return out
+
+
+def stop_at(spec) -> EvalCallback:
+    """The ``evaluated`` callback of ``runtime.stop_at``: a reason once the metric reaches the value."""
+    at_least = spec.goal == "at_least"
+
+    def stop_at(run: Components, rounds_done: int, row: dict) -> str | None:
+        v = row.get(spec.metric)
+        if v is not None and (v >= spec.value if at_least else v <= spec.value):
+            return f"{spec.metric} {'>=' if at_least else '<='} {spec.value:g} ({v:.6g}) after round {rounds_done}"
+        return None
+
+    stop_at.__qualname__ = "runtime.stop_at"
+    return stop_at
+
+
+def _name(fn: Callable) -> str:
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
 _ABORT_GRACE_S = 5.0  # a failing rank's wait between closing its links and MPI_Abort

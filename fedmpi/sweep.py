@@ -8,7 +8,7 @@ import argparse
 from . import log
 from .errors import InputError
 from .results.paths import assignments
-from .results.sweepfile import STATES, cell_state, first_difference, load, peek_config, status_text
+from .results.sweepfile import STATES, cell_state, load, status_text, why_outdated
 from .sweeprun import run_cell, run_parallel, run_sequential, say, serve
 
 
@@ -78,9 +78,8 @@ def _run(args: argparse.Namespace) -> int:
         return serve(sweep, args.quiet, args.threads)
     for c in sweep.cells:
         if cell_state(c)[0] == "outdated":
-            raise InputError(f"{c.path}: holds a completed run of another config than cell {c.index} of the sweep "
-                             f"({first_difference(c, peek_config(c.path))}); delete it, or give the sweep "
-                             f"another out folder")
+            raise InputError(f"{c.path}: holds a completed run that is outdated for cell {c.index} of the sweep "
+                             f"({why_outdated(c)}); delete it, or give the sweep another out folder")
     todo = [c for c in sweep.cells if cell_state(c)[0] != "done"]
     say(args.quiet, f"{len(sweep.cells)} cells in {sweep.folder}: {len(sweep.cells) - len(todo)} done, "
                      f"{len(todo)} to run" + (f" with {args.jobs} processes" if args.jobs > 1 and todo else ""))

@@ -49,6 +49,8 @@ class Task:
     mean: torch.Tensor | None = None  # per-channel normalisation of uint8 images
     std: torch.Tensor | None = None
     image: bool = False
+    local_test_order: torch.Tensor | None = None  # client i's local test samples (partition.local_test):
+    local_test_offsets: np.ndarray | None = None  # train_x[local_test_order[off[i]:off[i+1]]], off (m + 1,)
 
     @property
     def m(self) -> int:

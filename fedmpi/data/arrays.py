@@ -10,11 +10,13 @@ import numpy as np
 
 @dataclass
 class DataArrays:
-    """Training and test samples with int64 labels in [0, classes).
+    """Training and test samples with int64 labels in [0, classes), or, with ``classes`` 0
+    (regression), float targets (N,) or (N, k) fitted by mean squared error.
 
     ``x``: float32 features of any shape, or uint8 images (N, C, H, W) with the per-channel
     ``mean``/``std`` on the [0, 1] scale (then inputs are normalised on the device and
-    ``train.augment`` applies)."""
+    ``train.augment`` applies). ``client_train``: the dataset's own client id of each training
+    sample (any integers), used by ``task.partition.kind: natural``."""
 
     x_train: np.ndarray
     y_train: np.ndarray
@@ -23,6 +25,7 @@ class DataArrays:
     classes: int
     mean: Optional[tuple] = None
     std: Optional[tuple] = None
+    client_train: Optional[np.ndarray] = None
 
     @property
     def image(self) -> bool:

@@ -9,7 +9,8 @@ augmentation for free (``fedmpi.task.build_task``). A factory may instead return
 
 - image datasets (fmnist, mnist, cifar10, svhn, cinic10; ``readers``): uint8 images,
   normalised per batch;
-- ``synthetic``: a seeded Gaussian mixture (one mean per class), float features.
+- ``synthetic``: a seeded Gaussian mixture (one mean per class), float features;
+- ``leaf``: LEAF's JSON files, each user a client (``leaf``; ``task.partition.kind: natural``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import numpy as np
 import psutil
 import yaml
 
-from .. import rng
+from .. import provenance, rng
 from ..errors import InputError
 from ..registry import DATASETS, MODELS
 from ..schema import opt
@@ -41,11 +42,13 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class PartitionConfig:
-    kind: Literal["iid", "dirichlet", "shards", "groups"] = opt(
-        "iid", "how training samples are split over clients")
+    kind: Literal["iid", "dirichlet", "shards", "groups", "natural"] = opt(
+        "iid", "how training samples are split over clients (natural: by the dataset's own client ids)")
     alpha: float = opt(0.5, "Dirichlet concentration (dirichlet, groups)", gt=0)
     classes_per_client: int = opt(1, "classes per client (shards)", ge=1)
     groups: int = opt(2, "client groups that split the classes (groups)", ge=1)
+    local_test: float = opt(0.0, "fraction of each client's samples held out as its local test split "
+                                 "(per-client metrics; never trained on)", ge=0, lt=1)
 
 
 @dataclass
@@ -75,7 +78,8 @@ def register_dataset(name: str, *, params: type | None = None, check: Callable[[
 
     ``params``: a ``DatasetParams`` subclass with the dataset's own keys (in the ``task`` block);
     ``check``: cross-key checks of the config; ``cache``: keep the arrays in an ``.npz`` under
-    ``task.cache_dir``, keyed by the dataset's keys, the seed and the factory's source file."""
+    ``task.cache_dir``, keyed by the dataset's keys, the seed, the content of the factory's source
+    file and the content of every file its keys name (name the files a factory reads in keys)."""
     return DATASETS.register(name, params=params, check=check, cache=cache)
 
 
@@ -143,9 +147,30 @@ for _name in ("fmnist", "mnist", "cifar10", "svhn", "cinic10"):
 
 
 
+@dataclass
+class LeafConfig:
+    train: str = opt("", "LEAF training split: a .json file or a folder of them")
+    test: str = opt("", "LEAF test split: a .json file or a folder of them")
+    classes: Optional[int] = opt(None, "number of classes; null = 1 + the largest label; 0 = regression (MSE)",
+                                 ge=0)
+
+
+@dataclass
+class LeafParams(DatasetParams):
+    leaf: LeafConfig = opt(LeafConfig(), "LEAF JSON files (users are the clients: partition.kind natural)")
+
+
+@register_dataset("leaf", params=LeafParams, cache=True)
+def leaf_data(cfg: Config) -> DataArrays:
+    """LEAF's JSON layout, each user a client (``fedmpi.data.leaf``)."""
+    from . import leaf
+
+    return leaf.load(cfg)
+
+
 # ----------------------------------------------------------------------------- what a factory gives
 
-_CACHED = ("x_train", "y_train", "x_test", "y_test", "classes", "mean", "std")
+_CACHED = ("x_train", "y_train", "x_test", "y_test", "classes", "mean", "std", "client_train")
 
 
 def dataset_arrays(cfg: Config) -> "DataArrays | Task":
@@ -158,20 +183,26 @@ def dataset_arrays(cfg: Config) -> "DataArrays | Task":
     own = {k: v for k, v in dataclasses.asdict(cfg.task).items()
            if k not in {f.name for f in dataclasses.fields(TaskConfig)} or k in ("dataset", "root")}
     src = inspect.getsourcefile(entry.obj) or ""
-    stat = os.stat(src) if src and os.path.exists(src) else None
-    key = yaml.safe_dump({"params": own, "seed": cfg.seed, "source": src,
-                          "stamp": [stat.st_size, stat.st_mtime_ns] if stat else None}, sort_keys=True)
+    code = provenance.source_hash(src) if src and os.path.exists(src) else None
+    code = provenance.fedmpi_source() if entry.builtin else code  # a built-in's reader may live elsewhere
+    # the files its keys name are inputs of the run, read from the cache or not; their content
+    # is in the key, so a regenerated file is a miss
+    files = {p: provenance.note_input(p)["sha256"] for p in provenance.named_files(own, folders=True)}
+    key = yaml.safe_dump({"params": own, "seed": cfg.seed, "source": src, "code": code, "files": files},
+                         sort_keys=True)
     fingerprint = hashlib.sha256(key.encode()).hexdigest()
     path = os.path.join(os.path.expanduser(cfg.task.cache_dir or readers.default_cache_dir()),
                         f"{cfg.task.dataset}-{fingerprint[:12]}.npz")
     hit = readers._read_cache(path, fingerprint, _CACHED)
     if hit is not None:
         mean, std = (tuple(hit[k].tolist()) if hit[k].size else None for k in ("mean", "std"))
+        ids = hit["client_train"] if hit["client_train"].size else None
         return DataArrays(hit["x_train"], hit["y_train"], hit["x_test"], hit["y_test"], int(hit["classes"]),
-                          mean, std)
+                          mean, std, ids)
     data = entry.obj(cfg)
     if isinstance(data, DataArrays):
-        arrays = {**dataclasses.asdict(data), "mean": data.mean or (), "std": data.std or ()}
+        arrays = {**dataclasses.asdict(data), "mean": data.mean or (), "std": data.std or (),
+                  "client_train": data.client_train if data.client_train is not None else ()}
         readers._write_cache(path, fingerprint, arrays, _CACHED)
     return data
 
@@ -181,15 +212,23 @@ def checked_arrays(data: Any, name: str) -> DataArrays:
     where = f"task.dataset: {name!r}"
     if not isinstance(data, DataArrays):
         raise InputError(f"{where}: its factory must return DataArrays or a Task, got {type(data).__name__}")
-    if not isinstance(data.classes, (int, np.integer)) or data.classes < 1:
-        raise InputError(f"{where}: classes must be a positive integer, got {data.classes!r}")
+    if not isinstance(data.classes, (int, np.integer)) or data.classes < 0:
+        raise InputError(f"{where}: classes must be a positive integer (or 0 for regression), got {data.classes!r}")
     out = {}
     for split in ("train", "test"):
         x, y = np.asarray(getattr(data, f"x_{split}")), np.asarray(getattr(data, f"y_{split}"))
-        if x.ndim < 2 or y.shape != (x.shape[0],) or x.shape[0] == 0:
-            raise InputError(f"{where}: x_{split} must be (N, ...) with N > 0 and y_{split} (N,), "
-                             f"got {x.shape} and {y.shape}")
-        if not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= data.classes:
+        if data.classes == 0 and y.ndim == 1:  # regression: one target per sample
+            y = y[:, None]
+        targets = (x.shape[0],) if data.classes else (x.shape[0], y.shape[-1])
+        if x.ndim < 2 or y.shape != targets or x.shape[0] == 0:
+            want = "(N,)" if data.classes else "(N,) or (N, k)"
+            raise InputError(f"{where}: x_{split} must be (N, ...) with N > 0 and y_{split} {want}, "
+                             f"got {x.shape} and {np.shape(getattr(data, f'y_{split}'))}")
+        if data.classes == 0:
+            if not np.issubdtype(y.dtype, np.number) or not np.isfinite(y).all():
+                raise InputError(f"{where}: y_{split} must hold finite numbers (regression: classes 0)")
+            y = y.astype(np.float32)
+        elif not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= data.classes:
             raise InputError(f"{where}: y_{split} must be integer labels in [0, {data.classes})")
         if data.image and (x.dtype != np.uint8 or x.ndim != 4 or len(data.mean) != x.shape[1]
                            or len(data.std or ()) != x.shape[1]):
@@ -199,8 +238,14 @@ def checked_arrays(data: Any, name: str) -> DataArrays:
             if not np.issubdtype(x.dtype, np.floating) or not np.isfinite(x).all():
                 raise InputError(f"{where}: x_{split} must hold finite floats (or uint8 images with mean/std)")
             x = x.astype(np.float32, copy=False)
-        out[f"x_{split}"], out[f"y_{split}"] = x, y.astype(np.int64, copy=False)
-    if out["x_train"].shape[1:] != out["x_test"].shape[1:]:
+        out[f"x_{split}"], out[f"y_{split}"] = x, (y.astype(np.int64, copy=False) if data.classes else y)
+    if out["x_train"].shape[1:] != out["x_test"].shape[1:] or out["y_train"].shape[1:] != out["y_test"].shape[1:]:
         raise InputError(f"{where}: train and test samples differ in shape "
-                         f"({out['x_train'].shape[1:]} vs {out['x_test'].shape[1:]})")
+                         f"({out['x_train'].shape[1:]} vs {out['x_test'].shape[1:]}, targets "
+                         f"{out['y_train'].shape[1:]} vs {out['y_test'].shape[1:]})")
+    if data.client_train is not None:
+        ids = np.asarray(data.client_train)
+        if ids.shape != (out["x_train"].shape[0],) or not np.issubdtype(ids.dtype, np.integer):
+            raise InputError(f"{where}: client_train must hold one integer client id per training sample")
+        out["client_train"] = ids.astype(np.int64, copy=False)
     return dataclasses.replace(data, classes=int(data.classes), **out)

@@ -16,6 +16,9 @@ minibatches. Kinds:
 - ``groups``: clients form ``groups`` contiguous blocks (client i in group floor(i G / m));
   classes form G contiguous blocks likewise; each group splits its classes' samples by
   ``dirichlet`` among its clients (FedSWE Sec. 7.1: 2 groups x 5 classes).
+- ``natural``: the dataset's own client ids (``DataArrays.client_train``, e.g. LEAF's users):
+  client i holds the samples of the i-th smallest id (``natural_parts``); ids beyond the first
+  m are left out. Regression datasets (no labels) take ``iid`` or ``natural``.
 """
 
 from __future__ import annotations
@@ -65,6 +68,30 @@ def partition(labels: np.ndarray, m: int, cfg: PartitionConfig, gen: np.random.G
         raise InputError(f"task.partition.kind: unknown kind {cfg.kind!r} (allowed: iid, dirichlet, shards, groups)")
     _fill_empty(owner, pools, m, cfg.kind)
     return _split(owner, m)
+
+
+def natural_parts(ids: np.ndarray, m: int) -> list[np.ndarray]:
+    """For each of the first m distinct client ids (ascending), the sorted indices of its samples."""
+    ids = np.asarray(ids, dtype=np.int64)
+    distinct, owner = np.unique(ids, return_inverse=True)
+    if m > distinct.size:
+        raise InputError(f"task.clients: {m} clients, but the dataset's natural partition has only "
+                         f"{distinct.size} client ids")
+    return _split(np.where(owner < m, owner, -1), m)
+
+
+def split_local_test(parts: list[np.ndarray], fraction: float,
+                     gen: np.random.Generator) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(train, local test) parts: each client holds out floor(fraction n_i) of its samples, drawn
+    by ``gen``, at least one when n_i >= 2 and never its last one (``task.partition.local_test``)."""
+    train, test = [], []
+    for p in parts:
+        k = min(max(int(fraction * p.size), 1 if fraction > 0 else 0), p.size - 1)
+        held = np.zeros(p.size, dtype=bool)
+        held[gen.choice(p.size, size=max(k, 0), replace=False)] = True
+        train.append(p[~held])
+        test.append(p[held])
+    return train, test
 
 
 def label_histogram(labels: np.ndarray, parts: list[np.ndarray], classes: int) -> np.ndarray:

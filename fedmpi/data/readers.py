@@ -3,8 +3,8 @@
 
 Each dataset is converted once into an ``.npz`` cache (one file per dataset and source
 folder, under ``cache_dir``, ``$FEDMPI_CACHE`` or ``~/.cache/fedmpi``); the cache records a
-fingerprint of the source files (paths, sizes, mtimes) and is rebuilt when they change or
-when it is unreadable. Every problem with the source files raises a one-line
+fingerprint of the source files (paths and contents; sizes and mtimes for a folder of many
+files) and is rebuilt when they change or when it is unreadable. Every problem with the source files raises a one-line
 ``InputError`` that starts with the offending path and names the expected layout.
 
 Sizes are checked before data is read or inflated: gzip files are decompressed as a stream
@@ -34,7 +34,7 @@ from typing import BinaryIO, Callable, Iterator
 import numpy as np
 import psutil
 
-from .. import safepickle
+from .. import provenance, safepickle
 from ..errors import InputError
 from .arrays import DataArrays
 
@@ -108,13 +108,23 @@ def _format(dataset: str) -> _Format:
 # ----------------------------------------------------------------------------- cache
 
 _ARRAYS = ("x_train", "y_train", "x_test", "y_test", "classes")
+_CONTENT_KEYED = 64  # sources hashed by content at most
 
 
 def _fingerprint(dataset: str, root: str, sources: list[str]) -> str:
+    """The cache key: the sources' contents (``provenance``; each is noted as an input of the run),
+    so a rewritten file is never served from the cache. A folder of more than ``_CONTENT_KEYED``
+    files (cinic10's images) is keyed by sizes and times: reading it all at every run costs more
+    than the conversion the cache saves."""
     h = hashlib.sha256(f"{CACHE_VERSION}\0{dataset}\0{root}".encode())
+    by_content = len(sources) <= _CONTENT_KEYED
     for p in sources:
-        st = os.stat(p)
-        h.update(f"\0{os.path.relpath(p, root)}\0{st.st_size}\0{st.st_mtime_ns}".encode())
+        if by_content:
+            key = provenance.note_input(p)["sha256"]
+        else:
+            st = os.stat(p)
+            key = f"{st.st_size}\0{st.st_mtime_ns}"
+        h.update(f"\0{os.path.relpath(p, root)}\0{key}".encode())
     return h.hexdigest()
 
 

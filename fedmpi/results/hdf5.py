@@ -3,7 +3,9 @@
 Layout: root attributes ``config`` (resolved YAML), ``fedmpi_version``, ``world_size``,
 ``seed``, ``status`` (running | completed | interrupted | failed), ``rounds_done``;
 ``/metrics/<name>`` 1-D chunked resizable datasets aligned with ``/metrics/round``;
-``/availability/mask`` (rounds x m uint8) when requested; ``/final/params``; extra groups
+``/availability/mask`` (rounds x m uint8) when requested; ``/clients/<name>`` (evaluations x m
+float64, rows aligned with ``/metrics/round``) for per-client metrics when requested; ``notes``
+attributes (e.g. ``stopped_early``) set by the run; ``/final/params``; extra groups
 (``/partition``, ``/topology``) written once.
 
 Safety. A writer first *claims* its path (:func:`claim`): an exclusive ``flock`` on the file,
@@ -101,16 +103,31 @@ def peek(path: str) -> tuple[str, dict[str, Any]]:
     return str(attrs["status"]), attrs
 
 
-def _stored_digest(config_yaml: str) -> str | None:
-    """Resume digest of a stored config (None when it is no longer a valid config). The text
-    comes from a file: it is read with the input limits (yamlio), like every other reader's."""
+def _stored_config(config_yaml: str) -> Any:
+    """A stored config (None when it is no longer a valid config). The text comes from a file:
+    it is read with the input limits (yamlio), like every other reader's."""
     from .. import config, log, yamlio
 
     try:
         with log.muted():
-            return config.from_dict(yamlio.loads(config_yaml, "config") or {}).resume_digest()
+            return config.from_dict(yamlio.loads(config_yaml, "config") or {})
     except (InputError, TypeError, ValueError, AttributeError):
         return None
+
+
+def _stored_digest(config_yaml: str) -> str | None:
+    """Resume digest of a stored config (None when it is no longer a valid config)."""
+    stored = _stored_config(config_yaml)
+    return None if stored is None else stored.resume_digest()
+
+
+def _another_experiment(config_yaml: str, cfg: Any) -> str:
+    """' (differs in: KEYS)' naming where a stored config differs from ``cfg``, or ''."""
+    stored = _stored_config(config_yaml)
+    if stored is None or cfg is None:
+        return ""
+    keys = stored.resume_differences(cfg)
+    return f" (differs in {', '.join(keys[:6])}{', ...' if len(keys) > 6 else ''})" if keys else ""
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -174,14 +191,15 @@ def _still_named(fd: int, path: str) -> bool:
     return (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
 
 
-def claim(path: str, digest: str, inputs: Iterable[str] = (), overwrite: bool = False) -> Claim:
+def claim(path: str, digest: str, inputs: Iterable[str] = (), overwrite: bool = False, cfg: Any = None) -> Claim:
     """Lock ``path`` for writing a run whose ``Config.resume_digest()`` is ``digest``.
 
     Nothing is written. Refused (InputError, exit 2): an empty path, a directory, a path that
     is one of ``inputs`` (config, trace, graph files), a file another process is writing
     (:class:`OutputBusy`, even with ``overwrite``); without ``overwrite`` also a completed run, a
     file that is not a fedmpi result, and an unfinished run of another experiment. An unfinished
-    run of the same experiment (killed, interrupted, failed) may be resumed or restarted."""
+    run of the same experiment (killed, interrupted, failed) may be resumed or restarted. With
+    ``cfg`` (the run's Config) the refusal of another experiment names the keys that differ."""
     if not path or not path.strip():
         raise InputError("--out: empty result path")
     if os.path.isdir(path):
@@ -218,7 +236,8 @@ def claim(path: str, digest: str, inputs: Iterable[str] = (), overwrite: bool = 
     elif previous == "foreign":
         why = "exists and is not a fedmpi result file; refusing to overwrite it (--overwrite to replace it)"
     elif _stored_digest(str(attrs.get("config", ""))) != digest:
-        why = (f"holds an unfinished ({previous}) run of another experiment; use --overwrite to replace it, "
+        why = (f"holds an unfinished ({previous}) run of another experiment"
+               f"{_another_experiment(str(attrs.get('config', '')), cfg)}; use --overwrite to replace it, "
                f"or another output path")
     if why is not None:
         os.close(fd)
@@ -281,12 +300,14 @@ class ResultWriter:
 
     def __init__(self, path: str, config_yaml: str, seed: int, world_size: int, metrics: list[str],
                  m: int, log_mask: bool, resume_at: int | None = None, claim_: Claim | None = None,
-                 flush_s: float = 0.0):
+                 flush_s: float = 0.0, client_arrays: Iterable[str] = (), notes: dict[str, Any] | None = None):
         self.path = path
+        self.notes = dict(notes or {})  # root attributes, written at every flush
         self.claim = claim_
         self.flush_s = flush_s
         self._rows: list[dict[str, float]] = []
         self._mask_rows: list[np.ndarray] = []
+        self._client_rows: list[dict[str, np.ndarray]] = []
         self._rounds_done = resume_at or 0
         self._last_flush = time.monotonic()
         self.sidecars: list = []
@@ -313,6 +334,9 @@ class ResultWriter:
         for n in self.names:
             g.create_dataset(n, shape=(0,), maxshape=(None,), chunks=(1024,),
                              dtype=np.int64 if n == "round" else np.float64)
+        for n in client_arrays:
+            self.f.create_dataset(f"clients/{n}", shape=(0, m), maxshape=(None, m),
+                                  chunks=(max(1, min(64, 2**17 // max(m, 1))), min(m, 2**17)), dtype=np.float64)
         self.mask = None
         if log_mask:
             self.mask = self.f.create_dataset("availability/mask", shape=(0, m), maxshape=(None, m),
@@ -335,6 +359,8 @@ class ResultWriter:
         try:
             for n in self.names:
                 g[n].resize((keep,))
+            for ds in self._client_sets():
+                ds.resize((min(keep, ds.shape[0]), ds.shape[1]))
         except (OSError, RuntimeError, ValueError) as e:
             raise InputError(f"{self.path}: /metrics is damaged ({_short(e)}); this file cannot be continued: "
                              f"--overwrite starts afresh") from None
@@ -359,6 +385,9 @@ class ResultWriter:
         self.f.attrs["world_size"] = world_size
         self.f.flush()
 
+    def _client_sets(self) -> list[h5py.Dataset]:
+        return list(self.f["clients"].values()) if "clients" in self.f else []
+
     def rows(self) -> dict[str, np.ndarray]:
         """The metric rows in the file plus the buffered ones (e.g. to rebuild a sidecar on resume)."""
         g = self.f["metrics"]
@@ -371,9 +400,14 @@ class ResultWriter:
             s.start(self.names, self.rows())
             self.sidecars.append(s)
 
-    def append(self, row: dict[str, float], rounds_done: int) -> None:
-        """Add one evaluation row (a declared metric missing from it is stored as NaN)."""
+    def append(self, row: dict[str, float], rounds_done: int, clients: dict[str, np.ndarray] | None = None) -> None:
+        """Add one evaluation row (a declared metric missing from it is stored as NaN), with its
+        per-client values for the file's ``/clients`` arrays (missing: NaN)."""
         self._rows.append({k: row.get(k, np.nan) for k in self.names})
+        if "clients" in self.f:
+            m = lambda ds: np.full(ds.shape[1], np.nan)  # noqa: E731
+            self._client_rows.append({k: np.asarray((clients or {}).get(k, m(ds)), dtype=np.float64)
+                                      for k, ds in self.f["clients"].items()})
         for s in self.sidecars:
             s.row(self._rows[-1])
         self._rounds_done = rounds_done
@@ -404,6 +438,8 @@ class ResultWriter:
         if self._rows:
             new_chunks = -(-(n + len(self._rows)) // 1024) - -(-n // 1024)
             need += len(self.names) * new_chunks * 8 * 1024
+            need += sum(2 * ds.chunks[0] * ds.chunks[1] * 8 + len(self._rows) * ds.shape[1] * 8
+                        for ds in self._client_sets())
         if self._mask_rows:
             (rows, cols), n = self.mask.chunks, self.mask.shape[0]
             touched = -(-(n + len(self._mask_rows)) // rows) - n // rows
@@ -439,12 +475,19 @@ class ResultWriter:
                 ds.resize((n + k,))
                 ds[n:] = np.array([r[name] for r in self._rows], dtype=ds.dtype)
             self._rows.clear()
+        for k, ds in (self.f["clients"].items() if self._client_rows else ()):
+            n = ds.shape[0]
+            ds.resize((n + len(self._client_rows), ds.shape[1]))
+            ds[n:] = np.stack([r[k] for r in self._client_rows])
+        self._client_rows.clear()
         if self._mask_rows:
             n, k = self.mask.shape[0], len(self._mask_rows)
             self.mask.resize((n + k, self.mask.shape[1]))
             self.mask[n:] = np.stack(self._mask_rows)
             self._mask_rows.clear()
         self.f.attrs["rounds_done"] = self._rounds_done
+        for k, v in self.notes.items():
+            self.f.attrs[k] = v
         self.f.flush()
 
     def write_group(self, name: str, arrays: dict[str, np.ndarray]) -> None:

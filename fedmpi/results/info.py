@@ -4,16 +4,20 @@ With several files the output is one column per file: status and rounds first, t
 config keys whose values differ between the files, then the last metrics, then (unless
 ``--no-config``) the keys they share. ``final params`` is a SHA-256 of ``/final/params`` (its
 float32 bytes): two runs with the same digest ended with bit-identical models, and with several
-files a line says so or gives the largest difference from the first file.
+files a line says so or gives the largest difference from the first file. ``made by`` is the
+run's provenance (``fedmpi.provenance``): fedmpi's source hash, each plug-in and input file with
+its hash, and what of it has changed since.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 
 import h5py
 import numpy as np
 
+from .. import provenance
 from ..errors import InputError
 from .hdf5 import open_result
 from .reader import Result, load
@@ -90,6 +94,7 @@ def describe(path: str, show_config: bool = True) -> str:
              f"world size: {attrs.get('world_size')}   seed: {attrs.get('seed')}   "
              f"fedmpi {attrs.get('fedmpi_version')}"]
     lines.append(f"final params: {params_digest(path) or '- (not finished)'}")
+    lines += made_by(attrs)
     n = len(metrics.get("round", []))
     lines.append(f"evaluations: {n}")
     if n:
@@ -100,6 +105,21 @@ def describe(path: str, show_config: bool = True) -> str:
         lines.append("config:")
         lines += ["  " + ln for ln in str(attrs.get("config", "")).rstrip().splitlines()]
     return "\n".join(lines)
+
+
+def made_by(attrs: dict) -> list[str]:
+    """The provenance lines of ``describe`` (none for a file of an older fedmpi)."""
+    if not attrs.get("fedmpi_source"):
+        return []
+    try:
+        plugins, inputs = (json.loads(attrs.get(k) or "{}") for k in ("plugins", "inputs"))
+    except (TypeError, ValueError):
+        return ["made by:    (provenance attributes unreadable)"]
+    lines = [f"made by:    fedmpi {attrs.get('fedmpi_version')} source {str(attrs['fedmpi_source'])[:16]}"]
+    lines += [f"  plug-in {p.get('path')}  {str(p.get('sha256'))[:16]}" for p in plugins.values()]
+    lines += [f"  input   {path}  {fp.get('size')} bytes  {str(fp.get('sha256'))[:16]}" for path, fp in inputs.items()]
+    lines.append(f"  changed since: {provenance.outdated(attrs, fedmpi=True) or 'nothing'}")
+    return lines
 
 
 def _table(rows: list[list[str]]) -> list[str]:

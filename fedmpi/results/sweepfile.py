@@ -27,7 +27,7 @@ so every command reads the same cells from any working directory; paths on the c
 
 A cell's state (:func:`cell_state`) is read from its result file: done, running (another
 process holds its lock), interrupted, failed, not started, or outdated (its config is no longer
-the cell's).
+the cell's, or a plug-in or data file that made it changed: ``fedmpi.provenance``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import log, yamlio
+from .. import log, provenance, yamlio
 from ..errors import InputError
 from .paths import assignments, value_text
 
@@ -265,7 +265,8 @@ def _variants(data: Any, path: str, grid: dict) -> list[tuple[str, dict | None]]
 def cell_state(cell: Cell) -> tuple[str, int]:
     """(one of STATES, rounds done in the file). A file left 'running' by a killed run is
     'interrupted': it resumes from its checkpoint (or restarts) when the sweep runs again. A
-    completed file whose config is no longer the cell's (the sweep file changed) is 'outdated'."""
+    completed file whose config is no longer the cell's (the sweep file changed), or whose code
+    or data changed since, is 'outdated' (``why_outdated`` says why)."""
     from .hdf5 import is_locked, peek
 
     status, attrs = peek(cell.path)
@@ -275,22 +276,28 @@ def cell_state(cell: Cell) -> tuple[str, int]:
     if is_locked(cell.path):
         return "running", rounds
     if status == "completed":
-        try:
-            outdated = first_difference(cell, str(attrs.get("config", "")))
-        except InputError:  # the sweep now gives this cell a config that is not valid
-            outdated = "config"
-        return ("outdated" if outdated else "done"), rounds
+        return ("outdated" if _why(cell, attrs) else "done"), rounds
     if status in ("running", "interrupted"):
         return "interrupted", rounds
     return "failed", rounds
 
 
-def why_outdated(cell: Cell) -> str:
-    """Why a completed cell's file is not the sweep's cell any more (for the listings)."""
+def _why(cell: Cell, attrs: dict) -> str | None:
     try:
-        return f"its config is no longer that of the sweep's cell ({first_difference(cell, peek_config(cell.path))})"
+        changed = first_difference(cell, str(attrs.get("config", "")))
     except InputError as e:  # e.g. the plug-in that registers its algorithm is not loaded
         return f"the sweep gives the cell a config that is not valid ({e})"
+    if changed:
+        return f"its config is no longer that of the sweep's cell ({changed})"
+    return provenance.outdated(attrs)
+
+
+def why_outdated(cell: Cell) -> str | None:
+    """Why a completed cell is outdated (its config, or what code or data changed), or None."""
+    from .hdf5 import peek
+
+    status, attrs = peek(cell.path)
+    return _why(cell, attrs) if status == "completed" else None
 
 
 def peek_config(path: str) -> str:
@@ -306,7 +313,8 @@ def status_text(sweep: Sweep) -> str:
     for c in sweep.cells:
         state, rounds = cell_state(c)
         counts[state] += 1
-        lines.append(f"{c.index:>4}  {state:<12} {rounds:>7}  {c.path}")
+        why = f"  ({why_outdated(c)})" if state == "outdated" else ""
+        lines.append(f"{c.index:>4}  {state:<12} {rounds:>7}  {c.path}{why}")
     lines.append(f"{len(sweep.cells)} cells: " + ", ".join(f"{n} {s}" for s, n in counts.items())
                  + f" (result files in {sweep.folder})")
     return "\n".join(lines)

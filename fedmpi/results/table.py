@@ -5,8 +5,11 @@
 
 Per run a metric is reduced to one number: the mean of its last K evaluations (``last``), the
 value in force at an x (``at``: the last evaluation with x <= that value, x = round by default,
-or ``sim_delay``...), the mean over a window of x (``window: [lo, hi]``), or the best value
-(``best: max|min``). Runs are grouped by the row and column keys; a group's cell is the mean
+or ``sim_delay``...), the mean over a window of x (``window: [lo, hi]``), the best value
+(``best: max|min``), or the rounds to reach a target (``rounds_to: V``, ``--rounds-to test_acc=0.8``:
+the first x whose value is >= V, or <= V with ``goal: at_most`` / ``test_loss<=0.3``; NaN
+when never reached, so such runs are left out of the cell's mean and its n counts those that
+reached). Runs are grouped by the row and column keys; a group's cell is the mean
 +/- standard deviation (numpy's, ddof = 0) of its runs' numbers, one run per seed. Runs of one
 group must not differ in any other result-defining key (reader.RESULT_SECTIONS): such a table
 would silently average different experiments, so it is refused, naming the key.
@@ -34,7 +37,8 @@ from .hdf5 import is_locked
 from .reader import Result, is_result_key, load
 
 FORMATS = ("md", "csv", "latex")
-_METRIC_KEYS = ("metric", "last", "at", "window", "best", "x", "scale", "digits", "label", "bold")
+_METRIC_KEYS = ("metric", "last", "at", "window", "best", "rounds_to", "goal", "x", "scale", "digits", "label",
+                "bold")
 _TABLE_KEYS = ("rows", "cols", "metrics", "format")
 MAX_DIGITS = 17  # a float64 has at most 17 significant decimals
 
@@ -48,6 +52,8 @@ class MetricSpec:
     at: float | None = None
     window: tuple[float, float] | None = None
     best: str | None = None
+    rounds_to: float | None = None
+    goal: str = "at_least"
     x: str = "round"
     scale: float = 1.0
     digits: int = 4
@@ -58,6 +64,8 @@ class MetricSpec:
     def title(self) -> str:
         if self.label:
             return self.label
+        if self.rounds_to is not None:
+            return f"{self.x}s to {self.metric} {'>=' if self.goal == 'at_least' else '<='} {self.rounds_to:g}"
         how = (f"at {self.x} {self.at:g}" if self.at is not None else f"{self.best}" if self.best
                else f"last {self.last}" if self.last and self.last > 1 else "")
         return f"{self.metric} ({how})" if how else self.metric
@@ -84,6 +92,9 @@ class MetricSpec:
             return float(y[before[-1]]) * self.scale if before.size else math.nan
         if self.best is not None:
             return float(np.nanmax(y) if self.best == "max" else np.nanmin(y)) * self.scale
+        if self.rounds_to is not None:
+            hit = np.flatnonzero(y >= self.rounds_to if self.goal == "at_least" else y <= self.rounds_to)
+            return float(x[hit[0]]) * self.scale if hit.size else math.nan
         k = self.last if self.last is not None else (y.size if self.window is not None else 1)
         return float(np.mean(y[-k:])) * self.scale
 
@@ -105,23 +116,25 @@ def metric_spec(data: Any, where: str) -> MetricSpec:
                 raise ValueError
         if data.get("at") is not None:
             s.at = float(data["at"])
+        if data.get("rounds_to") is not None:
+            s.rounds_to = float(data["rounds_to"])
         if data.get("window") is not None:
             lo, hi = (float(v) for v in data["window"])
             s.window = (lo, hi)
         s.scale = float(data.get("scale", 1.0))
-        s.digits = int(data.get("digits", 4))
+        s.digits = int(data.get("digits", 1 if s.rounds_to is not None else 4))
         if not 0 <= s.digits <= MAX_DIGITS or isinstance(data.get("digits"), bool):
             raise InputError(f"{where}.digits: must be an integer in 0..{MAX_DIGITS}, got {data.get('digits')!r}")
     except (TypeError, ValueError, OverflowError):
-        raise InputError(f"{where}: last must be an integer >= 1, at/scale numbers, window [lo, hi], "
+        raise InputError(f"{where}: last must be an integer >= 1, at/rounds_to/scale numbers, window [lo, hi], "
                          f"digits an integer; got {data!r}") from None
-    for k, allowed in (("best", ("max", "min")), ("bold", ("max", "min"))):
+    for k, allowed in (("best", ("max", "min")), ("bold", ("max", "min")), ("goal", ("at_least", "at_most"))):
         v = data.get(k)
         if v is not None and v not in allowed:
             raise InputError(f"{where}.{k}: must be max or min, got {v!r}")
-    s.best, s.bold = data.get("best"), data.get("bold")
-    if sum(v is not None for v in (s.last, s.at, s.best)) > 1:
-        raise InputError(f"{where}: give one of last, at, best")
+    s.best, s.bold, s.goal = data.get("best"), data.get("bold"), data.get("goal", "at_least")
+    if sum(v is not None for v in (s.last, s.at, s.best, s.rounds_to)) > 1:
+        raise InputError(f"{where}: give one of last, at, best, rounds_to")
     s.x = str(data.get("x", "round"))
     s.label = None if data.get("label") is None else str(data["label"])
     return s
@@ -420,6 +433,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     how.add_argument("--last", type=int, help="mean of the last K evaluations of each run (default 1)")
     how.add_argument("--at", type=float, help="value in force at this x (the last evaluation with x <= AT)")
     how.add_argument("--best", choices=("max", "min"), help="best value of each run")
+    parser.add_argument("--rounds-to", action="append", metavar="METRIC=V",
+                        help="rounds to reach a target (repeatable): METRIC=V or METRIC>=V (>= V), "
+                             "METRIC<=V (<= V, for losses); NaN when never reached")
     parser.add_argument("--x", default=None, help="x axis of --at (round, sim_delay, ...; default round)")
     parser.add_argument("--scale", type=float, help="multiply values (100 for percent)")
     parser.add_argument("--digits", type=int, help="decimals shown (default 4)")
@@ -431,8 +447,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _specs(args: argparse.Namespace, spec: dict, runs: list[Run]) -> list[MetricSpec]:
     cli = {k: v for k, v in (("last", args.last), ("at", args.at), ("best", args.best), ("x", args.x),
                              ("scale", args.scale), ("digits", args.digits)) if v is not None}
+    targets = [_target(t, cli) for t in args.rounds_to or ()]  # columns after the others
     if args.metric:
-        return [metric_spec({"metric": m, **cli}, f"--metric {m}") for m in args.metric]
+        return [metric_spec({"metric": m, **cli}, f"--metric {m}") for m in args.metric] + targets
+    if targets and spec.get("metrics") is None:
+        return targets
     entries = spec.get("metrics")
     if entries is None:
         first = runs[0].result.metrics if runs else {}
@@ -448,7 +467,18 @@ def _specs(args: argparse.Namespace, spec: dict, runs: list[Run]) -> list[Metric
                     e.pop(k, None)
             e.update(cli)
         out.append(metric_spec(e, f"table.metrics[{i}]"))
-    return out
+    return out + targets
+
+
+def _target(text: str, cli: dict) -> MetricSpec:
+    """A ``--rounds-to`` column: ``METRIC=V``, ``METRIC>=V`` or ``METRIC<=V``."""
+    for op, goal in (("<=", "at_most"), (">=", "at_least"), ("=", "at_least")):
+        name, sep, value = text.partition(op)
+        if sep and name.strip():
+            keep = {k: v for k, v in cli.items() if k not in ("last", "at", "best")}
+            entry = {"metric": name.strip(), "rounds_to": value, "goal": goal, **keep}
+            return metric_spec(entry, f"--rounds-to {text}")
+    raise InputError(f"--rounds-to {text}: must be METRIC=V, METRIC>=V or METRIC<=V (e.g. test_acc=0.8)")
 
 
 def run_cli(args: argparse.Namespace) -> int:

@@ -1,0 +1,114 @@
+"""Datasets beyond fedmpi-made classification splits: regression (classes 0 -> MSE), the
+dataset's own client ids (partition.kind natural), LEAF's JSON layout, on files written here."""
+
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from conftest import fedmpi, synthetic_config, write_config
+from fedmpi import config
+from fedmpi.build import build_task
+from fedmpi.data.partition import natural_parts
+from fedmpi.models.losses import mse
+
+SIZES = [30, 20, 10, 25]
+W = np.array([1.0, -2.0, 0.5])
+
+
+def _leaf(path, sizes, regression: bool, seed: int) -> str:
+    """A LEAF split: user u's labels are {2(u % 2), 2(u % 2) + 1} (or y = W x + u)."""
+    r = np.random.default_rng(seed)
+    doc = {"users": [], "num_samples": [], "user_data": {}}
+    for u, n in enumerate(sizes):
+        x = r.normal(size=(n, 3))
+        y = (x @ W + u).tolist() if regression else ((x[:, 0] > 0) + 2 * (u % 2)).astype(int).tolist()
+        doc["users"].append(f"w{u}")
+        doc["num_samples"].append(n)
+        doc["user_data"][f"w{u}"] = {"x": x.tolist(), "y": y}
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def _config(tmp_path, regression: bool, **over) -> dict:
+    leaf = {"train": _leaf(tmp_path / "train.json", SIZES, regression, 0),
+            "test": _leaf(tmp_path / "test.json", [5] * 4, regression, 1), "classes": 0 if regression else None}
+    cfg = {"rounds": 10, "eval_every": 5, "output": str(tmp_path / "r.h5"), "availability": {"kind": "always"},
+           "task": {"dataset": "leaf", "leaf": leaf, "clients": 4, "model": "logreg", "partition": {"kind": "natural"},
+                    "cache_dir": str(tmp_path / "cache")},
+           "train": {"local_steps": 5, "batch_size": 8, "lr": 0.05}, "runtime": {"progress": False}}
+    for k, v in over.items():
+        cfg["task"][k] = v
+    return cfg
+
+
+def test_natural_parts_follow_the_ids():
+    ids = np.array([7, 3, 7, 9, 3, 3])
+    assert [p.tolist() for p in natural_parts(ids, 2)] == [[1, 4, 5], [0, 2]]  # id 3, then id 7; 9 left out
+    with pytest.raises(Exception, match="task.clients: 4 clients, but the dataset's natural partition has only 3"):
+        natural_parts(ids, 4)
+
+
+def test_leaf_users_are_the_clients(tmp_path):
+    task = build_task(config.from_dict(_config(tmp_path, regression=False)), torch.device("cpu"))
+    assert list(task.sizes) == SIZES and task.classes == 4
+    for u in range(4):  # each client holds exactly its user's labels
+        ys = set(task.train_y[task.order[task.offsets[u]:task.offsets[u + 1]]].tolist())
+        assert ys <= {2 * (u % 2), 2 * (u % 2) + 1}
+    three = build_task(config.from_dict(_config(tmp_path, regression=False, clients=3)), torch.device("cpu"))
+    assert list(three.sizes) == SIZES[:3]
+
+
+def test_regression_trains_with_mse_and_matches_its_rederivation(tmp_path):
+    out = tmp_path / "r.h5"
+    cfg = write_config(tmp_path / "r.yaml", _config(tmp_path, regression=True))
+    fedmpi(["run", cfg, "--quiet"])
+    with h5py.File(out) as f:
+        assert "test_acc" not in f["metrics"] and f.attrs["status"] == "completed"
+        loss = f["metrics/test_loss"][:]
+        assert loss[-1] < loss[0] / 2
+        w = f["final/params"][:]  # logreg: weight (1, 3), then bias (1,)
+        assert list(f["partition/samples"][:]) == SIZES
+    test = json.load(open(tmp_path / "test.json"))["user_data"]
+    x = np.concatenate([np.array(test[u]["x"]) for u in test])
+    y = np.concatenate([np.array(test[u]["y"]) for u in test])
+    assert loss[-1] == pytest.approx(np.mean((x @ w[:3] + w[3] - y) ** 2), rel=1e-4)
+    out_t, y_t = torch.tensor([[1.0, 3.0]]), torch.tensor([[0.0, 1.0]])
+    assert mse(out_t, y_t).item() == pytest.approx(2.5)
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"partition": {"kind": "dirichlet"}}, "task.partition.kind: dirichlet splits by class labels"),
+    ({"leaf": {"train": "missing.json", "test": "missing.json", "classes": 0}}, "no such LEAF file"),
+])
+def test_regression_and_leaf_errors(tmp_path, change, needle):
+    cfg = write_config(tmp_path / "bad.yaml", _config(tmp_path, regression=True, **change))
+    p = fedmpi(["run", cfg, "--quiet"], check=False)
+    assert p.returncode == 2 and needle in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_natural_needs_client_ids_and_a_broken_file_is_named(tmp_path):
+    cfg = write_config(tmp_path / "s.yaml", synthetic_config(task__partition__kind="natural"))
+    p = fedmpi(["run", cfg, "--quiet"], check=False)
+    assert p.returncode == 2 and "natural needs a dataset that gives client ids" in p.stderr
+    (tmp_path / "bad.json").write_text('{"users": ["a"], "user_data": {}}')
+    c = _config(tmp_path, regression=False)
+    c["task"]["leaf"]["train"] = str(tmp_path / "bad.json")
+    p = fedmpi(["run", write_config(tmp_path / "b.yaml", c), "--quiet"], check=False)
+    assert p.returncode == 2 and "bad.json: not a LEAF json file" in p.stderr
+
+
+@pytest.mark.mpi
+def test_natural_regression_same_bits_on_1_and_3_ranks(tmp_path):
+    cfg = write_config(tmp_path / "r.yaml", _config(tmp_path, regression=True, partition={"kind": "natural",
+                                                                                         "local_test": 0.2}))
+    for ranks, out in ((0, "one.h5"), (3, "three.h5")):
+        fedmpi(["run", cfg, "--quiet", "--out", str(tmp_path / out), "--set", "evaluation.clients.arrays=true"],
+               ranks=ranks)
+    with h5py.File(tmp_path / "one.h5") as a, h5py.File(tmp_path / "three.h5") as b:
+        for k in ("final/params", "metrics/test_loss", "clients/loss"):
+            np.testing.assert_array_equal(a[k][:], b[k][:])

@@ -1,0 +1,176 @@
+"""Metrics for any algorithm (fedmpi.metrics): per-client values and summaries, the local test
+split, registered metrics, callbacks at three moments, stopping early, rounds-to-target."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+
+import fault_plugin
+from conftest import fedmpi, synthetic_config, write_config
+from fedmpi import config, metrics, plugins
+from fedmpi.build import build_task
+from fedmpi.cli import main
+from fedmpi.data.partition import split_local_test
+from fedmpi.registry import METRICS
+from fedmpi.runner import Runner
+from fedmpi.runtime import World
+
+PLUGIN = '''
+import numpy as np
+from fedmpi.metrics import register_metric
+
+@register_metric("acc_gap", clients=True)
+def acc_gap(m):
+    """Best minus worst client accuracy (a fairness measure)."""
+    return float(np.nanmax(m.clients["acc"]) - np.nanmin(m.clients["acc"]))
+'''
+
+
+@pytest.fixture
+def acc_gap(tmp_path):
+    """The plug-in file registering ``acc_gap``, loaded here; unregistered after the test."""
+    path = tmp_path / "fair_plugin.py"
+    path.write_text(PLUGIN)
+    plugins.load([str(path)])
+    yield str(path)
+    METRICS._entries.pop("acc_gap", None)
+    plugins._done.discard(str(path))
+
+
+def _run(tmp_path, name: str, callbacks=(), **over) -> h5py.File:
+    cfg = config.from_dict(synthetic_config(**over))
+    out = str(tmp_path / f"{name}.h5")
+    Runner(cfg, World(), out, quiet=True, callbacks=callbacks).run()
+    return h5py.File(out, "r")
+
+
+def test_summaries_of_known_values():
+    acc = np.array([0.9, np.nan, 0.1, 0.5, 0.3, 0.7])  # a client without local test samples: NaN
+    s = metrics.summarize("acc", acc, worst=0.4)
+    v = np.array([0.1, 0.3, 0.5, 0.7, 0.9])
+    assert s["client_acc_p10"] == pytest.approx(np.quantile(v, 0.1))
+    assert s["client_acc_p50"] == pytest.approx(0.5) and s["client_acc_p90"] == pytest.approx(np.quantile(v, 0.9))
+    assert s["client_acc_std"] == pytest.approx(np.std(v))
+    assert s["client_acc_worst"] == pytest.approx(0.2)  # the lowest 2 of 5 accuracies
+    assert metrics.summarize("loss", v, worst=0.4)["client_loss_worst"] == pytest.approx(0.8)  # the highest
+    assert np.isnan(metrics.summarize("acc", np.full(3, np.nan), 0.1)["client_acc_p50"])
+
+
+def test_local_test_split_is_held_out_of_training():
+    parts = [np.arange(0, 10), np.arange(10, 11), np.arange(11, 14)]
+    train, test = split_local_test(parts, 0.25, np.random.default_rng(0))
+    assert [len(p) for p in test] == [2, 0, 1] and [len(p) for p in train] == [8, 1, 2]  # never the last sample
+    for p, a, b in zip(parts, train, test):
+        assert not set(a) & set(b) and sorted(set(a) | set(b)) == list(p)
+    task = build_task(config.from_dict(synthetic_config(task__partition__local_test=0.2)), World().device)
+    plain = build_task(config.from_dict(synthetic_config()), World().device)
+    assert task.sizes.sum() + np.diff(task.local_test_offsets).sum() == plain.sizes.sum()
+    assert not set(task.order.tolist()) & set(task.local_test_order.tolist())
+
+
+def test_client_losses_match_their_rederivation_on_the_quadratic(tmp_path):
+    u = [0.0, 10.0, 40.0]
+    f = _run(tmp_path, "q", task={"dataset": "quadratic", "model": "scalar", "clients": 3, "u": u},
+             train={"local_steps": 1, "lr": 0.1}, rounds=4, availability={"kind": "always"},
+             evaluation={"clients": {"enabled": True, "arrays": True, "worst": 0.3}})
+    with f:
+        x = float(f["final/params"][0])
+        loss = f["clients/loss"][:]
+        assert loss.shape == (f["metrics/round"].shape[0], 3) and "clients/acc" not in f  # regression: no acc
+        want = 0.5 * (x - np.array(u)) ** 2
+        np.testing.assert_allclose(loss[-1], want, rtol=1e-5)
+        assert f["metrics/client_loss_worst"][-1] == pytest.approx(want.max(), rel=1e-5)
+        assert f["metrics/client_loss_p50"][-1] == pytest.approx(np.median(loss[-1]))
+
+
+def test_a_registered_metric_appears_for_every_algorithm_and_in_the_table(tmp_path, acc_gap, capsys):
+    for algo in ("fedavg_active", "fedswe", "mifa", "scaffold"):
+        with _run(tmp_path, algo, algorithm={"name": algo}, task__partition__local_test=0.25,
+                  evaluation={"clients": {"arrays": True}}) as f:
+            acc = f["clients/acc"][:]  # on because a registered metric needs the clients
+            np.testing.assert_array_equal(f["metrics/acc_gap"][:], np.nanmax(acc, 1) - np.nanmin(acc, 1))
+            assert "client_acc_p10" in f["metrics"]
+    assert main(["table", str(tmp_path), "--rows", "algorithm.name", "--metric", "acc_gap",
+                 "--rounds-to", "test_acc=0.3", "--format", "csv"]) == 0
+    out = capsys.readouterr().out
+    assert "acc_gap" in out and "rounds to test_acc >= 0.3" in out
+    assert all(a in out for a in ("fedavg_active", "fedswe", "mifa", "scaffold"))
+
+
+def test_callbacks_at_three_moments_and_stopping_early(tmp_path):
+    seen = []
+
+    def evaluated(run, rounds_done, row):
+        seen.append(("evaluated", rounds_done, row["test_acc"]))
+        return "enough" if rounds_done == 4 else None
+
+    with _run(tmp_path, "cb", rounds=10, callbacks=[lambda run, t: seen.append(("start", t)),
+                                                    ("round_end", lambda run, t: seen.append(("end", t))),
+                                                    ("evaluated", evaluated)]) as f:
+        assert f.attrs["status"] == "completed" and f.attrs["rounds_done"] == 4
+        assert f.attrs["stopped_early"] == "enough" and f.attrs["stopped_round"] == 4
+        assert list(f["metrics/round"][:]) == [0, 2, 4]
+        assert [s[2] for s in seen if s[0] == "evaluated"] == list(f["metrics/test_acc"][:])
+        assert "evaluated:" in f.attrs["callbacks"] and "round_end:" in f.attrs["callbacks"]
+    assert [s for s in seen if s[0] != "evaluated"] == [(w, t) for t in range(4) for w in ("start", "end")]
+
+
+def test_stop_at_a_target_and_its_errors(tmp_path):
+    with _run(tmp_path, "stop", rounds=40, runtime={"progress": False, "stop_at": {"metric": "test_acc",
+                                                                                     "value": 0.45}}) as f:
+        acc = f["metrics/test_acc"][:]
+        assert acc[-1] >= 0.45 and (acc[:-1] < 0.45).all() and f.attrs["rounds_done"] < 40
+        assert f.attrs["stopped_early"].startswith("test_acc >= 0.45")
+        assert f.attrs["callbacks"] == "evaluated: runtime.stop_at"
+    cfg = write_config(tmp_path / "bad.yaml", synthetic_config(runtime={"stop_at": {"metric": "test_accc"}}))
+    p = fedmpi(["run", cfg, "--quiet"], check=False)
+    assert p.returncode == 2 and p.stderr.strip().count("\n") == 0 and "runtime.stop_at.metric" in p.stderr
+
+
+def test_client_arrays_survive_a_resume_bit_for_bit(tmp_path, acc_gap):
+    over = dict(rounds=10, eval_every=2, runtime={"checkpoint_every": 2, "progress": False},
+                task__partition__local_test=0.2, evaluation={"clients": {"enabled": True, "arrays": True}})
+    cfg = config.from_dict(synthetic_config(**over))
+    Runner(cfg, World(), str(tmp_path / "straight.h5"), quiet=True).run()
+    with pytest.raises(RuntimeError, match="injected"):
+        Runner(cfg, World(), str(tmp_path / "cut.h5"), quiet=True, callbacks=[fault_plugin.inject("0:5:raise")]).run()
+    Runner(cfg, World(), str(tmp_path / "cut.h5"), quiet=True, resume=True).run()
+    with h5py.File(tmp_path / "straight.h5") as a, h5py.File(tmp_path / "cut.h5") as b:
+        assert a["clients/acc"].shape == (6, 12)
+        for k in ("clients/acc", "clients/loss", "metrics/acc_gap", "metrics/client_loss_worst"):
+            np.testing.assert_array_equal(a[k][:], b[k][:])
+
+
+@pytest.mark.mpi
+def test_client_metrics_same_bits_on_1_2_3_ranks(tmp_path, acc_gap):
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(
+        task__partition__local_test=0.2, evaluation={"clients": {"enabled": True, "arrays": True}}))
+    outs = []
+    for ranks in (0, 2, 3):
+        outs.append(str(tmp_path / f"r{ranks}.h5"))
+        fedmpi(["run", cfg, "--quiet", "--plugin", acc_gap, "--out", outs[-1]], ranks=ranks)
+    with h5py.File(outs[0]) as a:
+        for other in outs[1:]:
+            with h5py.File(other) as b:
+                for k in ("clients/acc", "clients/loss", "metrics/acc_gap", "metrics/client_acc_p10"):
+                    np.testing.assert_array_equal(a[k][:], b[k][:])
+
+
+def test_rounds_to_target_in_the_table(tmp_path, capsys):
+    from fake_results import fake_result
+    from fedmpi.results import table
+
+    for seed, acc in ((0, [0.1, 0.5, 0.8, 0.9]), (1, [0.1, 0.3, 0.6, 0.85])):
+        fake_result(tmp_path / f"s{seed}.h5", {"round": [0, 10, 20, 30], "test_acc": acc,
+                                               "test_loss": [1 - a for a in acc]}, seed=seed)
+    assert main(["table", str(tmp_path), "--rounds-to", "test_acc=0.8", "--rounds-to", "test_loss<=0.45",
+                 "--rounds-to", "test_acc>=0.95", "--format", "csv"]) == 0
+    header, row = capsys.readouterr().out.strip().splitlines()
+    assert "rounds to test_acc >= 0.8" in header and "rounds to test_loss <= 0.45" in header
+    assert row == "25.0,5.0,2,20.0,0.0,2,,,0"  # (20, 30), (20, 20); never reached: no number, n = 0
+    spec = table.metric_spec({"metric": "test_loss", "rounds_to": 0.45, "goal": "at_most"}, "table.metrics[0]")
+    assert spec.title == "rounds to test_loss <= 0.45"
+    assert main(["table", str(tmp_path), "--rounds-to", "test_acc"]) == 2
+    assert "--rounds-to test_acc: must be METRIC=V" in capsys.readouterr().err
