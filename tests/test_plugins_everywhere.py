@@ -39,9 +39,9 @@ def test_reading_commands_load_the_plugins(tmp_path, monkeypatch, capsys, args, 
 
 
 def test_an_unknown_name_says_how_to_load_plugins():
-    with pytest.raises(InputError, match=r"unknown algorithm 'qffl' \(registered: .*--plugin PATH_OR_MODULE, "
+    with pytest.raises(InputError, match=r"unknown algorithm 'my_qffl' \(registered: .*--plugin PATH_OR_MODULE, "
                                          r"\$FEDMPI_PLUGINS or a sweep file's plugins:\)"):
-        config.from_dict(synthetic_config(algorithm={"name": "qffl"}))
+        config.from_dict(synthetic_config(algorithm={"name": "my_qffl"}))
 
 
 def test_a_sweep_file_carries_its_own_plugins(tmp_path):
