@@ -85,19 +85,24 @@ def preround(rows: torch.Tensor, biggest: torch.Tensor, n_total: int, out: torch
 
 
 def gather_clients(world: World, ids: np.ndarray, local: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """Per-client scalar rows of every rank, on every rank (collective; mpi4py, host memory).
+    """Per-client scalar rows of every rank, on every rank (collective, through torch.distributed).
 
     ``ids``: all clients concerned (the same on every rank); ``local``: this rank's clients among
     them; ``rows`` (len(local), k) their values. Returns (len(ids), k) float64 in the order of
-    ``ids``. No arithmetic, so the same bits whatever the number of ranks; sums of the result
-    with ``client_sum`` are then the same too."""
+    ``ids``. Each rank fills its own clients' places of a zero matrix and one all-reduce sums
+    them: every value meets only exact zeros, so it keeps its bits whatever the number of ranks
+    (losses, norms, counts and sizes are >= 0, so no -0.0 turns into +0.0); sums of the result
+    with ``client_sum`` are then the same too. A collective of the torch world, not of mpi4py,
+    so a rank that died ends it after ``runtime.timeout_s`` like every other collective."""
     rows = np.asarray(rows, dtype=np.float64)
     rows = rows.reshape(len(local), -1) if rows.ndim != 2 else rows
     out = np.zeros((len(ids), rows.shape[1]))
     sorter = np.argsort(ids, kind="stable")
-    for their, vals in world.allgather_obj((np.asarray(local, dtype=np.int64), rows)):
-        out[sorter[np.searchsorted(ids, their, sorter=sorter)]] = vals
-    return out
+    out[sorter[np.searchsorted(ids, np.asarray(local, dtype=np.int64), sorter=sorter)]] = rows
+    if world.size == 1:
+        return out
+    t = torch.from_numpy(out).to("cpu" if world.staged else world.device)
+    return world.allreduce_sum_(t).cpu().numpy()
 
 
 def client_sum(values: np.ndarray) -> float:
