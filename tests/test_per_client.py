@@ -193,7 +193,7 @@ def test_power_of_choice_matches_its_definition():
     algo = build(quadratic_cfg("power_of_choice", U, X0, select=K, candidates=d))
     assert run(algo) == pytest.approx(ref, rel=1e-5, abs=1e-5)
     assert algo.active.tolist() == picks[-1] and len({tuple(p) for p in picks}) > 1
-    assert algo.ell == pytest.approx(ell, rel=1e-5)
+    assert [e if t else math.inf for e, t in zip(algo.ell, algo.tried)] == pytest.approx(ell, rel=1e-5)
 
 
 def test_power_of_choice_refuses_fewer_candidates_than_it_selects():
@@ -286,3 +286,16 @@ def test_steps_from_a_file_and_its_errors(tmp_path):
         build(quadratic_cfg("fedavg_active", U, X0, train={"local_steps_file": str(tmp_path / "none.txt")}))
     with pytest.raises(InputError, match="train.local_steps_file"):
         quadratic_cfg("fedavg_active", U, X0, train={"local_steps_file": str(path), "local_epochs": 1.0})
+
+
+@pytest.mark.parametrize("name, algo", [("qffl", {"q": 1.0}), ("fednova", {}), ("fedexp", {}),
+                                        ("power_of_choice", {"select": 2, "candidates": 3})])
+def test_checkpoint_resume_gives_the_same_run(name, algo, tmp_path):
+    """Through the runner: fail at round 5, resume from the round-4 checkpoint, finish as if uninterrupted."""
+    from conftest import assert_resume_identical
+
+    cfg = quadratic_cfg(name, [[0.0, 1.0], [8.0, -2.0], [-4.0, 3.0], [1.0, 1.0], [2.0, -6.0]], s=4,
+                        availability={"kind": "stationary", "base": {"kind": "fixed", "values": [0.7]}},
+                        train={"local_steps_draw": "uniform"}, **algo)
+    cfg.rounds, cfg.eval_every, cfg.runtime.checkpoint_every = 8, 2, 2
+    assert_resume_identical(cfg, tmp_path)
