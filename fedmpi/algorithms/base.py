@@ -66,8 +66,8 @@ import torch
 
 from ..engine.local_step import StepTerm
 from ..engine.local import LocalStats
-from ..engine.threads import one_thread
 from ..engine.reduce import client_sum, gather_clients, reproducible_sum_blocks
+from ..engine.threads import one_thread
 from ..errors import InputError
 from ..privacy.mechanism import Privacy
 from ..privacy.sampling import sampling_of
@@ -148,8 +148,6 @@ class ClientOutputs:
     steps: np.ndarray
     delta_sq: np.ndarray
     samples: np.ndarray
-
-    FIELDS = ("loss", "first_loss", "steps", "delta_sq", "samples")
 
     @classmethod
     def gather(cls, world: World, ids: np.ndarray, local: np.ndarray, stats: LocalStats, delta_sq: np.ndarray,
@@ -247,9 +245,10 @@ class ServerAlgorithm(Algorithm):
         self.active = active
         local = self.ctx.local(active)
         start = self.start_models(local)
-        stats = LocalStats()
-        end = self.privacy.clip(t, start, self.local_training(t, local, start, stats))  # privacy: ||Delta_i|| <= C
-        self.outputs = ClientOutputs.gather(self.world, active, local, stats, self._delta_sq(start, end), self._sizes)
+        self.stats = LocalStats()  # filled by local_training
+        end = self.privacy.clip(t, start, self.local_training(t, local, start))  # privacy: ||Delta_i|| <= C
+        self.outputs = ClientOutputs.gather(self.world, active, local, self.stats, self._delta_sq(start, end),
+                                            self._sizes)
         buf = reproducible_sum_blocks(  # one reduction; rows made block by block to bound memory
             self.world, lambda s: self._owned(self.contribution(t, active, local[s], start[s], end[s]), start, end),
             len(local), len(active), overwrite=True)
@@ -288,12 +287,13 @@ class ServerAlgorithm(Algorithm):
         FedProx's proximal term, SCAFFOLD's correction (default: none)."""
         return ()
 
-    def local_training(self, t: int, local: np.ndarray, start: torch.Tensor, stats: LocalStats) -> torch.Tensor:
+    def local_training(self, t: int, local: np.ndarray, start: torch.Tensor) -> torch.Tensor:
         """End models of the local active clients after their local steps from ``start``
-        (default: ``ctx.trainer.train`` with ``lr_scale`` and ``local_terms``); fills ``stats``
-        (an override that does not: its clients' losses read NaN, their steps 0)."""
+        (default: ``ctx.trainer.train`` with ``lr_scale`` and ``local_terms``), filling
+        ``self.stats`` (``engine.local.LocalStats``, fresh each round) for ``self.outputs``; an
+        override that does not fill it leaves its clients' losses NaN and steps 0."""
         return self.ctx.trainer.train(start, local, t, lr_scale=self.lr_scale(t, local),
-                                      terms=self.local_terms(t, local, start), stats=stats)
+                                      terms=self.local_terms(t, local, start), stats=self.stats)
 
     def contribution(self, t: int, active: np.ndarray, local: np.ndarray,
                      start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
