@@ -42,9 +42,13 @@ def run(algo, rounds: int = ROUNDS) -> list[float]:
 # ----------------------------------------------------------------------------- the outputs
 
 def test_client_outputs_on_the_quadratic_task():
-    algo = build(quadratic_cfg("fedavg_active", U, X0, s=2), Scripted(3, [[0, 2]]))
+    plain = build(quadratic_cfg("fedavg_active", U, X0, s=2), Scripted(3, [[0, 2]]))
+    plain.round(0)
+    assert np.isnan(plain.outputs.delta_sq).all()  # no delta_norms declared: no pass over the updates
+    algo = build(quadratic_cfg("qffl", U, X0, s=2, q=0.0), Scripted(3, [[0, 2]]))  # declares delta_norms
     algo.round(0)
     out = algo.outputs
+    assert np.array_equal(out.loss, plain.outputs.loss) and np.array_equal(out.steps, plain.outputs.steps)
     assert out.ids.tolist() == [0, 2] and out.steps.tolist() == [2, 2] and out.samples.tolist() == [1, 1]
     for j, i in enumerate([0, 2]):
         e = X0 - U[i]

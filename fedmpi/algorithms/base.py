@@ -49,11 +49,12 @@ Step 5 gives the same bits whatever the number of ranks (``engine.reduce``). Sub
 override only the steps their paper changes, so each algorithm file reads like its definition.
 
 Per-client outputs: from step 3c on, ``self.outputs`` (``ClientOutputs``) holds every active
-client's mean training loss, its loss at the start model, its steps, ||Delta_i||^2 and its
-sample count, the same bits on every rank; steps 4-8 read it, and so does ``select`` of the
-next round (None before the first round of a process: it is not checkpointed, so an algorithm
-that needs it across rounds keeps what it needs in its declared state). ``outputs.sum(values)``
-sums per-client numbers reproducibly (``engine.reduce.client_sum``).
+client's mean training loss, its loss at the start model, its steps, ||Delta_i||^2 (when the
+class declares ``delta_norms``) and its sample count, the same bits on every rank; steps 4-8
+read it, and so does ``select`` of the next round (None before the first round of a process: it
+is not checkpointed, so an algorithm that needs it across rounds keeps what it needs in its
+declared state). ``outputs.sum(values)`` sums per-client numbers reproducibly
+(``engine.reduce.client_sum``).
 """
 
 from __future__ import annotations
@@ -140,7 +141,8 @@ class ClientOutputs:
     ``loss``: the mean of its minibatch training losses over its local steps; ``first_loss``: the
     minibatch loss of its first step (at its start model: an unbiased estimate of F_i(x^t) when
     it starts from x^t); ``steps``: local steps it did (tau_i); ``delta_sq``: ||Delta_i||^2 (after
-    privacy clipping); ``samples``: its number of training samples n_i."""
+    privacy clipping; NaN unless the algorithm declares ``delta_norms``); ``samples``: its number
+    of training samples n_i."""
 
     ids: np.ndarray
     loss: np.ndarray
@@ -226,6 +228,9 @@ class ServerAlgorithm(Algorithm):
 
     needs_participation = True
     shared_state = ("x",)
+    #: True: ``self.outputs.delta_sq`` holds ||Delta_i||^2 (one more pass over the updates, ~2.5%
+    #: of an anchor-task round: benchmarks/RESULTS.md); False: NaN
+    delta_norms = False
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
@@ -247,8 +252,8 @@ class ServerAlgorithm(Algorithm):
         start = self.start_models(local)
         self.stats = LocalStats()  # filled by local_training
         end = self.privacy.clip(t, start, self.local_training(t, local, start))  # privacy: ||Delta_i|| <= C
-        self.outputs = ClientOutputs.gather(self.world, active, local, self.stats, self._delta_sq(start, end),
-                                            self._sizes)
+        norms = self._delta_sq(start, end) if self.delta_norms else np.full(len(local), np.nan)
+        self.outputs = ClientOutputs.gather(self.world, active, local, self.stats, norms, self._sizes)
         buf = reproducible_sum_blocks(  # one reduction; rows made block by block to bound memory
             self.world, lambda s: self._owned(self.contribution(t, active, local[s], start[s], end[s]), start, end),
             len(local), len(active), overwrite=True)
