@@ -303,3 +303,17 @@ def test_checkpoint_resume_gives_the_same_run(name, algo, tmp_path):
                         train={"local_steps_draw": "uniform"}, **algo)
     cfg.rounds, cfg.eval_every, cfg.runtime.checkpoint_every = 8, 2, 2
     assert_resume_identical(cfg, tmp_path)
+
+
+def test_fednova_weights_with_local_momentum():
+    """a_i = (tau_i - rho (1 - rho^tau_i) / (1 - rho)) / (1 - rho), tau_eff = sum p_i a_i."""
+    from fedmpi.algorithms import ClientOutputs
+
+    rho = 0.5
+    algo = build(quadratic_cfg("fednova", U, X0, train={"momentum": rho}))
+    tau, n = np.array([1.0, 3.0, 4.0]), np.array([1.0, 2.0, 5.0])
+    algo.outputs = ClientOutputs(np.arange(3), *[np.zeros(3)] * 2, tau, np.zeros(3), n)
+    a = (tau - rho * (1 - rho ** tau) / (1 - rho)) / (1 - rho)
+    p = n / n.sum()
+    assert a[0] == pytest.approx(1.0) and a[2] > 2 * a[0]  # a momentum step moves more than a plain one
+    assert algo.weights(0, np.arange(3), np.array([2, 0])) == pytest.approx((p @ a) * p[[2, 0]] / a[[2, 0]])
