@@ -42,9 +42,13 @@ def run(algo, rounds: int = ROUNDS) -> list[float]:
 # ----------------------------------------------------------------------------- the outputs
 
 def test_client_outputs_on_the_quadratic_task():
-    algo = build(quadratic_cfg("fedavg_active", U, X0, s=2), Scripted(3, [[0, 2]]))
+    plain = build(quadratic_cfg("fedavg_active", U, X0, s=2), Scripted(3, [[0, 2]]))
+    plain.round(0)
+    assert np.isnan(plain.outputs.delta_sq).all()  # no delta_norms declared: no pass over the updates
+    algo = build(quadratic_cfg("qffl", U, X0, s=2, q=0.0), Scripted(3, [[0, 2]]))  # declares delta_norms
     algo.round(0)
     out = algo.outputs
+    assert np.array_equal(out.loss, plain.outputs.loss) and np.array_equal(out.steps, plain.outputs.steps)
     assert out.ids.tolist() == [0, 2] and out.steps.tolist() == [2, 2] and out.samples.tolist() == [1, 1]
     for j, i in enumerate([0, 2]):
         e = X0 - U[i]
@@ -193,7 +197,7 @@ def test_power_of_choice_matches_its_definition():
     algo = build(quadratic_cfg("power_of_choice", U, X0, select=K, candidates=d))
     assert run(algo) == pytest.approx(ref, rel=1e-5, abs=1e-5)
     assert algo.active.tolist() == picks[-1] and len({tuple(p) for p in picks}) > 1
-    assert algo.ell == pytest.approx(ell, rel=1e-5)
+    assert [e if t else math.inf for e, t in zip(algo.ell, algo.tried)] == pytest.approx(ell, rel=1e-5)
 
 
 def test_power_of_choice_refuses_fewer_candidates_than_it_selects():
@@ -286,3 +290,30 @@ def test_steps_from_a_file_and_its_errors(tmp_path):
         build(quadratic_cfg("fedavg_active", U, X0, train={"local_steps_file": str(tmp_path / "none.txt")}))
     with pytest.raises(InputError, match="train.local_steps_file"):
         quadratic_cfg("fedavg_active", U, X0, train={"local_steps_file": str(path), "local_epochs": 1.0})
+
+
+@pytest.mark.parametrize("name, algo", [("qffl", {"q": 1.0}), ("fednova", {}), ("fedexp", {}),
+                                        ("power_of_choice", {"select": 2, "candidates": 3})])
+def test_checkpoint_resume_gives_the_same_run(name, algo, tmp_path):
+    """Through the runner: fail at round 5, resume from the round-4 checkpoint, finish as if uninterrupted."""
+    from conftest import assert_resume_identical
+
+    cfg = quadratic_cfg(name, [[0.0, 1.0], [8.0, -2.0], [-4.0, 3.0], [1.0, 1.0], [2.0, -6.0]], s=4,
+                        availability={"kind": "stationary", "base": {"kind": "fixed", "values": [0.7]}},
+                        train={"local_steps_draw": "uniform"}, **algo)
+    cfg.rounds, cfg.eval_every, cfg.runtime.checkpoint_every = 8, 2, 2
+    assert_resume_identical(cfg, tmp_path)
+
+
+def test_fednova_weights_with_local_momentum():
+    """a_i = (tau_i - rho (1 - rho^tau_i) / (1 - rho)) / (1 - rho), tau_eff = sum p_i a_i."""
+    from fedmpi.algorithms import ClientOutputs
+
+    rho = 0.5
+    algo = build(quadratic_cfg("fednova", U, X0, train={"momentum": rho}))
+    tau, n = np.array([1.0, 3.0, 4.0]), np.array([1.0, 2.0, 5.0])
+    algo.outputs = ClientOutputs(np.arange(3), *[np.zeros(3)] * 2, tau, np.zeros(3), n)
+    a = (tau - rho * (1 - rho ** tau) / (1 - rho)) / (1 - rho)
+    p = n / n.sum()
+    assert a[0] == pytest.approx(1.0) and a[2] > 2 * a[0]  # a momentum step moves more than a plain one
+    assert algo.weights(0, np.arange(3), np.array([2, 0])) == pytest.approx((p @ a) * p[[2, 0]] / a[[2, 0]])

@@ -6,7 +6,8 @@ normalisation; fedmpi ships q-FFL itself as ``qffl``).
     x^{t+1} = x^t + eta_g sum_{i in A_t} w_i Delta_i            (A_t empty: x^t)
 
 The per-client number comes from ``self.outputs``, the round's ``ClientOutputs``: every active
-client's ``loss``, ``first_loss``, ``steps``, ``delta_sq`` and ``samples``, in the order of
+client's ``loss``, ``first_loss``, ``steps``, ``delta_sq`` (with ``delta_norms = True`` on the
+class) and ``samples``, in the order of
 ``self.outputs.ids``, the same bits on every rank; ``self.outputs.at(local)`` finds this rank's
 clients and ``self.outputs.sum`` adds per-client numbers reproducibly. No extra pass: the losses
 come from the training steps themselves.

@@ -49,11 +49,12 @@ Step 5 gives the same bits whatever the number of ranks (``engine.reduce``). Sub
 override only the steps their paper changes, so each algorithm file reads like its definition.
 
 Per-client outputs: from step 3c on, ``self.outputs`` (``ClientOutputs``) holds every active
-client's mean training loss, its loss at the start model, its steps, ||Delta_i||^2 and its
-sample count, the same bits on every rank; steps 4-8 read it, and so does ``select`` of the
-next round (None before the first round of a process: it is not checkpointed, so an algorithm
-that needs it across rounds keeps what it needs in its declared state). ``outputs.sum(values)``
-sums per-client numbers reproducibly (``engine.reduce.client_sum``).
+client's mean training loss, its loss at the start model, its steps, ||Delta_i||^2 (when the
+class declares ``delta_norms``) and its sample count, the same bits on every rank; steps 4-8
+read it, and so does ``select`` of the next round (None before the first round of a process: it
+is not checkpointed, so an algorithm that needs it across rounds keeps what it needs in its
+declared state). ``outputs.sum(values)`` sums per-client numbers reproducibly
+(``engine.reduce.client_sum``).
 """
 
 from __future__ import annotations
@@ -66,8 +67,8 @@ import torch
 
 from ..engine.local_step import StepTerm
 from ..engine.local import LocalStats
-from ..engine.threads import one_thread
 from ..engine.reduce import client_sum, gather_clients, reproducible_sum_blocks
+from ..engine.threads import one_thread
 from ..errors import InputError
 from ..privacy.mechanism import Privacy
 from ..privacy.sampling import sampling_of
@@ -140,7 +141,8 @@ class ClientOutputs:
     ``loss``: the mean of its minibatch training losses over its local steps; ``first_loss``: the
     minibatch loss of its first step (at its start model: an unbiased estimate of F_i(x^t) when
     it starts from x^t); ``steps``: local steps it did (tau_i); ``delta_sq``: ||Delta_i||^2 (after
-    privacy clipping); ``samples``: its number of training samples n_i."""
+    privacy clipping; NaN unless the algorithm declares ``delta_norms``); ``samples``: its number
+    of training samples n_i."""
 
     ids: np.ndarray
     loss: np.ndarray
@@ -148,8 +150,6 @@ class ClientOutputs:
     steps: np.ndarray
     delta_sq: np.ndarray
     samples: np.ndarray
-
-    FIELDS = ("loss", "first_loss", "steps", "delta_sq", "samples")
 
     @classmethod
     def gather(cls, world: World, ids: np.ndarray, local: np.ndarray, stats: LocalStats, delta_sq: np.ndarray,
@@ -228,6 +228,9 @@ class ServerAlgorithm(Algorithm):
 
     needs_participation = True
     shared_state = ("x",)
+    #: True: ``self.outputs.delta_sq`` holds ||Delta_i||^2 (one more pass over the updates, ~2.5%
+    #: of an anchor-task round: benchmarks/RESULTS.md); False: NaN
+    delta_norms = False
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
@@ -247,9 +250,10 @@ class ServerAlgorithm(Algorithm):
         self.active = active
         local = self.ctx.local(active)
         start = self.start_models(local)
-        stats = LocalStats()
-        end = self.privacy.clip(t, start, self.local_training(t, local, start, stats))  # privacy: ||Delta_i|| <= C
-        self.outputs = ClientOutputs.gather(self.world, active, local, stats, self._delta_sq(start, end), self._sizes)
+        self.stats = LocalStats()  # filled by local_training
+        end = self.privacy.clip(t, start, self.local_training(t, local, start))  # privacy: ||Delta_i|| <= C
+        norms = self._delta_sq(start, end) if self.delta_norms else np.full(len(local), np.nan)
+        self.outputs = ClientOutputs.gather(self.world, active, local, self.stats, norms, self._sizes)
         buf = reproducible_sum_blocks(  # one reduction; rows made block by block to bound memory
             self.world, lambda s: self._owned(self.contribution(t, active, local[s], start[s], end[s]), start, end),
             len(local), len(active), overwrite=True)
@@ -288,12 +292,13 @@ class ServerAlgorithm(Algorithm):
         FedProx's proximal term, SCAFFOLD's correction (default: none)."""
         return ()
 
-    def local_training(self, t: int, local: np.ndarray, start: torch.Tensor, stats: LocalStats) -> torch.Tensor:
+    def local_training(self, t: int, local: np.ndarray, start: torch.Tensor) -> torch.Tensor:
         """End models of the local active clients after their local steps from ``start``
-        (default: ``ctx.trainer.train`` with ``lr_scale`` and ``local_terms``); fills ``stats``
-        (an override that does not: its clients' losses read NaN, their steps 0)."""
+        (default: ``ctx.trainer.train`` with ``lr_scale`` and ``local_terms``), filling
+        ``self.stats`` (``engine.local.LocalStats``, fresh each round) for ``self.outputs``; an
+        override that does not fill it leaves its clients' losses NaN and steps 0."""
         return self.ctx.trainer.train(start, local, t, lr_scale=self.lr_scale(t, local),
-                                      terms=self.local_terms(t, local, start), stats=stats)
+                                      terms=self.local_terms(t, local, start), stats=self.stats)
 
     def contribution(self, t: int, active: np.ndarray, local: np.ndarray,
                      start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:

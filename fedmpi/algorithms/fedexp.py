@@ -35,6 +35,7 @@ class FedExPParams(AlgorithmParams):
 @register("fedexp")
 class FedExP(FedAvgActive):
     Params = FedExPParams
+    delta_norms = True  # self.outputs.delta_sq
 
     @classmethod
     def check_config(cls, cfg) -> None:

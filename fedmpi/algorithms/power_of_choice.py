@@ -39,13 +39,14 @@ class PowerOfChoiceParams(AlgorithmParams):
 @register("power_of_choice")
 class PowerOfChoice(FedAvgActive):
     Params = PowerOfChoiceParams
-    shared_state = ("ell",)  # replicated on every rank
+    shared_state = ("ell", "tried")  # replicated on every rank
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
         sizes = np.asarray(ctx.task.sizes, dtype=np.float64)
         self.p = sizes / sizes.sum()
-        self.ell = np.full(self.m, np.inf)
+        self.ell = np.zeros(self.m)  # ell_i, read once tried_i = 1 (checkpoints hold finite numbers only)
+        self.tried = np.zeros(self.m)
 
     @classmethod
     def check_config(cls, cfg) -> None:
@@ -65,7 +66,9 @@ class PowerOfChoice(FedAvgActive):
             u = rng.uniform(rng.key(self.cfg.seed, "candidates", t), available)
             keys = np.log(np.maximum(u, 1e-300)) / self.p[available]  # log of u^(1/p): same order
             cand = available[np.lexsort((available, -keys))[: self.params.candidates]]
-        return np.sort(cand[np.lexsort((cand, -self.ell[cand]))[: self.params.select]])
+        untried_first = self.tried[cand]  # ell_i = +inf before client i's first round
+        return np.sort(cand[np.lexsort((cand, -self.ell[cand], untried_first))[: self.params.select]])
 
     def after_round(self, t: int, active: np.ndarray, local: np.ndarray, start, end) -> None:
         self.ell[self.outputs.ids] = self.outputs.loss
+        self.tried[self.outputs.ids] = 1.0

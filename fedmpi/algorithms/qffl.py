@@ -30,6 +30,7 @@ class QFFLParams(AlgorithmParams):
 @register("qffl")
 class QFFL(ServerAlgorithm):
     Params = QFFLParams
+    delta_norms = True  # self.outputs.delta_sq, in h_i
 
     def weights(self, t: int, active: np.ndarray, local: np.ndarray) -> np.ndarray:
         """L F_i^q / sum_{A_t} h_i, from ``self.outputs`` (every rank, pure)."""

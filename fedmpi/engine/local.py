@@ -18,8 +18,8 @@ uniformly with replacement (``full_gradient`` uses every local sample instead). 
 masks come from the same kind of stream, (seed, "dropout", round, step) and the client id
 (``models.dropout``). On CPU, training runs with one intra-op thread (``engine.threads``).
 
-Clients may do different numbers of steps (``steps_of``: ``train.local_epochs``, stragglers'
-draws): a block runs its largest count and a client that is done gets a zero step size, so its
+Clients may do different numbers of steps (``steps_of``: ``train.local_epochs``, a file,
+stragglers' draws): a block runs its largest count and a client that is done gets a zero step size, so its
 rows stay exactly where they were (the same bits as training it alone). ``LocalStats`` asks the
 trainer for each client's minibatch losses, taken from the gradient pass itself (no extra pass).
 """
@@ -167,8 +167,9 @@ class LocalTrainer:
     # ------------------------------------------------------------------ training
     def steps_of(self, clients: np.ndarray, t: int) -> np.ndarray:
         """Local steps (n,) of ``clients`` in round t: s, ceil(n_i E / B) with ``local_epochs`` E,
-        or ``local_steps_file``'s; with ``local_steps_draw: uniform`` each client then draws its count uniformly from
-        1..that (stream (seed, "steps", t), counter = client id). Same on every rank."""
+        or ``local_steps_file``'s; with ``local_steps_draw: uniform`` each client then draws its
+        count uniformly from 1..that (stream (seed, "steps", t), counter = client id). Every rank
+        computes the same, for any client."""
         clients = np.asarray(clients, dtype=np.int64)
         if self._steps is not None:
             steps = self._steps[clients]

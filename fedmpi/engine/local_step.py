@@ -43,7 +43,7 @@ class TrainConfig:
     lr: float = opt(0.05, "eta_l (eta_0 when scheduled)", gt=0)
     lr_schedule: str = opt(
         "constant", "eta_l by 0-based round t: constant, inv_sqrt (eta_0 / sqrt(t/10 + 1)), cosine, step, "
-        "warmup_<any of these>, or a plug-in's (``engine.local_step.lr_schedule``)")
+        "warmup_<any of these>, or a plug-in's (fedmpi.engine.local_step.lr_schedule)")
     lr_period: Optional[int] = opt(
         None, "T: cosine eta_0 (1 + cos(pi min(t, T) / T)) / 2; step: eta_0 lr_gamma^floor(t / T)", ge=1)
     lr_gamma: float = opt(0.1, "the step schedule's factor every lr_period rounds", gt=0)

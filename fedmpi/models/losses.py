@@ -127,12 +127,21 @@ def _mse_grad(out: Tensor, y: Tensor) -> Tensor:
     return (out - y).mul_(2.0 / out.shape[-1])
 
 
+def _quadratic_grad_and_raw(out: Tensor, u: Tensor) -> tuple[Tensor, Tensor]:
+    g = out - u
+    return g, g.clone()  # the gradient is scaled in place afterwards
+
+
+def _quadratic_finish(diff: np.ndarray) -> np.ndarray:
+    return 0.5 * (diff * diff).sum(-1)
+
+
 cross_entropy = Loss("cross_entropy", _ce_per_sample, _ce_grad, _ce_grad_and_raw, _ce_finish)
 mse = Loss("mse", _mse_per_sample, _mse_grad)
 """Mean squared error over the k targets per sample (regression datasets: ``classes`` 0)."""
 multiclass_hinge = Loss("multiclass_hinge", _hinge_per_sample, _hinge_grad)
 """sum_{j != y} max(0, 1 - z_y + z_j) / classes per sample (``F.multi_margin_loss`` semantics)."""
-quadratic = Loss("quadratic", _quadratic_per_sample, _quadratic_grad)
+quadratic = Loss("quadratic", _quadratic_per_sample, _quadratic_grad, _quadratic_grad_and_raw, _quadratic_finish)
 """||out - u||^2 / 2 per sample (the quadratic task: out is the model x itself)."""
 
 
