@@ -35,6 +35,7 @@ import shutil
 import torch
 
 from . import __version__, yamlio
+from .config import differing_keys
 from .errors import InputError, WriteFailed
 from .runtime import World
 from .state import State
@@ -89,7 +90,8 @@ def _sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def save(world: World, folder: str, rounds_done: int, digest: str, m: int, parts: dict[str, State]) -> None:
+def save(world: World, folder: str, rounds_done: int, digest: str, m: int, parts: dict[str, State],
+         keys: dict[str, str] | None = None) -> None:
     """Write this rank's part of each component's state (all ranks call it), then rank 0 commits
     the manifest."""
     sub = os.path.join(folder, f"round-{rounds_done:08d}")
@@ -108,7 +110,7 @@ def save(world: World, folder: str, rounds_done: int, digest: str, m: int, parts
     entries = world.allgather_obj(entry)  # every rank has renamed its shard: no write is in flight
     if world.rank == 0:
         manifest = {"round": rounds_done, "config_digest": digest, "world_size": world.size, "m": m,
-                    "fedmpi_version": __version__, "shards": entries}
+                    "fedmpi_version": __version__, "shards": entries, **({"config_keys": keys} if keys else {})}
         manifest["manifest_sha256"] = _manifest_sha256(manifest)
         _atomic_write(os.path.join(folder, MANIFEST), lambda fh: fh.write(json.dumps(manifest, indent=1).encode()))
         _remove_stale(folder, f"round-{rounds_done:08d}")
@@ -139,6 +141,7 @@ def _manifest_sha256(manifest: dict) -> str:
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _FIELDS = {"round": int, "config_digest": str, "world_size": int, "m": int, "fedmpi_version": str,
            "shards": list, "manifest_sha256": str}
+_OPTIONAL = {"config_keys": dict}  # the digest's keys and values (Config.resume_keys), to name differences
 _SHARD_FIELDS = {"rank": int, "lo": int, "hi": int, "file": str, "sha256": str}
 
 
@@ -162,7 +165,7 @@ def _fields(obj: object, spec: dict[str, type], where: str) -> None:
 
 def _check_manifest(man: object) -> None:
     """Raise ValueError("field: problem") unless ``man`` is a manifest as ``save`` writes it."""
-    _fields(man, _FIELDS, "")
+    _fields(man, {**_FIELDS, **{k: tp for k, tp in _OPTIONAL.items() if k in man}}, "")
     if man["manifest_sha256"] != _manifest_sha256(man):
         raise ValueError("manifest_sha256: does not match the manifest (edited or damaged)")
     for k in ("world_size", "m"):
@@ -207,7 +210,8 @@ def read_manifest(folder: str) -> dict | None:
 
 
 def load(world: World, folder: str, digest: str, m: int, rounds: int | None = None,
-         declared: dict[str, State] | None = None) -> tuple[int, dict[str, State]] | None:
+         declared: dict[str, State] | None = None,
+         keys: dict[str, str] | None = None) -> tuple[int, dict[str, State]] | None:
     """The last committed checkpoint, re-sharded for this rank: (rounds_done, {component: state})
     or None.
 
@@ -222,8 +226,10 @@ def load(world: World, folder: str, digest: str, m: int, rounds: int | None = No
         return None
     where = os.path.join(folder, MANIFEST)  # errors about the manifest's fields name the manifest
     if man["config_digest"] != digest:
+        differ = differing_keys(man.get("config_keys") or {}, keys) if keys and man.get("config_keys") else []
+        named = f"; differs in {', '.join(differ[:6])}{', ...' if len(differ) > 6 else ''}" if differ else ""
         raise InputError(f"{where}: config_digest: checkpoint was made with a different config (resume needs the same "
-                         f"task, train, algorithm, availability, topology, sporadicity and seed)")
+                         f"task, train, algorithm, availability, topology, sporadicity and seed{named})")
     if man["m"] != m:
         raise InputError(f"{where}: m: checkpoint has {man['m']} clients, the config {m}")
     if rounds is not None and man["round"] > rounds:

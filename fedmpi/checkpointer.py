@@ -40,7 +40,8 @@ class Checkpointer:
         self.rounds_done, self.wall_time = 0, 0.0  # of the resumed checkpoint (0 when fresh)
         self.last_saved: int | None = None  # rounds done at the last committed checkpoint
         loaded = None if fresh else checkpoint.load(run.world, self.folder, run.cfg.resume_digest(), run.m,
-                                                    run.cfg.rounds, declared=self._parts(0.0))
+                                                    run.cfg.rounds, declared=self._parts(0.0),
+                                                    keys=run.cfg.resume_keys())
         if loaded is None and required:
             raise InputError(f"--resume: no checkpoint at {self.folder}")
         if loaded is not None:
@@ -62,7 +63,8 @@ class Checkpointer:
                                 for key, t in state.items()})
         guards.stop_if_diverged(self.run.world, f"state {bad!r} is not finite" if bad else None, rounds_done,
                                 self.last_saved, self.folder)
-        checkpoint.save(self.run.world, self.folder, rounds_done, self.run.cfg.resume_digest(), self.run.m, parts)
+        checkpoint.save(self.run.world, self.folder, rounds_done, self.run.cfg.resume_digest(), self.run.m, parts,
+                        keys=self.run.cfg.resume_keys())
         self.last_saved = rounds_done
 
     def before_rounds(self) -> None:

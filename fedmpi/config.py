@@ -115,8 +115,11 @@ class Config:
 
     def resume_differences(self, other: "Config") -> list[str]:
         """The dotted keys where ``other`` differs in what ``resume_digest`` covers."""
-        a, b = _flat(self._resume_keys()), _flat(other._resume_keys())
-        return [k for k in dict.fromkeys([*a, *b]) if a.get(k, "-") != b.get(k, "-")]
+        return differing_keys(self.resume_keys(), other.resume_keys())
+
+    def resume_keys(self) -> dict[str, str]:
+        """What ``resume_digest`` covers, as {dotted key: repr of the value} (kept in checkpoints)."""
+        return _flat(self._resume_keys())
 
     def _resume_keys(self) -> dict:
         d = self.to_dict()
@@ -134,6 +137,11 @@ class Config:
             if dataclasses.is_dataclass(block):
                 out += [reg.get(getattr(block, name)) for name, reg in _selectors(type(block)).items()]
         return out
+
+
+def differing_keys(a: dict[str, str], b: dict[str, str]) -> list[str]:
+    """The keys of two ``resume_keys`` mappings whose values differ (or that one lacks)."""
+    return [k for k in dict.fromkeys([*a, *b]) if a.get(k, "-") != b.get(k, "-")]
 
 
 def _flat(d: Any, prefix: str = "") -> dict[str, Any]:

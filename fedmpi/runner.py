@@ -199,13 +199,14 @@ class Runner:
 
     def _stop_early(self, row: dict[str, float], rounds_done: int) -> bool:
         """Collective: the ``evaluated`` callbacks on every rank with rank 0's row; True when
-        rank 0's first reason to stop says so (recorded in the file)."""
+        rank 0's callbacks gave a reason to stop (the first is recorded in the file)."""
         if not self.callbacks["evaluated"]:
             return False
         row = self.world.allgather_obj(row if self.world.rank == 0 else None)[0]
         reason = None
-        for callback in self.callbacks["evaluated"]:
-            reason = reason or callback(self.components, rounds_done, row)
+        for callback in self.callbacks["evaluated"]:  # all run; the first reason counts
+            said = callback(self.components, rounds_done, row)
+            reason = reason or said
         reason = self.world.allgather_obj(reason)[0]
         if reason and self.writer is not None:
             self.writer.notes.update(stopped_early=str(reason), stopped_round=rounds_done)

@@ -106,15 +106,18 @@ def test_callbacks_at_three_moments_and_stopping_early(tmp_path):
         seen.append(("evaluated", rounds_done, row["test_acc"]))
         return "enough" if rounds_done == 4 else None
 
+    later = []  # an evaluated callback after the one that stops still runs
     with _run(tmp_path, "cb", rounds=10, callbacks=[lambda run, t: seen.append(("start", t)),
                                                     ("round_end", lambda run, t: seen.append(("end", t))),
-                                                    ("evaluated", evaluated)]) as f:
+                                                    ("evaluated", evaluated),
+                                                    ("evaluated", lambda run, r, row: later.append(r))]) as f:
         assert f.attrs["status"] == "completed" and f.attrs["rounds_done"] == 4
         assert f.attrs["stopped_early"] == "enough" and f.attrs["stopped_round"] == 4
         assert list(f["metrics/round"][:]) == [0, 2, 4]
         assert [s[2] for s in seen if s[0] == "evaluated"] == list(f["metrics/test_acc"][:])
         assert "evaluated:" in f.attrs["callbacks"] and "round_end:" in f.attrs["callbacks"]
     assert [s for s in seen if s[0] != "evaluated"] == [(w, t) for t in range(4) for w in ("start", "end")]
+    assert later == [0, 2, 4]
 
 
 def test_stop_at_a_target_and_its_errors(tmp_path):

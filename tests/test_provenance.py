@@ -145,6 +145,10 @@ def test_refusing_another_experiment_names_the_keys_that_differ(tmp_path):
     p = fedmpi(["run", cfg, "--out", out, "--set", "train.lr=0.3", "--set", "task.clients=10"], check=False)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
     assert "another experiment (differs in task.clients, train.lr)" in p.stderr
+    os.rename(out, out + ".keep")  # without the result file, the checkpoint itself refuses, naming the keys
+    p = fedmpi(["run", cfg, "--out", out, "--set", "train.lr=0.3"], check=False)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
+    assert "different config" in p.stderr and "differs in train.lr)" in p.stderr
 
 
 def test_fedmpi_source_changes_show_in_info_only():
