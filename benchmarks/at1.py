@@ -185,7 +185,7 @@ def quadratic_breakdown(cfg_dict: dict, tmp: str) -> dict[str, float]:
     evaluator_mod.peak_rss_mb = clocked("peak memory", evaluator_mod.peak_rss_mb)
     evaluator_mod.evaluate = clocked("evaluation", evaluator_mod.evaluate)
     n = cfg.rounds
-    t0 = time.perf_counter()
+    t0 = runner._t0 = time.perf_counter()  # run() sets _t0; this breakdown calls _evaluate itself
     for r in range(n):
         t = time.perf_counter()
         runner.components.algorithm.round(r)
