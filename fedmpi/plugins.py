@@ -33,7 +33,7 @@ from types import ModuleType
 from typing import Callable, Iterable
 
 from . import provenance
-from .errors import InputError
+from .errors import InputError, Interrupted
 
 ENV = "FEDMPI_PLUGINS"
 GROUP = "fedmpi.plugins"
@@ -75,6 +75,10 @@ def _once(key: str, what: str, do: Callable[[], object]) -> None:
         loaded = do()
     except InputError as e:
         raise InputError(f"{what}: {e}") from None
+    except SystemExit as e:  # would end the command with no word, and code 0 would look like success
+        raise InputError(f"{what}: plug-in called sys.exit({e.code!r}) while loading") from None
+    except KeyboardInterrupt:
+        raise Interrupted(f"{what}: interrupted while the plug-in was loading") from None
     except Exception as e:  # the plug-in's own error: one line, with where it happened
         frames = traceback.extract_tb(e.__traceback__)
         where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""

@@ -59,6 +59,9 @@ class Registry:
                 raise TypeError(f"{self.kind} {name!r}: params must be a dataclass, got {params!r}")
             module = getattr(target, "__module__", "") or ""
             old = self._entries.get(name)
+            if old is not None and old.builtin and old.obj is not target:  # built-ins register first
+                raise ValueError(f"{self.kind} {name!r} is already registered by {old.module} (fedmpi's own: "
+                                 f"register yours under another name)")
             if old is not None and _qualname(old.obj) != _qualname(target):
                 raise ValueError(f"{self.kind} {name!r} is already registered by {old.module}")
             self._entries[name] = Entry(name, target, params, check, dict(options), module)

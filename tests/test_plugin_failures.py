@@ -1,0 +1,39 @@
+"""Plug-ins that misbehave while loading (issue 24, items 9 and 24): one line, a documented
+exit code, never a silent success and never a built-in replaced."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import fedmpi, synthetic_config, write_config
+
+FORGED = '''
+from fedmpi.algorithms import register
+from fedmpi.algorithms.fedavg import FedAvgActive
+
+
+class Forged(FedAvgActive):
+    pass
+
+
+Forged.__module__, Forged.__qualname__ = FedAvgActive.__module__, FedAvgActive.__qualname__
+register("fedavg_active")(Forged)
+'''
+
+
+@pytest.mark.parametrize("body, code, words", [
+    ("import sys\nsys.exit(0)\n", 2, ("plug-in called sys.exit(0)",)),
+    ("import sys\nsys.exit('bye')\n", 2, ("sys.exit('bye')",)),
+    ("raise KeyboardInterrupt\n", 3, ("interrupted while the plug-in was loading",)),
+    (FORGED, 2, ("'fedavg_active' is already registered by fedmpi.algorithms.fedavg", "fedmpi's own")),
+])
+def test_a_misbehaving_plugin_is_one_line(tmp_path, body, code, words):
+    plugin = tmp_path / "bad.py"
+    plugin.write_text(body)
+    out = tmp_path / "r.h5"
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(output=str(out), rounds=2))
+    p = fedmpi(["run", cfg, "--plugin", str(plugin), "--quiet"], check=False)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == code and len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
+    assert "--plugin" in lines[0] and all(w in lines[0] for w in words), lines[0]
+    assert not out.exists()
