@@ -112,6 +112,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .execute import execute, input_files
     from .results.paths import output_path
     from .runtime import launched_size
+    from .runtime.launcher import agree_before_the_world
 
     if args.out is not None and not args.out.strip():
         raise InputError("--out: empty result path")
@@ -121,8 +122,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         from .results.outfiles import check_figure
 
         check_figure(args.plot, "--plot", [args.config])
-    plugins.load(args.plugins)  # on every rank, before the config is checked against the registries
-    cfg = config.load(args.config, args.overrides, world_size=launched_size())
+    error = None
+    try:  # on every rank: the plug-ins before the config is checked against the registries
+        plugins.load(args.plugins)
+        cfg = config.load(args.config, args.overrides, world_size=launched_size())
+    except InputError as e:
+        error = e
+    agree_before_the_world(error)  # a rank's own error (a plug-in missing on its node) stops all
     if args.out is not None:  # --out may use {dotted.key} placeholders, as the output key does
         from .results.paths import fill_placeholders
 

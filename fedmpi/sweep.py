@@ -63,7 +63,7 @@ def _run(args: argparse.Namespace) -> int:
         for c in sweep.cells:
             print(f"{c.index:>4}  {c.path}  {assignments(c.overrides)}")
         return 0
-    from .runtime.world import launched_size  # (imports torch: not needed for the listings above)
+    from .runtime.launcher import launched_size
 
     size = launched_size()
     if args.index is not None:

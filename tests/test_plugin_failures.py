@@ -37,3 +37,17 @@ def test_a_misbehaving_plugin_is_one_line(tmp_path, body, code, words):
     assert p.returncode == code and len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
     assert "--plugin" in lines[0] and all(w in lines[0] for w in words), lines[0]
     assert not out.exists()
+
+
+@pytest.mark.mpi
+def test_a_plugin_failing_on_one_rank_only_stops_every_rank_with_one_line(tmp_path):
+    """A plug-in file missing on another node (#24 item 6): rank 1 failed silently and rank 0 went
+    on until the launcher killed it. Now the ranks agree first: exit 2, one line naming rank 1."""
+    plugin = tmp_path / "here_only.py"
+    plugin.write_text("import os\nif os.environ.get('OMPI_COMM_WORLD_RANK', os.environ.get('PMI_RANK')) == '1':\n"
+                      "    raise ImportError('not on this node')\n")
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(output=str(tmp_path / "r.h5"), rounds=2))
+    p = fedmpi(["run", cfg, "--plugin", str(plugin), "--quiet"], ranks=2, check=False, timeout=120)
+    ours = [ln for ln in p.stderr.splitlines() if ln.startswith("fedmpi")]
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert len(ours) == 1 and ours[0].startswith("fedmpi: error: rank 1: --plugin") and "not on this node" in ours[0]

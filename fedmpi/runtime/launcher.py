@@ -55,6 +55,34 @@ def check_world_size(mpi_size: int, announced: tuple[int, str] | None = None) ->
                          f"of {mpi_size}{hint}")
 
 
+def wants_mpi() -> bool:
+    """Whether this process joins an MPI world: the launcher started several ranks (or
+    ``FEDMPI_MPI=1``; ``FEDMPI_MPI=0`` never). Only then is mpi4py imported."""
+    flag = os.environ.get("FEDMPI_MPI")
+    if flag is not None:
+        return flag not in ("0", "", "false", "no")
+    return launched_size() > 1
+
+
+def agree_before_the_world(error: InputError | None) -> None:
+    """Collective over the launched ranks, before the process world exists: raise on every rank
+    the first rank's error (``rank K: ...`` when it was not rank 0's), so an error that only one
+    rank met (a plug-in file missing on its node) is one line from rank 0 and exit 2 everywhere,
+    not a silent rank and the others waiting until the launcher kills them."""
+    if wants_mpi():
+        try:
+            from mpi4py import MPI
+        except ImportError:  # World.create says so; this rank's own error comes first
+            MPI = None
+        if MPI is not None:
+            errors = MPI.COMM_WORLD.allgather(None if error is None else str(error))
+            for rank, text in enumerate(errors):
+                if text is not None:
+                    raise InputError(text if rank == 0 else f"rank {rank}: {text}")
+    if error is not None:
+        raise error
+
+
 def restart_count() -> int:
     """How many times SLURM has requeued this job (``SLURM_RESTART_COUNT``; 0 outside SLURM)."""
     v = os.environ.get("SLURM_RESTART_COUNT", "")

@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from ..errors import InputError
 from ..schema import opt
-from .launcher import announced_size, check_world_size, launched_size
+from .launcher import announced_size, check_world_size, wants_mpi
 
 
 @dataclass
@@ -97,13 +97,6 @@ def _test_staged() -> bool:
     """Test hook: FEDMPI_TEST_STAGED=1 makes a multi-rank CPU world stage through host copies,
     so the staged path runs (and is compared bitwise) on machines without a GPU."""
     return os.environ.get("FEDMPI_TEST_STAGED") == "1"
-
-
-def _want_mpi() -> bool:
-    flag = os.environ.get("FEDMPI_MPI")
-    if flag is not None:
-        return flag not in ("0", "", "false", "no")
-    return launched_size() > 1
 
 
 @dataclass(frozen=True)
@@ -200,7 +193,7 @@ class World:
         looks_for_gpu = device != "cpu" and torch.cuda.is_available()
         gpu_of = _gpu_identity if looks_for_gpu else (lambda r: None)
         node_gpus = [gpu_of(0)]  # the GPU each rank of this node binds to, by local rank
-        if _want_mpi():
+        if wants_mpi():
             announced = announced_size()  # before MPI starts (a singleton sets variables of its own)
             try:
                 from mpi4py import MPI
