@@ -39,6 +39,7 @@ ENV = "FEDMPI_PLUGINS"
 GROUP = "fedmpi.plugins"
 
 _done: set[str] = set()
+_modules: set[str] = set()  # names of the modules loaded as plug-ins
 
 
 def load(specs: Iterable[str] = ()) -> None:
@@ -85,13 +86,15 @@ def _once(key: str, what: str, do: Callable[[], object]) -> None:
         text = " ".join(str(e).split()) or type(e).__name__
         raise InputError(f"{what}: plug-in failed to load ({type(e).__name__}: {text}{where})") from None
     _done.add(key)
-    provenance.note_plugin(key, _source_file(loaded))
+    module = _module_of(loaded)
+    if module is not None:
+        _modules.add(module.__name__)
+    provenance.note_plugin(key, getattr(module, "__file__", None))
 
 
-def _source_file(loaded: object) -> str | None:
-    """The file a loaded plug-in (a module, or what an entry point names) was defined in."""
-    module = loaded if isinstance(loaded, ModuleType) else sys.modules.get(getattr(loaded, "__module__", ""))
-    return getattr(module, "__file__", None)
+def _module_of(loaded: object) -> ModuleType | None:
+    """The module a loaded plug-in (a module, or what an entry point names) was defined in."""
+    return loaded if isinstance(loaded, ModuleType) else sys.modules.get(getattr(loaded, "__module__", ""))
 
 
 def import_spec(spec: str) -> ModuleType:
@@ -104,10 +107,19 @@ def import_spec(spec: str) -> ModuleType:
             parent, name = os.path.split(path.rstrip(os.sep))
             if parent not in sys.path:
                 sys.path.insert(0, parent)
-            return importlib.import_module(name)
+            module = importlib.import_module(name)
+            where = os.path.dirname(os.path.abspath(getattr(module, "__file__", None) or ""))
+            if where != os.path.abspath(path):  # the name was taken: Python gave back the other module
+                raise InputError(f"{spec}: a module named {name!r} is already imported (from {where or 'built-in'}); "
+                                 f"rename the plug-in folder")
+            return module
         if not os.path.isfile(path):
             raise InputError(f"{spec}: no such plug-in file or folder")
         return _import_file(path)
+    if spec in sys.modules and spec not in _modules:  # e.g. --plugin json: imported long ago, registers nothing
+        raise InputError(f"{spec}: this module was imported before the plug-ins were loaded (from "
+                         f"{getattr(sys.modules[spec], '__file__', None) or 'built-in'}), so it is no plug-in; "
+                         f"name your plug-in by its file or folder")
     try:
         return importlib.import_module(spec)
     except ModuleNotFoundError as e:

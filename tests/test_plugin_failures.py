@@ -51,3 +51,17 @@ def test_a_plugin_failing_on_one_rank_only_stops_every_rank_with_one_line(tmp_pa
     ours = [ln for ln in p.stderr.splitlines() if ln.startswith("fedmpi")]
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
     assert len(ours) == 1 and ours[0].startswith("fedmpi: error: rank 1: --plugin") and "not on this node" in ours[0]
+
+
+def test_a_plugin_that_would_load_nothing_is_refused(tmp_path):
+    """``--plugin json`` (a module imported long before) and a plug-in folder named like an
+    imported module (Python hands back that module) loaded nothing, silently (#24 item 24)."""
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(output=str(tmp_path / "r.h5"), rounds=2))
+    folder = tmp_path / "plugs" / "json"  # not in the working directory, where Python would find it first
+    folder.mkdir(parents=True)
+    (folder / "__init__.py").write_text("raise RuntimeError('never imported')\n")
+    for spec, words in (("json", "imported before the plug-ins were loaded"),
+                        (str(folder), "a module named 'json' is already imported")):
+        p = fedmpi(["run", cfg, "--plugin", spec, "--quiet"], check=False)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(lines) == 1 and words in lines[0], p.stderr
