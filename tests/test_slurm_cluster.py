@@ -217,7 +217,8 @@ def test_plain_scancel_stops_for_good_and_resubmitting_resumes(job):
     assert done > 0 and os.path.exists(f"{out}.ckpt/manifest.json")
     again = job.sbatch("cpu_ranks.sbatch", cfg, "--out", "runs/c.h5")
     assert job.wait(again)["JobState"] == "COMPLETED", job.log(again)
-    first = int(re.search(r"round (\d+)/60", job.log(again))[1])  # its first evaluation: it resumed
+    assert f"resumed from round {done}/60" in job.log(again)
+    first = int(re.search(r"fedmpi: round (\d+)/60", job.log(again))[1])  # its first evaluation
     assert done < first <= done + 2, job.log(again)
     assert np.array_equal(_params(out), _reference(job, cfg))
 
