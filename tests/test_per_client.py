@@ -42,7 +42,11 @@ def run(algo, rounds: int = ROUNDS) -> list[float]:
 # ----------------------------------------------------------------------------- the outputs
 
 def test_client_outputs_on_the_quadratic_task():
-    plain = build(quadratic_cfg("fedavg_active", U, X0, s=2), Scripted(3, [[0, 2]]))
+    quiet = build(quadratic_cfg("fedavg_active", U, X0, s=2), Scripted(3, [[0, 2]]))
+    quiet.round(0)
+    with pytest.raises(TypeError, match="declare client_outputs = True"):  # no gather for those that read none
+        assert quiet.outputs is None  # raises first
+    plain = build(quadratic_cfg("fednova", U, X0, s=2), Scripted(3, [[0, 2]]))  # declares client_outputs
     plain.round(0)
     assert np.isnan(plain.outputs.delta_sq).all()  # no delta_norms declared: no pass over the updates
     algo = build(quadratic_cfg("qffl", U, X0, s=2, q=0.0), Scripted(3, [[0, 2]]))  # declares delta_norms

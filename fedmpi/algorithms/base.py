@@ -38,7 +38,7 @@ The runner calls (every "collective" method must be called on every rank, in the
 | 2. ``start_models``, ``lr_scale``, ``local_terms`` | every rank, its local active clients | read state |
 | 3. ``local_training(t, local, start)`` (default: ``ctx.trainer`` with ``local_terms``) | every rank | client state |
 | 3b. privacy: each update clipped to ``privacy.clip`` (``fedmpi.privacy``) | every rank; adaptive: collective | its C |
-| 3c. ``self.outputs`` = the ``ClientOutputs`` of all active clients (one small gather) | collective | -- |
+| 3c. ``self.outputs``: all active clients' ``ClientOutputs`` (if ``client_outputs``) | collective | -- |
 | 4. ``contribution(...)`` (default ``weights``) | every rank, on blocks, twice each | nothing: pure |
 | 5. one reproducible sum of the rows into rank 0; privacy: plus its noise | collective | -- |
 | 6. ``server_update(t, active, total)`` -> x^{t+1} | rank 0 only | server state |
@@ -48,9 +48,10 @@ The runner calls (every "collective" method must be called on every rank, in the
 Step 5 gives the same bits whatever the number of ranks (``engine.reduce``). Subclasses
 override only the steps their paper changes, so each algorithm file reads like its definition.
 
-Per-client outputs: from step 3c on, ``self.outputs`` (``ClientOutputs``) holds every active
-client's mean training loss, its loss at the start model, its steps, ||Delta_i||^2 (when the
-class declares ``delta_norms``) and its sample count, the same bits on every rank; steps 4-8
+Per-client outputs (a class that declares ``client_outputs = True``): from step 3c on,
+``self.outputs`` (``ClientOutputs``) holds every active client's mean training loss, its loss at
+the start model, its steps, ||Delta_i||^2 (when the class declares ``delta_norms``) and its
+sample count, the same bits on every rank; steps 4-8
 read it, and so does ``select`` of the next round (None before the first round of a process: it
 is not checkpointed, so an algorithm that needs it across rounds keeps what it needs in its
 declared state). ``outputs.sum(values)`` sums per-client numbers reproducibly
@@ -228,8 +229,11 @@ class ServerAlgorithm(Algorithm):
 
     needs_participation = True
     shared_state = ("x",)
-    #: True: ``self.outputs.delta_sq`` holds ||Delta_i||^2 (one more pass over the updates, ~2.5%
-    #: of an anchor-task round: benchmarks/RESULTS.md); False: NaN
+    #: True: ``self.outputs`` holds this round's ``ClientOutputs`` (one small collective a round:
+    #: ~1 ms of a 2-rank anchor-task round, so only algorithms that read them pay it)
+    client_outputs = False
+    #: True (implies ``client_outputs``): ``self.outputs.delta_sq`` holds ||Delta_i||^2 (one more
+    #: pass over the updates, ~2.5% of an anchor-task round: benchmarks/RESULTS.md); False: NaN
     delta_norms = False
 
     def __init__(self, ctx: Context):
@@ -237,7 +241,7 @@ class ServerAlgorithm(Algorithm):
         self.eta_g = self.cfg.train.global_lr
         self.x = ctx.spec.flatten(ctx.task.model).to(ctx.device)  # x^t, identical on every rank
         self.active = np.zeros(0, dtype=np.int64)
-        self.outputs: ClientOutputs | None = None  # this round's (from step 3c), else the last round's
+        self._outputs: ClientOutputs | None = None  # this round's (from step 3c), else the last round's
         self._sizes = np.asarray(ctx.task.sizes, dtype=np.float64)
         p = self.cfg.privacy  # ---- privacy hook (#27): one mechanism for every algorithm with ``private_sum``
         self.privacy = Privacy(p, sampling_of(self.cfg, ctx.participation) if p.mechanism != "none" else None,
@@ -252,8 +256,9 @@ class ServerAlgorithm(Algorithm):
         start = self.start_models(local)
         self.stats = LocalStats()  # filled by local_training
         end = self.privacy.clip(t, start, self.local_training(t, local, start))  # privacy: ||Delta_i|| <= C
-        norms = self._delta_sq(start, end) if self.delta_norms else np.full(len(local), np.nan)
-        self.outputs = ClientOutputs.gather(self.world, active, local, self.stats, norms, self._sizes)
+        if self.client_outputs or self.delta_norms:
+            norms = self._delta_sq(start, end) if self.delta_norms else np.full(len(local), np.nan)
+            self._outputs = ClientOutputs.gather(self.world, active, local, self.stats, norms, self._sizes)
         buf = reproducible_sum_blocks(  # one reduction; rows made block by block to bound memory
             self.world, lambda s: self._owned(self.contribution(t, active, local[s], start[s], end[s]), start, end),
             len(local), len(active), overwrite=True)
@@ -271,6 +276,19 @@ class ServerAlgorithm(Algorithm):
         4x ``vecdot``'s speed on the anchor task)."""
         with one_thread(end.device):
             return torch.linalg.vector_norm(end - start, dim=1).double().pow_(2).cpu().numpy()
+
+    @property
+    def outputs(self) -> ClientOutputs | None:
+        """This round's ``ClientOutputs`` (from step 3c; the last round's in ``select``; None before
+        the first round of a process). Only for a class that declares ``client_outputs = True``."""
+        if not (self.client_outputs or self.delta_norms):
+            raise TypeError(f"{type(self).__name__}: declare client_outputs = True to read self.outputs "
+                            f"(the per-client gather costs a collective a round, so it is opt-in)")
+        return self._outputs
+
+    @outputs.setter
+    def outputs(self, value: ClientOutputs | None) -> None:
+        self._outputs = value
 
     # ---------------------------------------------------------------- hooks
     def select(self, t: int, available: np.ndarray) -> np.ndarray:

@@ -39,6 +39,7 @@ class PowerOfChoiceParams(AlgorithmParams):
 @register("power_of_choice")
 class PowerOfChoice(FedAvgActive):
     Params = PowerOfChoiceParams
+    client_outputs = True  # reads self.outputs
     shared_state = ("ell", "tried")  # replicated on every rank
 
     def __init__(self, ctx: Context):
