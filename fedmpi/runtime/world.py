@@ -14,9 +14,15 @@ same as a single process, under ``mpiexec`` (Open MPI, MPICH) and under ``srun``
   ``torch.cuda.set_device`` happens before the first collective; every collective has
   ``runtime.timeout_s``, so a dead rank ends the job instead of hanging it.
 
-Tensors move with torch.distributed, always through the methods below (collectives,
-``send_recv_``, ``gather_to_server``), which stage them through host memory when the backend
-cannot take CUDA tensors; mpi4py carries only small control data.
+Tensors move only through the methods below (collectives, ``send_recv_``, ``gather_to_server``).
+Collectives on tensors in host memory (CPU runs, and CUDA tensors staged through the host) go
+through MPI (``runtime.collectives: auto``): non-blocking mpi4py collectives on the tensors' own
+memory, polled until done, so ``runtime.timeout_s`` and a failed peer end them as they end a
+torch.distributed one. Why: on one node a gloo collective of a model costs 0.1-0.6 ms of TCP
+loopback and thread hand-offs, an MPI one 3-20 us through shared memory, and a round has four
+(benchmarks/RESULTS.md). CUDA tensors with NCCL, and the decentralized mode's point-to-point
+exchanges, use torch.distributed. Every sum that crosses ranks is exact (``engine.reduce``
+pre-rounds), so the transport never changes a bit.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import datetime
 import os
 import socket
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Optional, Sequence
 
@@ -51,6 +58,10 @@ class WorldParams:
     tf32: bool = opt(False, "let CUDA matmuls and convolutions round inputs to TF32 (faster on Ampere and later, "
                             "~1e-3 relative error); false = full float32, as on CPU")
     timeout_s: float = opt(300.0, "collective timeout: a dead rank ends the job after this", gt=0)
+    collectives: Literal["auto", "mpi", "torch"] = opt(
+        "auto", "transport of collectives on tensors in host memory: mpi (mpi4py, shared memory on a node), "
+        "torch (torch.distributed gloo); auto = mpi. CUDA tensors with NCCL and point-to-point exchanges "
+        "always use torch.distributed")
 
 
 def set_cuda_math(tf32: bool) -> None:
@@ -176,6 +187,9 @@ class World:
     comm: Any = None  # mpi4py communicator, or None for a single process without MPI
     staged: bool = False  # tensors cross ranks through host copies (gloo + CUDA)
     ranks_on_device: int = 1  # ranks of this node sharing this rank's GPU (1 on CPU)
+    mpi_collectives: bool = False  # host-memory collectives through MPI (``runtime.collectives``)
+    timeout_s: float = 300.0  # runtime.timeout_s: how long a polled MPI collective waits
+    _notices: Any = field(default=None, repr=False, compare=False)  # communicator of "I failed" notices
     # the last tensors handed to torch.distributed, held until ``close`` (see ``_hold``)
     _held: collections.deque = field(default_factory=lambda: collections.deque(maxlen=4), repr=False,
                                    compare=False)
@@ -183,7 +197,7 @@ class World:
     # ------------------------------------------------------------------ set-up
     @classmethod
     def create(cls, device: str = "auto", backend: str = "auto", timeout_s: float = 300.0,
-               threads: int | None = None, tf32: bool = False) -> "World":
+               threads: int | None = None, tf32: bool = False, collectives: str = "auto") -> "World":
         """This process's world. Collective over the MPI job (mpi4py only, before any torch
         collective); raises InputError, on every rank alike, for a device/backend that cannot work.
         On CUDA it sets deterministic cuDNN and the float32 precision (``set_cuda_math``)."""
@@ -223,7 +237,10 @@ class World:
             torch.set_num_threads(threads or max(1, available_cores() // local_size))
         sharing = node_gpus.count(node_gpus[local_rank]) if choice.device == "cuda" else 1
         world = cls(rank, size, local_rank, local_size, dev, choice.name if size > 1 else "none", comm,
-                    staged=choice.staged and size > 1, ranks_on_device=sharing)
+                    staged=choice.staged and size > 1, ranks_on_device=sharing, timeout_s=timeout_s,
+                    mpi_collectives=size > 1 and collectives != "torch")
+        if world.mpi_collectives:
+            world._notices = comm.Dup()  # collective: on every rank alike
         if size > 1:
             if rank == 0 and choice.notice:
                 print(choice.notice, file=sys.stderr)
@@ -255,11 +272,46 @@ class World:
         collective and a barrier first lets every rank's last operation finish everywhere
         (after a failure it is skipped: a peer may be gone). The held tensors are dropped
         last, here in the main thread (``_hold``)."""
+        if not finished:
+            self._tell_peers()
         if dist.is_available() and dist.is_initialized():
             if finished:
                 dist.barrier()
             dist.destroy_process_group()
         self._held.clear()
+
+    _NOTICE_TAG = 77
+
+    def _tell_peers(self) -> None:
+        """Tell every other rank that this one failed (not collective): a peer waiting in a polled
+        MPI collective then stops with ConnectionError instead of waiting ``timeout_s``."""
+        if self._notices is None or self.size == 1:
+            return
+        for r in range(self.size):
+            if r != self.rank:
+                self._notices.isend(self.rank, dest=r, tag=self._NOTICE_TAG)  # small: sent eagerly
+
+    def _wait(self, request: Any, what: str) -> None:
+        """Wait for the non-blocking MPI ``request`` of collective ``what``: poll it (progress
+        happens inside ``Test``), spinning for the first 2 ms (ranks arrive close together) and
+        then every 0.1 ms, so a rank waiting for a slow peer leaves the core to it. Raises
+        ConnectionError when another rank says it failed, TimeoutError after ``timeout_s``."""
+        if request.Test():
+            return
+        start = time.monotonic()
+        polls = 0
+        while not request.Test():
+            polls += 1
+            if polls % 32:
+                continue
+            if self._notices.Iprobe(tag=self._NOTICE_TAG):
+                raise ConnectionError(f"{what}: rank {self._notices.recv(tag=self._NOTICE_TAG)} failed")
+            waited = time.monotonic() - start
+            if waited > self.timeout_s:
+                raise TimeoutError(f"{what}: timed out after runtime.timeout_s = {self.timeout_s:g} s "
+                                   f"waiting for another rank")
+            if waited > 0.002:
+                time.sleep(0.0001)
 
     def _hold(self, *tensors: torch.Tensor) -> None:
         """Keep a Python reference to tensors just given to gloo, so that its worker thread,
@@ -319,42 +371,66 @@ class World:
             t.copy_(host)
         return t
 
+    def _mpi(self, t: torch.Tensor, start: Callable[[Any, np.ndarray], Any], what: str,
+             copy_back: bool = True) -> bool:
+        """Run the non-blocking MPI collective ``start(MPI, buffer)`` on ``t``'s memory (or a
+        contiguous host copy, copied back if ``copy_back``) and wait for it; False (nothing
+        done) when ``t``'s collectives do not go through MPI (``runtime.collectives``, NCCL)."""
+        if not self.mpi_collectives or (t.device.type != "cpu" and not self.staged):
+            return False
+        from mpi4py import MPI
+
+        host = t if t.device.type == "cpu" and t.is_contiguous() else t.to("cpu").contiguous()
+        self._wait(start(MPI, host.detach().numpy()), what)
+        if host is not t and copy_back:
+            t.copy_(host)
+        return True
+
     def sum_to_server_(self, t: torch.Tensor) -> torch.Tensor:
         """In-place sum over ranks into rank 0 (other ranks' buffers are unspecified after)."""
-        if self.size > 1:
+        if self.size > 1 and not self._mpi(
+                t, lambda MPI, b: self.comm.Ireduce(MPI.IN_PLACE if self.rank == 0 else b, b if self.rank == 0
+                                                    else None, op=MPI.SUM, root=0), "sum", self.rank == 0):
             self._through_host(t, lambda h: dist.reduce(h, dst=0, op=dist.ReduceOp.SUM), copy_back=self.rank == 0)
         return t
 
     def broadcast_(self, t: torch.Tensor, src: int = 0) -> torch.Tensor:
         """Rank ``src``'s ``t`` into every rank's ``t``."""
-        if self.size > 1:
+        if self.size > 1 and not self._mpi(t, lambda MPI, b: self.comm.Ibcast(b, root=src), "broadcast",
+                                           self.rank != src):
             self._through_host(t, lambda h: dist.broadcast(h, src=src), copy_back=self.rank != src)
         return t
 
     def allreduce_sum_(self, t: torch.Tensor) -> torch.Tensor:
-        if self.size > 1:
+        if self.size > 1 and not self._mpi(t, lambda MPI, b: self.comm.Iallreduce(MPI.IN_PLACE, b, op=MPI.SUM),
+                                           "all-reduce"):
             self._through_host(t, lambda h: dist.all_reduce(h, op=dist.ReduceOp.SUM))
         return t
 
     def allreduce_max_(self, t: torch.Tensor) -> torch.Tensor:
-        if self.size > 1:
+        if self.size > 1 and not self._mpi(t, lambda MPI, b: self.comm.Iallreduce(MPI.IN_PLACE, b, op=MPI.MAX),
+                                           "all-reduce"):
             self._through_host(t, lambda h: dist.all_reduce(h, op=dist.ReduceOp.MAX))
         return t
 
     def max_float(self, x: float) -> float:
-        """Maximum of a float over ranks (control data: via torch to keep one channel)."""
+        """Maximum of a float over ranks (control data, through the collectives' own channel)."""
         if self.size == 1:
             return x
-        t = torch.tensor([x], dtype=torch.float64, device="cpu" if self.staged else self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        self._hold(t)
-        return float(t.item())
+        t = torch.tensor([x], dtype=torch.float64, device="cpu" if self.staged or self.mpi_collectives
+                         else self.device)
+        return float(self.allreduce_max_(t).item())
 
     def gather_to_server(self, t: torch.Tensor) -> list[torch.Tensor] | None:
         """Every rank's ``t`` (same shape and dtype everywhere), in rank order, on rank 0 (on
         ``t``'s device); None on the other ranks."""
         if self.size == 1:
             return [t]
+        if self.mpi_collectives and (t.device.type == "cpu" or self.staged):
+            host = t.to("cpu").contiguous()
+            parts = torch.empty((self.size, *host.shape), dtype=host.dtype) if self.rank == 0 else None
+            self._wait(self.comm.Igather(host.numpy(), None if parts is None else parts.numpy(), root=0), "gather")
+            return None if parts is None else [p.to(t.device) for p in parts]
         host = t.to("cpu", copy=True) if self.staged else t
         if self.rank != 0:
             dist.gather(host, dst=0)
