@@ -64,6 +64,8 @@ def mpiexec(n: int) -> list[str]:
     extra = []
     if "Open MPI" in version or "OpenRTE" in version:
         extra.append("--oversubscribe")
+        if n <= (os.cpu_count() or 1) and len(os.sched_getaffinity(0)) >= n:  # as launch/fedmpi-launch
+            extra += ["--bind-to", "core"]
         if os.geteuid() == 0:
             extra.append("--allow-run-as-root")
     return [exe, *extra, "-n", str(n)]
