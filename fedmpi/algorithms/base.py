@@ -313,10 +313,12 @@ class ServerAlgorithm(Algorithm):
     def local_training(self, t: int, local: np.ndarray, start: torch.Tensor) -> torch.Tensor:
         """End models of the local active clients after their local steps from ``start``
         (default: ``ctx.trainer.train`` with ``lr_scale`` and ``local_terms``), filling
-        ``self.stats`` (``engine.local.LocalStats``, fresh each round) for ``self.outputs``; an
-        override that does not fill it leaves its clients' losses NaN and steps 0."""
+        ``self.stats`` (``engine.local.LocalStats``, fresh each round) for ``self.outputs`` when the
+        class declares ``client_outputs``; an override that does not fill it leaves its clients'
+        losses NaN and steps 0."""
+        wanted = self.client_outputs or self.delta_norms  # the losses cost ~6% of a round: only when read
         return self.ctx.trainer.train(start, local, t, lr_scale=self.lr_scale(t, local),
-                                      terms=self.local_terms(t, local, start), stats=self.stats)
+                                      terms=self.local_terms(t, local, start), stats=self.stats if wanted else None)
 
     def contribution(self, t: int, active: np.ndarray, local: np.ndarray,
                      start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
