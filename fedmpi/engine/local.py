@@ -129,11 +129,12 @@ class LocalTrainer:
         self._batched_grad_nw = vmap(lambda p, k, x, y: self._grad(p, k, x, y, None), randomness="different")
 
     # ------------------------------------------------------------------ data
-    def batch(self, clients: np.ndarray, t: int, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def batch(self, clients: np.ndarray, t: int, step: int,
+              ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Inputs (n, b, ...), targets (n, b, ...) and sample weights (n, b) or None.
 
-        The sample ids are computed on the host (a few hundred integers: numpy is many times
-        cheaper than a chain of small device ops); only the data rows are gathered on the device."""
+        ``ids``: this step's row of ``sample_ids(clients, t, steps)`` when already drawn (the
+        same rows as drawing them here)."""
         sizes = self._sizes[clients]
         weights = None
         if self.cfg.full_gradient:
@@ -141,18 +142,31 @@ class LocalTrainer:
             local = np.minimum(j[None, :], sizes[:, None] - 1)
             w = (j[None, :] < sizes[:, None]).astype(np.float32) / sizes[:, None].astype(np.float32)
             weights = torch.as_tensor(w, device=self.device)
-        else:
-            b = self.cfg.batch_size
-            counters = clients.astype(np.int64)[:, None] * b + np.arange(b)[None, :]
-            u = rng.uniform(rng.key(self.seed, "batch", t, step), counters)
-            local = np.minimum((u * sizes[:, None]).astype(np.int64), sizes[:, None] - 1)
-        ids = torch.as_tensor(self._order[self._offsets[clients][:, None] + local].reshape(-1), device=self.device)
-        n, b = local.shape
-        xb = self.task.train_x.index_select(0, ids).view(n, b, *self.task.train_x.shape[1:])
-        yb = self.task.train_y.index_select(0, ids).view(n, b, *self.task.train_y.shape[1:])
+            ids = torch.as_tensor(self._order[self._offsets[clients][:, None] + local].reshape(-1), device=self.device)
+        elif ids is None:
+            ids = self.sample_ids(clients, t, step + 1)[step]
+        n = len(clients)
+        xb = self.task.train_x.index_select(0, ids).view(n, -1, *self.task.train_x.shape[1:])
+        yb = self.task.train_y.index_select(0, ids).view(n, -1, *self.task.train_y.shape[1:])
         if self.cfg.augment and self.task.image:
             xb = self._augment(xb, clients, t, step)
         return xb, yb, weights
+
+    def sample_ids(self, clients: np.ndarray, t: int, steps: int) -> torch.Tensor:
+        """Row ids (steps, n * b) of the minibatches of steps 0..steps-1 of round t, drawn at once
+        (one numpy pass and one copy to the device instead of one per step; the same numbers):
+        step s of client c takes sample floor(u * n_c) of its own, u from stream (seed, "batch",
+        t, s) at counters c * b .. c * b + b - 1. Computed on the host (a few thousand integers:
+        numpy is many times cheaper than a chain of small device ops); only the data rows are
+        gathered on the device."""
+        sizes = self._sizes[clients][None, :, None]
+        b = self.cfg.batch_size
+        counters = clients.astype(np.int64)[:, None] * b + np.arange(b)[None, :]
+        keys = np.array([rng.key(self.seed, "batch", t, step) for step in range(steps)], dtype=np.uint64)
+        u = rng.uniform(keys[:, None, None], np.broadcast_to(counters, (steps, *counters.shape)))
+        local = np.minimum((u * sizes).astype(np.int64), sizes - 1)
+        rows = self._order[self._offsets[clients][None, :, None] + local]
+        return torch.as_tensor(rows.reshape(steps, -1), device=self.device)
 
     def _augment(self, xb: torch.Tensor, clients: np.ndarray, t: int, step: int) -> torch.Tensor:
         from ..data.augment import augment
@@ -256,13 +270,14 @@ class LocalTrainer:
         shape = {name: (-1, *[1] * (v.dim() - 1)) for name, v in params.items()}
         rates = {name: lr.view(s) for name, s in shape.items()}
         uneven = bool((steps != steps.max()).any())
+        ids = None if self.cfg.full_gradient else self.sample_ids(clients, t, int(steps.max()))
         losses = []
         for step in range(int(steps.max())):
             if uneven:  # clients that are done stay put: x - 0 * d is x, bit for bit
                 going = torch.as_tensor(step < steps, device=lr.device)
                 rates = {name: torch.where(going, lr, 0.0).view(s) for name, s in shape.items()}
-            xb, yb, wb = self.batch(clients, t, step)
-            loss, g = self.value_and_gradients(x, xb, yb, wb, self.dropout_keys(clients, t, step), record)
+            xb, yb, wb = self.batch(clients, t, step, None if ids is None else ids[step])
+            loss, g = self.value_and_gradients(x, xb, yb, wb, self.dropout_keys(clients, t, step), record, params)
             if record:
                 losses.append(loss)
             if self.cfg.grad_clip is not None:
@@ -292,16 +307,18 @@ class LocalTrainer:
         return self.value_and_gradients(x, xb, yb, wb, keys, value=False)[1]
 
     def value_and_gradients(self, x: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor, wb: torch.Tensor | None,
-                            keys: dict[str, torch.Tensor] | None = None,
-                            value: bool = True) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
-        """``param_gradients`` and, if ``value``, the minibatch losses (n,) of the same pass (else None)."""
+                            keys: dict[str, torch.Tensor] | None = None, value: bool = True,
+                            params: dict[str, torch.Tensor] | None = None,
+                            ) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+        """``param_gradients`` and, if ``value``, the minibatch losses (n,) of the same pass (else
+        None); ``params``: ``spec.views(x)`` when the caller holds them already."""
         if keys is None:
             if self._key_names:
                 raise ValueError("param_gradients: this model has dropout; pass keys=dropout_keys(clients, t, step)")
             keys = {}
         if self.path == "batched" and self.net is not None:
-            return self.net.value_and_gradients(self.task.loss, self.spec.views(x), self.task.inputs(xb), yb, wb,
-                                                keys, value)
+            return self.net.value_and_gradients(self.task.loss, params or self.spec.views(x), self.task.inputs(xb),
+                                                yb, wb, keys, value)
         if self.path == "batched":
             if x.shape[0] == 1:  # vmap over one client takes other kernels (other rounding): compute it as a pair
                 loss, pair = self.value_and_gradients(
