@@ -204,7 +204,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--loop-threads", type=int, default=1,
                     help="torch threads of the loop (1: its fastest on a small shared CPU)")
-    ap.add_argument("--quadratic-rounds", type=int, default=2000)
+    ap.add_argument("--quadratic-rounds", type=int, default=2000, help="0: skip the quadratic task")
     ap.add_argument("--skip-anchor", action="store_true")
     args = ap.parse_args()
     if not os.path.exists(os.path.join(FMNIST, "train-images-idx3-ubyte.gz")) and not args.skip_anchor:
@@ -238,6 +238,8 @@ def main() -> None:
                       f"loop/2 ranks {statistics.median(ratios2):.1f}x")
             print("CPU ms per round and rank (a core of its own each; start-up subtracted):")
             print("\n".join(cpu_lines), flush=True)
+        if args.quadratic_rounds < 1:
+            return
         q = quadratic(args.quadratic_rounds, args.device)
         ms, _, _ = run_fedmpi(q, 1, tmp)
         print(f"quadratic, 6 clients, eval_every 1: fedmpi run {1000 / ms:.0f} rounds/s ({ms:.2f} ms/round), {load()}")

@@ -270,7 +270,8 @@ class World:
     def close(self, finished: bool = False) -> None:
         """End torch.distributed. ``finished``: every rank ended its work normally, so close is
         collective and a barrier first lets every rank's last operation finish everywhere
-        (after a failure it is skipped: a peer may be gone). The held tensors are dropped
+        (after a failure it is skipped: a peer may be gone, and the other ranks are told, so
+        that one waiting in an MPI collective stops at once). The held tensors are dropped
         last, here in the main thread (``_hold``)."""
         if not finished:
             self._tell_peers()
@@ -278,6 +279,9 @@ class World:
             if finished:
                 dist.barrier()
             dist.destroy_process_group()
+        if finished and self._notices is not None:
+            self._notices.Free()  # collective, as close(finished=True) is (a sweep makes a world per cell)
+            self._notices = None
         self._held.clear()
 
     _NOTICE_TAG = 77
@@ -293,24 +297,24 @@ class World:
 
     def _wait(self, request: Any, what: str) -> None:
         """Wait for the non-blocking MPI ``request`` of collective ``what``: poll it (progress
-        happens inside ``Test``), spinning for the first 2 ms (ranks arrive close together) and
-        then every 0.1 ms, so a rank waiting for a slow peer leaves the core to it. Raises
-        ConnectionError when another rank says it failed, TimeoutError after ``timeout_s``."""
-        if request.Test():
-            return
+        happens inside ``Test``), spinning for the first 0.2 ms (ranks that arrive together),
+        then every 0.1 ms, so that a rank waiting for a slow or descheduled peer leaves the core to
+        it (and to other work on a shared machine). Raises ConnectionError when another rank says
+        it failed, TimeoutError after ``timeout_s``."""
         start = time.monotonic()
         polls = 0
         while not request.Test():
             polls += 1
-            if polls % 32:
-                continue
+            if polls % 32 and polls < 1 << 20:
+                continue  # the spin: the clock and the notices every 32 polls
             if self._notices.Iprobe(tag=self._NOTICE_TAG):
                 raise ConnectionError(f"{what}: rank {self._notices.recv(tag=self._NOTICE_TAG)} failed")
             waited = time.monotonic() - start
             if waited > self.timeout_s:
                 raise TimeoutError(f"{what}: timed out after runtime.timeout_s = {self.timeout_s:g} s "
                                    f"waiting for another rank")
-            if waited > 0.002:
+            if waited > 0.0002:
+                polls = 1 << 20  # from now on: a nap between polls
                 time.sleep(0.0001)
 
     def _hold(self, *tensors: torch.Tensor) -> None:
