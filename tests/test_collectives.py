@@ -66,3 +66,20 @@ def test_unknown_transport_is_exit_2(tmp_path):
     cfg = write_config(tmp_path / "c.yaml", synthetic_config(runtime__collectives="shm"))
     p = fedmpi(["run", cfg, "--out", str(tmp_path / "r.h5")], check=False)
     assert p.returncode == 2 and "runtime.collectives" in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.mpi
+def test_a_killed_rank_is_seen_by_its_peer_before_the_launcher_ends_the_job(tmp_path):
+    """Rank 1 dies of SIGKILL at round 3. MPI says nothing (its launcher kills the job a moment
+    later); rank 0, waiting in the round's first collective, sees the dead pid on its node and
+    marks the file failed first (it stayed ``running`` before this check)."""
+    from fault_plugin import env
+
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=20, runtime__timeout_s=120))
+    out = tmp_path / "r.h5"
+    proc = fedmpi(["run", cfg, "--out", str(out), "--quiet"], ranks=2, check=False, timeout=100,
+                  env=env("1:3:kill"))
+    assert proc.returncode != 0
+    assert "rank 0: lost contact with another rank (ConnectionError)" in proc.stderr, proc.stderr
+    with h5py.File(out, "r") as f:
+        assert f.attrs["status"] == "failed"

@@ -190,6 +190,7 @@ class World:
     mpi_collectives: bool = False  # host-memory collectives through MPI (``runtime.collectives``)
     timeout_s: float = 300.0  # runtime.timeout_s: how long a polled MPI collective waits
     _notices: Any = field(default=None, repr=False, compare=False)  # communicator of "I failed" notices
+    _node_peers: tuple = field(default=(), repr=False, compare=False)  # (rank, pid) of the other ranks here
     # the last tensors handed to torch.distributed, held until ``close`` (see ``_hold``)
     _held: collections.deque = field(default_factory=lambda: collections.deque(maxlen=4), repr=False,
                                    compare=False)
@@ -207,6 +208,7 @@ class World:
         looks_for_gpu = device != "cpu" and torch.cuda.is_available()
         gpu_of = _gpu_identity if looks_for_gpu else (lambda r: None)
         node_gpus = [gpu_of(0)]  # the GPU each rank of this node binds to, by local rank
+        peers: tuple = ()
         if wants_mpi():
             announced = announced_size()  # before MPI starts (a singleton sets variables of its own)
             try:
@@ -220,6 +222,8 @@ class World:
             node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
             local_rank, local_size = node.Get_rank(), node.Get_size()
             node_gpus = node.allgather(gpu_of(local_rank))
+            peers = tuple(p for p in node.allgather((rank, os.getpid())) if p[0] != rank)
+            peers = peers if os.path.isdir("/proc/self") else ()  # checked through /proc (Linux)
             node.Free()
         n_gpus = 0 if None in node_gpus else len(set(node_gpus))
         nodes = comm.allgather((local_size, n_gpus)) if comm is not None else [(local_size, n_gpus)]
@@ -241,6 +245,7 @@ class World:
                     mpi_collectives=size > 1 and collectives != "torch")
         if world.mpi_collectives:
             world._notices = comm.Dup()  # collective: on every rank alike
+            world._node_peers = peers
         if size > 1:
             if rank == 0 and choice.notice:
                 print(choice.notice, file=sys.stderr)
@@ -295,14 +300,27 @@ class World:
             if r != self.rank:
                 self._notices.isend(self.rank, dest=r, tag=self._NOTICE_TAG)  # small: sent eagerly
 
+    def _check_node_peers(self, what: str) -> None:
+        """Raise ConnectionError when a rank on this node has died (killed: gone, or a zombie).
+        MPI does not say so: its launcher kills the whole job a moment later, which left the
+        result file ``running``; a torch.distributed collective fails at once (its socket closes)."""
+        for rank, pid in self._node_peers:
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as fh:
+                    state = fh.read().rsplit(b")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                state = b"X"  # gone
+            if state in (b"Z", b"X"):
+                raise ConnectionError(f"{what}: rank {rank} (pid {pid}) died")
+
     def _wait(self, request: Any, what: str) -> None:
         """Wait for the non-blocking MPI ``request`` of collective ``what``: poll it (progress
         happens inside ``Test``), spinning for the first 0.2 ms (ranks that arrive together),
         then every 0.1 ms, so that a rank waiting for a slow or descheduled peer leaves the core to
         it (and to other work on a shared machine). Raises ConnectionError when another rank says
-        it failed, TimeoutError after ``timeout_s``."""
+        it failed or a rank on this node died, TimeoutError after ``timeout_s``."""
         start = time.monotonic()
-        polls = 0
+        polls, next_check = 0, 0.0
         while not request.Test():
             polls += 1
             if polls % 32 and polls < 1 << 20:
@@ -315,6 +333,9 @@ class World:
                                    f"waiting for another rank")
             if waited > 0.0002:
                 polls = 1 << 20  # from now on: a nap between polls
+                if waited >= next_check:  # every 10 ms: are this node's other ranks alive?
+                    next_check = waited + 0.01
+                    self._check_node_peers(what)
                 time.sleep(0.0001)
 
     def _hold(self, *tensors: torch.Tensor) -> None:
