@@ -16,7 +16,7 @@ same as a single process, under ``mpiexec`` (Open MPI, MPICH) and under ``srun``
 
 Tensors move only through the methods below (collectives, ``send_recv_``, ``gather_to_server``).
 Collectives on tensors in host memory (CPU runs, and CUDA tensors staged through the host) go
-through MPI (``runtime.collectives: auto``): non-blocking mpi4py collectives on the tensors' own
+through MPI (``runtime.collectives: mpi``, the default): non-blocking mpi4py collectives on the tensors' own
 memory, polled until done, so ``runtime.timeout_s`` and a failed peer end them as they end a
 torch.distributed one. Why: on one node a gloo collective of a model costs 0.1-0.6 ms of TCP
 loopback and thread hand-offs, an MPI one 3-20 us through shared memory, and a round has four
@@ -58,10 +58,10 @@ class WorldParams:
     tf32: bool = opt(False, "let CUDA matmuls and convolutions round inputs to TF32 (faster on Ampere and later, "
                             "~1e-3 relative error); false = full float32, as on CPU")
     timeout_s: float = opt(300.0, "collective timeout: a dead rank ends the job after this", gt=0)
-    collectives: Literal["auto", "mpi", "torch"] = opt(
-        "auto", "transport of collectives on tensors in host memory: mpi (mpi4py, shared memory on a node), "
-        "torch (torch.distributed gloo); auto = mpi. CUDA tensors with NCCL and point-to-point exchanges "
-        "always use torch.distributed")
+    collectives: Literal["mpi", "torch"] = opt(
+        "mpi", "transport of collectives on tensors in host memory: mpi (mpi4py, shared memory on a node), "
+        "torch (torch.distributed gloo). CUDA tensors with NCCL and point-to-point exchanges always use "
+        "torch.distributed")
 
 
 def set_cuda_math(tf32: bool) -> None:
@@ -198,7 +198,7 @@ class World:
     # ------------------------------------------------------------------ set-up
     @classmethod
     def create(cls, device: str = "auto", backend: str = "auto", timeout_s: float = 300.0,
-               threads: int | None = None, tf32: bool = False, collectives: str = "auto") -> "World":
+               threads: int | None = None, tf32: bool = False, collectives: str = "mpi") -> "World":
         """This process's world. Collective over the MPI job (mpi4py only, before any torch
         collective); raises InputError, on every rank alike, for a device/backend that cannot work.
         On CUDA it sets deterministic cuDNN and the float32 precision (``set_cuda_math``)."""
