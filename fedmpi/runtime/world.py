@@ -16,9 +16,9 @@ same as a single process, under ``mpiexec`` (Open MPI, MPICH) and under ``srun``
 
 Tensors move only through the methods below (collectives, ``send_recv_``, ``gather_to_server``).
 Collectives on tensors in host memory (CPU runs, and CUDA tensors staged through the host) go
-through MPI (``runtime.collectives: mpi``, the default): non-blocking mpi4py collectives on the tensors' own
-memory, polled until done, so ``runtime.timeout_s`` and a failed peer end them as they end a
-torch.distributed one. Why: on one node a gloo collective of a model costs 0.1-0.6 ms of TCP
+through MPI (``runtime.collectives: mpi``, the default): non-blocking mpi4py collectives on the
+tensors' own memory, polled until done, so that ``runtime.timeout_s``, a failed peer and a dead
+one end them as they end a torch.distributed one. Why: on one node a gloo collective of a model costs 0.1-0.6 ms of TCP
 loopback and thread hand-offs, an MPI one 3-20 us through shared memory, and a round has four
 (benchmarks/RESULTS.md). CUDA tensors with NCCL, and the decentralized mode's point-to-point
 exchanges, use torch.distributed. Every sum that crosses ranks is exact (``engine.reduce``
@@ -413,9 +413,11 @@ class World:
 
     def sum_to_server_(self, t: torch.Tensor) -> torch.Tensor:
         """In-place sum over ranks into rank 0 (other ranks' buffers are unspecified after)."""
-        if self.size > 1 and not self._mpi(
-                t, lambda MPI, b: self.comm.Ireduce(MPI.IN_PLACE if self.rank == 0 else b, b if self.rank == 0
-                                                    else None, op=MPI.SUM, root=0), "sum", self.rank == 0):
+        def ireduce(MPI: Any, b: np.ndarray) -> Any:  # rank 0 sums in place, the others only send
+            return self.comm.Ireduce(MPI.IN_PLACE, b, op=MPI.SUM, root=0) if self.rank == 0 else \
+                self.comm.Ireduce(b, None, op=MPI.SUM, root=0)
+
+        if self.size > 1 and not self._mpi(t, ireduce, "sum", copy_back=self.rank == 0):
             self._through_host(t, lambda h: dist.reduce(h, dst=0, op=dist.ReduceOp.SUM), copy_back=self.rank == 0)
         return t
 
