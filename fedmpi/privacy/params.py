@@ -11,6 +11,8 @@ from ..errors import InputError
 
 #: availability kinds whose sampling the accountant knows (``sampling.Sampling``)
 KNOWN_SAMPLING = ("always", "cohort", "stationary", "cyclic", "markov")
+#: Bernoulli kinds (p_i^t known): enough for an algorithm that claims no amplification (FedSWE)
+BERNOULLI = ("stationary", "cyclic", "staircase", "sine", "interleaved_sine", "periodic_groups")
 
 
 @dataclass
@@ -58,13 +60,17 @@ def check(cfg) -> None:
         what = "the initial C of adaptive clipping" if p.target_quantile is not None else \
             "the clip norm C the noise is calibrated to"
         raise InputError(f"privacy.clip: set {what}")
-    if not applies_to(registry.ALGORITHMS.get(cfg.algorithm.name).obj):
+    algorithm = registry.ALGORITHMS.get(cfg.algorithm.name).obj
+    if not applies_to(algorithm):
         able = [e.name for e in registry.ALGORITHMS.entries() if applies_to(e.obj)]
-        raise InputError(f"privacy.mechanism: algorithm {cfg.algorithm.name!r} does not aggregate client updates "
-                         f"as sum / expected cohort, which the noise is calibrated to (use one of {', '.join(able)})")
-    if cfg.availability.kind not in KNOWN_SAMPLING:
+        raise InputError(f"privacy.mechanism: algorithm {cfg.algorithm.name!r} does not declare the sum of clipped "
+                         f"updates its server step reads, which the noise is calibrated to (use one of "
+                         f"{', '.join(able)})")
+    kinds = KNOWN_SAMPLING if getattr(algorithm, "hides_participation", True) else \
+        tuple(dict.fromkeys(KNOWN_SAMPLING + BERNOULLI))
+    if cfg.availability.kind not in kinds:
         raise InputError(f"privacy.mechanism: availability.kind {cfg.availability.kind!r} has no sampling model "
-                         f"the accountant knows (use one of {', '.join(KNOWN_SAMPLING)})")
+                         f"the accountant knows for {cfg.algorithm.name!r} (use one of {', '.join(kinds)})")
     sep = separation_of(cfg)
     if p.mechanism == "banded_mf" and sep < p.band:
         how = {"markov": f"availability.R >= {p.band - 1}", "cyclic": f"availability.groups >= {p.band}"}
