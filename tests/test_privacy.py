@@ -113,6 +113,41 @@ def test_epsilon_is_the_libraries_answer_for_poisson_sampling(tmp_path):
     assert eps[0] == 0 and np.all(np.diff(eps) > 0)
 
 
+def test_the_pld_accountant_gives_the_libraries_answer(tmp_path):
+    q, sigma, delta = 0.4, 1.1, 1e-6
+    cfg = synthetic_config(algorithm={"name": "fedavg_active"},
+                           availability={"kind": "stationary", "base": {"kind": "fixed", "values": [q]}},
+                           privacy={"mechanism": "gaussian", "clip": 1.0, "noise_multiplier": sigma, "delta": delta,
+                                    "accountant": "pld"})
+    with run_h5(cfg, tmp_path / "r.h5") as f:
+        rounds, eps = f["metrics/round"][:], f["metrics/epsilon"][:]
+    for T, e in zip(rounds[1:], eps[1:]):
+        pld, rdp = dp.pld.PLDAccountant(), dp.rdp.RdpAccountant()
+        for acc in (pld, rdp):
+            acc.compose(dp.PoissonSampledDpEvent(q, dp.GaussianDpEvent(sigma)), int(T))
+        assert e == pld.get_epsilon(delta) and e < rdp.get_epsilon(delta)  # PLD is the tighter one
+    assert eps[0] == 0 and np.all(np.diff(eps) > 0)
+
+
+def test_pld_refuses_the_fixed_size_cohort_it_has_no_event_for(tmp_path):
+    cfg = markov_cfg({"mechanism": "gaussian", "clip": 1.0, "noise_multiplier": 1.0, "accountant": "pld"},
+                     "fedavg_active")
+    cfg["availability"] = {"kind": "cohort", "size": 4}
+    p = fedmpi(["run", write_config(tmp_path / "c.yaml", cfg), "--quiet", "--out", str(tmp_path / "r.h5")],
+               check=False)
+    assert p.returncode == 2 and "privacy.accountant: pld has no event" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_a_pld_target_epsilon_calibrates_with_pld():
+    cfg = config.from_dict(markov_cfg({"mechanism": "gaussian", "clip": 1.0, "epsilon": 4.0, "accountant": "pld"},
+                                      rounds=30))
+    priv = build_components(cfg, World()).algorithm.privacy
+    acc = dp.pld.PLDAccountant()
+    acc.compose(dp.GaussianDpEvent(priv.sigma), 10)  # R = 2: at most 10 of 30 rounds
+    assert priv.epsilon(30) == acc.get_epsilon(1e-6) and priv.epsilon(30) == pytest.approx(4.0, rel=1e-3)
+
+
 def test_a_target_epsilon_calibrates_the_noise_multiplier():
     cfg = config.from_dict(markov_cfg({"mechanism": "gaussian", "clip": 1.0, "epsilon": 4.0}, rounds=30))
     priv = build_components(cfg, World()).algorithm.privacy

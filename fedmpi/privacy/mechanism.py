@@ -72,7 +72,7 @@ class Privacy(Stateful):
         if self.on:
             self.sigma = np.float64(params.noise_multiplier if params.epsilon is None else
                                     accounting.calibrate(sampling, params.epsilon, rounds, params.delta,
-                                                         params.mechanism))
+                                                         params.mechanism, params.accountant))
         self.C = np.float64(params.clip or 0.0)  # the clip of the next round (0: none)
         self.C_used = self.C  # the clip of the current round, which scales its noise
         self.adaptive = self.on and params.target_quantile is not None
@@ -136,5 +136,5 @@ class Privacy(Stateful):
     def epsilon(self, rounds: int) -> float:
         """Epsilon at ``privacy.delta`` after ``rounds`` rounds."""
         p = self.params
-        return accounting.epsilon(self.sampling, self.sigma, rounds, p.delta, p.mechanism)
+        return accounting.epsilon(self.sampling, self.sigma, rounds, p.delta, p.mechanism, p.accountant)
 

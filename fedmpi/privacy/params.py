@@ -35,6 +35,9 @@ class PrivacyParams:
     delta: float = opt(1e-6, "delta of the (epsilon, delta) guarantee reported as the metric epsilon", gt=0, lt=1)
     epsilon: Optional[float] = opt(None, "target epsilon after all rounds: calibrates noise_multiplier "
                                          "(then leave it null)", gt=0)
+    accountant: Literal["rdp", "pld"] = opt(
+        "rdp", "dp-accounting's accountant of the epsilon metric and the calibration: rdp (Renyi DP) or pld "
+               "(privacy loss distributions: tighter, seconds per evaluation)")
 
 
 def separation_of(cfg) -> int:
@@ -71,6 +74,10 @@ def check(cfg) -> None:
     if cfg.availability.kind not in kinds:
         raise InputError(f"privacy.mechanism: availability.kind {cfg.availability.kind!r} has no sampling model "
                          f"the accountant knows for {cfg.algorithm.name!r} (use one of {', '.join(kinds)})")
+    fixed_size = cfg.availability.kind == "cohort" and cfg.availability.size < cfg.task.clients
+    if p.accountant == "pld" and fixed_size and getattr(algorithm, "hides_participation", True):
+        raise InputError("privacy.accountant: pld has no event for a uniform sample of fixed size "
+                         "(availability.kind 'cohort'); use privacy.accountant: rdp")
     sep = separation_of(cfg)
     if p.mechanism == "banded_mf" and sep < p.band:
         how = {"markov": f"availability.R >= {p.band - 1}", "cyclic": f"availability.groups >= {p.band}"}
