@@ -19,8 +19,9 @@ from helpers.quadratic import Q, Scripted, build, quadratic_cfg, scalar
 from fedmpi import config
 
 
-def fedswe_reference(u, x0, script, k, eta_g=1.0, q=Q, clip=None):
-    """Algorithm 1 in plain floats: per round (x^{t+1}, x_bar, consensus error)."""
+def fedswe_reference(u, x0, script, k, eta_g=1.0, q=Q, clip=None, max_echo=None, dp_clip=None):
+    """Algorithm 1 in plain floats: per round (x^{t+1}, x_bar, consensus error); ``max_echo`` E caps
+    the echo factor, ``dp_clip`` C clips |G_i| first (privacy.clip, docs/PRIVACY.md)."""
     m = len(u)
     xi, tau, x, out = [x0] * m, [-1] * m, x0, []
     for t, active in enumerate(script):
@@ -28,7 +29,9 @@ def fedswe_reference(u, x0, script, k, eta_g=1.0, q=Q, clip=None):
         for i in active:
             end = u[i] + q * (xi[i] - u[i])  # s local steps from x_i
             G = xi[i] - end
-            dag[i] = xi[i] - eta_g * (t - tau[i]) * G  # echo
+            if dp_clip is not None:
+                G = max(-dp_clip, min(dp_clip, G))
+            dag[i] = xi[i] - eta_g * min(t - tau[i], max_echo or t + 1) * G  # echo
             tau[i] = t
         if active:
             n = len(active)
@@ -61,6 +64,20 @@ def test_trajectory_matches_algorithm_1(k, eta_g):
         assert scalar(snap.models["server"]) == pytest.approx(x, rel=1e-5, abs=1e-5)
         assert scalar(snap.models[""]) == pytest.approx(bar, rel=1e-5, abs=1e-5)
         assert snap.metrics["consensus_error"] == pytest.approx(cons, rel=1e-5, abs=1e-5)
+
+
+@pytest.mark.parametrize("k", [0, None])
+def test_max_echo_caps_the_echo_factor(k):
+    """Client 2 first comes at t = 2 (echo 3) and clients 0, 1 come back at t = 3 (echo 3): E = 2
+    caps both; the trajectory is Algorithm 1 with min(t - tau_i, E)."""
+    k_ = len(U) if k is None else k
+    ref = fedswe_reference(U, 2.0, SCRIPT, k_, max_echo=2)
+    algo = build(quadratic_cfg("fedswe", U, 2.0, k=k, max_echo=2), Scripted(3, SCRIPT))
+    for t, (x, bar, _) in enumerate(ref):
+        algo.round(t)
+        assert scalar(algo.x) == pytest.approx(x, rel=1e-5, abs=1e-5)
+        assert scalar(algo.evaluation_snapshot().models[""]) == pytest.approx(bar, rel=1e-5, abs=1e-5)
+    assert ref != fedswe_reference(U, 2.0, SCRIPT, k_)  # the cap was active
 
 
 def test_first_rounds_by_hand():

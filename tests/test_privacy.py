@@ -113,6 +113,41 @@ def test_epsilon_is_the_libraries_answer_for_poisson_sampling(tmp_path):
     assert eps[0] == 0 and np.all(np.diff(eps) > 0)
 
 
+def test_the_pld_accountant_gives_the_libraries_answer(tmp_path):
+    q, sigma, delta = 0.4, 1.1, 1e-6
+    cfg = synthetic_config(algorithm={"name": "fedavg_active"},
+                           availability={"kind": "stationary", "base": {"kind": "fixed", "values": [q]}},
+                           privacy={"mechanism": "gaussian", "clip": 1.0, "noise_multiplier": sigma, "delta": delta,
+                                    "accountant": "pld"})
+    with run_h5(cfg, tmp_path / "r.h5") as f:
+        rounds, eps = f["metrics/round"][:], f["metrics/epsilon"][:]
+    for T, e in zip(rounds[1:], eps[1:]):
+        pld, rdp = dp.pld.PLDAccountant(), dp.rdp.RdpAccountant()
+        for acc in (pld, rdp):
+            acc.compose(dp.PoissonSampledDpEvent(q, dp.GaussianDpEvent(sigma)), int(T))
+        assert e == pld.get_epsilon(delta) and e < rdp.get_epsilon(delta)  # PLD is the tighter one
+    assert eps[0] == 0 and np.all(np.diff(eps) > 0)
+
+
+def test_pld_refuses_the_fixed_size_cohort_it_has_no_event_for(tmp_path):
+    cfg = markov_cfg({"mechanism": "gaussian", "clip": 1.0, "noise_multiplier": 1.0, "accountant": "pld"},
+                     "fedavg_active")
+    cfg["availability"] = {"kind": "cohort", "size": 4}
+    p = fedmpi(["run", write_config(tmp_path / "c.yaml", cfg), "--quiet", "--out", str(tmp_path / "r.h5")],
+               check=False)
+    assert p.returncode == 2 and "privacy.accountant: pld has no event" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_a_pld_target_epsilon_calibrates_with_pld():
+    cfg = config.from_dict(markov_cfg({"mechanism": "gaussian", "clip": 1.0, "epsilon": 4.0, "accountant": "pld"},
+                                      rounds=30))
+    priv = build_components(cfg, World()).algorithm.privacy
+    acc = dp.pld.PLDAccountant()
+    acc.compose(dp.GaussianDpEvent(priv.sigma), 10)  # R = 2: at most 10 of 30 rounds
+    assert priv.epsilon(30) == acc.get_epsilon(1e-6) and priv.epsilon(30) == pytest.approx(4.0, rel=1e-3)
+
+
 def test_a_target_epsilon_calibrates_the_noise_multiplier():
     cfg = config.from_dict(markov_cfg({"mechanism": "gaussian", "clip": 1.0, "epsilon": 4.0}, rounds=30))
     priv = build_components(cfg, World()).algorithm.privacy
@@ -203,9 +238,10 @@ def test_incomplete_sections_are_refused(privacy, key):
         config.from_dict(markov_cfg(privacy))
 
 
-def test_algorithms_whose_sum_is_not_a_clipped_mean_are_refused():
-    with pytest.raises(config.InputError, match="privacy.mechanism: algorithm 'fedswe'"):
-        config.from_dict(markov_cfg({"mechanism": "gaussian", "clip": 1.0, "noise_multiplier": 1.0}, "fedswe"))
+@pytest.mark.parametrize("name", ["scaffold", "mifa"])
+def test_algorithms_whose_sum_is_not_a_clipped_mean_are_refused(name):
+    with pytest.raises(config.InputError, match=f"privacy.mechanism: algorithm '{name}'"):
+        config.from_dict(markov_cfg({"mechanism": "gaussian", "clip": 1.0, "noise_multiplier": 1.0}, name))
 
 
 BANDED = {"mechanism": "banded_mf", "clip": 0.5, "noise_multiplier": 0.3, "band": 3}
@@ -230,4 +266,149 @@ def test_one_and_two_ranks_are_bit_identical_with_privacy(privacy, tmp_path):
         assert b.attrs["world_size"] == 2
         assert np.array_equal(a["final/params"][:], b["final/params"][:])
         for key in ("test_loss", "epsilon"):
+            assert np.array_equal(a["metrics"][key][:], b["metrics"][key][:]), key
+
+
+# ----------------------------------------------------------------------------- FedSWE
+
+GAUSSIAN = {"mechanism": "gaussian", "clip": 0.05, "noise_multiplier": 0.5}
+
+
+def fedswe_cfg(privacy: dict | None = None, **algorithm) -> dict:
+    """FedSWE (k = m unless given) on the synthetic task's stationary availability, eta_g = 0.5."""
+    cfg = synthetic_config(rounds=8, algorithm={"name": "fedswe", **algorithm},
+                           train={"local_steps": 3, "batch_size": 8, "lr": 0.1, "global_lr": 0.5})
+    if privacy is not None:
+        cfg["privacy"] = privacy
+    return cfg
+
+
+@pytest.mark.parametrize("algorithm", [{}, {"k": 0}, {"k": 0, "server_clip": 0.5}, {"max_echo": 2}],
+                         ids=["fedswe", "fedawe", "server_clip", "max_echo"])
+def test_fedswe_zero_noise_without_clipping_is_fedswe_bit_for_bit(algorithm, tmp_path):
+    zero = {"mechanism": "gaussian", "noise_multiplier": 0.0}
+    with run_h5(fedswe_cfg(None, **algorithm), tmp_path / "plain.h5") as a, \
+            run_h5(fedswe_cfg(zero, **algorithm), tmp_path / "dp.h5") as b:
+        assert np.array_equal(a["final/params"][:], b["final/params"][:])
+        for key in ("test_loss", "test_loss_server", "consensus_error"):
+            assert np.array_equal(a["metrics"][key][:], b["metrics"][key][:]), key
+
+
+def fedswe_algorithm(privacy: dict, **algorithm):
+    return build_components(config.from_dict(fedswe_cfg(privacy, **algorithm)), World()).algorithm
+
+
+@pytest.mark.parametrize("algorithm", [{"max_echo": 3}, {"max_echo": 3, "k": 0, "server_clip": 0.5}],
+                         ids=["fedswe", "fedawe_server_clip"])
+def test_fedswe_noise_std_is_sigma_clip_eta_g_max_echo(algorithm):
+    """The noise goes on the echoed innovations with std sigma C |eta_g| E (server_clip: sigma C E on
+    the innovation half, nothing on the x_i half), over many rounds within 1%."""
+    sigma, clip, E, eta_g, d, rounds = 0.5, 0.05, 3, 0.5, 2000, 100
+    algo = fedswe_algorithm({"mechanism": "gaussian", "clip": clip, "noise_multiplier": sigma}, **algorithm)
+    width = 2 * d if "server_clip" in algorithm else d
+    sums = []
+    for t in range(rounds):  # what ServerAlgorithm.round does to the summed buffer
+        total = torch.zeros(width, dtype=torch.float64)
+        part, bound, divisor = algo.private_part(t, total)
+        part += algo.privacy.noise(t, part.shape[0], part.device, bound, divisor)
+        sums.append(total)
+    noise = torch.stack(sums)
+    if "server_clip" in algorithm:
+        assert not noise[:, :d].any()
+        noise, want = noise[:, d:], sigma * clip * E
+    else:
+        want = sigma * clip * eta_g * E
+    assert float(noise.std()) == pytest.approx(want, rel=0.01)
+
+
+def test_fedswe_round_adds_the_noise_once_to_the_echoed_sum():
+    """Round 0 with noise minus round 0 without = eta_g sigma C E z_0 / (|A_0| + k)."""
+    def first_round(sigma: float):
+        algo = fedswe_algorithm({**GAUSSIAN, "noise_multiplier": sigma}, max_echo=2)
+        x0 = algo.x.clone()
+        n = algo.round(0)
+        return algo.x - x0, n, algo.k
+
+    (step0, n, k), (step1, _, _) = first_round(0.0), first_round(2.0)
+    z0 = torch.from_numpy(rng.normal(rng.key(3, "privacy", 0), np.arange(step0.numel()))).float()
+    torch.testing.assert_close(step1 - step0, 0.5 * 2.0 * 0.05 * 2 * z0 / (n + k), rtol=1e-4, atol=1e-8)
+
+
+def test_fedswe_clip_bounds_each_clients_echoed_contribution():
+    """Every row's private part, x_i^dag - x_i = eta_g e_i Delta_i, has norm <= eta_g E C, and the
+    bound is reached (clipped updates echoed by the cap)."""
+    clip, E, eta_g = 0.05, 2, 0.5
+    algo = fedswe_algorithm({**GAUSSIAN, "clip": clip}, max_echo=E)
+    norms = []
+    contribution = algo.contribution
+
+    def spy(t, active, local, start, end):
+        rows = contribution(t, active, local, start, end)
+        norms.extend((rows - start.double()).norm(dim=1).tolist())
+        return rows
+
+    algo.contribution = spy
+    for t in range(8):
+        algo.round(t)
+    norms = np.array(norms)
+    assert len(norms) > 8 and np.all(norms <= eta_g * E * clip * (1 + 1e-5))
+    assert np.isclose(norms, eta_g * E * clip, rtol=1e-5).sum() > 0
+
+
+def test_fedswe_is_accounted_without_amplification(tmp_path):
+    """FedSWE's release shows who took part (|A_t| + k, the x_i it averages): on stationary
+    availability epsilon is T Gaussians, not T Poisson-subsampled ones."""
+    sigma = 1.1
+    cfg = fedswe_cfg({"mechanism": "gaussian", "clip": 1.0, "noise_multiplier": sigma}, max_echo=4)
+    with run_h5(cfg, tmp_path / "r.h5") as f:
+        rounds, eps = f["metrics/round"][:], f["metrics/epsilon"][:]
+    for T, e in zip(rounds[1:], eps[1:]):
+        acc = dp.rdp.RdpAccountant()
+        acc.compose(dp.GaussianDpEvent(sigma), int(T))
+        assert e == acc.get_epsilon(1e-6)
+
+
+def test_fedswe_runs_on_its_papers_availability_and_others_do_not():
+    sine = {"kind": "sine", "base": {"kind": "uniform", "lo": 0.2, "hi": 0.8}}
+    cfg = fedswe_cfg(GAUSSIAN, max_echo=4)
+    cfg["availability"] = sine
+    algo = build_components(config.from_dict(cfg), World()).algorithm
+    assert algo.privacy.sampling.q == 1 and 0 < algo.privacy.cohort < 12
+    cfg["algorithm"] = {"name": "fedavg_active"}
+    with pytest.raises(config.InputError, match="privacy.mechanism: availability.kind 'sine'"):
+        config.from_dict(cfg)
+
+
+def test_fedswe_under_privacy_needs_max_echo(tmp_path):
+    p = fedmpi(["run", write_config(tmp_path / "c.yaml", fedswe_cfg(GAUSSIAN)), "--quiet",
+                "--out", str(tmp_path / "r.h5")], check=False)
+    assert p.returncode == 2 and "algorithm.max_echo: set a cap E" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+
+
+FEDSWE_BANDED = {"mechanism": "banded_mf", "clip": 0.05, "noise_multiplier": 0.5, "band": 3}
+
+
+@pytest.mark.parametrize("privacy, algorithm", [(GAUSSIAN, {"max_echo": 3}),
+                                                (FEDSWE_BANDED, {"max_echo": 3, "k": 0, "server_clip": 0.5})],
+                         ids=["gaussian", "fedawe_banded"])
+def test_fedswe_resume_is_bit_identical_with_privacy(privacy, algorithm, tmp_path):
+    data = fedswe_cfg(privacy, **algorithm)
+    if privacy is FEDSWE_BANDED:
+        data["availability"] = {"kind": "markov", "B": 3, "R": 2}
+    cfg = config.from_dict(data)
+    cfg.eval_every, cfg.runtime.checkpoint_every = 2, 2
+    assert_resume_identical(cfg, tmp_path)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", [{"max_echo": 3}, {"max_echo": 3, "k": 0}], ids=["fedswe", "fedawe"])
+def test_fedswe_one_and_two_ranks_are_bit_identical_with_privacy(algorithm, tmp_path):
+    cfg = fedswe_cfg(GAUSSIAN, **algorithm)
+    cfg["train"]["engine"] = "sequential"
+    fedmpi(["run", write_config(tmp_path / "c.yaml", cfg), "--quiet", "--out", str(tmp_path / "two.h5")], ranks=2)
+    with run_h5(cfg, tmp_path / "one.h5") as a, h5py.File(tmp_path / "two.h5") as b:
+        assert b.attrs["world_size"] == 2
+        assert np.array_equal(a["final/params"][:], b["final/params"][:])
+        for key in ("test_loss", "test_loss_server", "consensus_error", "epsilon"):
             assert np.array_equal(a["metrics"][key][:], b["metrics"][key][:]), key

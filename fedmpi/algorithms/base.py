@@ -40,7 +40,7 @@ The runner calls (every "collective" method must be called on every rank, in the
 | 3b. privacy: each update clipped to ``privacy.clip`` (``fedmpi.privacy``) | every rank; adaptive: collective | its C |
 | 3c. ``self.outputs``: all active clients' ``ClientOutputs`` (if ``client_outputs``) | collective | -- |
 | 4. ``contribution(...)`` (default ``weights``) | every rank, on blocks, twice each | nothing: pure |
-| 5. one reproducible sum of the rows into rank 0; privacy: plus its noise | collective | -- |
+| 5. one reproducible sum of the rows into rank 0; privacy: its noise on ``private_part`` | collective | -- |
 | 6. ``server_update(t, active, total)`` -> x^{t+1} | rank 0 only | server state |
 | 7. broadcast of x^{t+1} | collective | -- |
 | 8. ``after_round(t, active, local, start, end)`` | every rank | client and replicated state |
@@ -244,7 +244,8 @@ class ServerAlgorithm(Algorithm):
         self._outputs: ClientOutputs | None = None  # this round's (from step 3c), else the last round's
         self._sizes = np.asarray(ctx.task.sizes, dtype=np.float64)
         p = self.cfg.privacy  # ---- privacy hook (#27): one mechanism for every algorithm with ``private_sum``
-        self.privacy = Privacy(p, sampling_of(self.cfg, ctx.participation) if p.mechanism != "none" else None,
+        self.privacy = Privacy(p, sampling_of(self.cfg, ctx.participation, amplified=self.hides_participation)
+                               if p.mechanism != "none" else None,
                                self.cfg.rounds, self.cfg.seed, ctx.spec.dim, ctx.world)
 
     # ---------------------------------------------------------------- the round
@@ -262,8 +263,9 @@ class ServerAlgorithm(Algorithm):
         buf = reproducible_sum_blocks(  # one reduction; rows made block by block to bound memory
             self.world, lambda s: self._owned(self.contribution(t, active, local[s], start[s], end[s]), start, end),
             len(local), len(active), overwrite=True)
-        noise = self.privacy.noise(t, buf.shape[0], buf.device) if self.world.is_server else None
-        buf = buf if noise is None else buf + noise  # privacy: the server's Gaussian (or banded) noise
+        if self.world.is_server and self.privacy.noisy:  # privacy: the server's Gaussian (or banded) noise
+            part, bound, divisor = self.private_part(t, buf)
+            part += self.privacy.noise(t, part.shape[0], part.device, bound, divisor)
         # x^{t+1} goes into a fresh tensor on every rank: ``start`` may view x^t
         self.x = self.server_update(t, active, buf).float() if self.world.is_server else torch.empty_like(self.x)
         self.world.broadcast_(self.x)
@@ -353,12 +355,28 @@ class ServerAlgorithm(Algorithm):
         privacy the fixed expected cohort n~ (the realised count would reveal who took part)."""
         return self.privacy.cohort if self.privacy.on else max(len(active), 1)
 
+    # ---------------------------------------------------------------- privacy hook (#27)
+    #: False when the released model shows who took part beyond the noisy sum (FedSWE divides by
+    #: |A_t| + k): the accountant then claims no amplification by sampling (docs/PRIVACY.md)
+    hides_participation = True
+
+    def private_part(self, t: int, total: torch.Tensor) -> tuple[torch.Tensor, float, float]:
+        """The view of the summed buffer that holds sum_i s_i Delta_i over the clipped updates
+        Delta_i (``end - start``), and (bound, divisor) with |s_i| <= bound / divisor for every
+        client: ``fedmpi.privacy`` adds noise of std sigma C bound / divisor to that view, in place.
+        Defined with the ``contribution`` it describes. Default: all of it, s_i = w_i = 1 / n~."""
+        return total, 1.0, self.privacy.cohort
+
     @classmethod
     def private_sum(cls) -> bool:
-        """Whether the summed rows are w_i Delta_i with w_i = 1 / cohort -- the base ``contribution``
-        and ``weights`` declaring ``weights_are_cohort_mean`` -- the sum ``fedmpi.privacy`` noises."""
-        owner = {m: next(c for c in cls.__mro__ if m in vars(c)) for m in ("contribution", "weights")}
-        return owner["contribution"] is ServerAlgorithm and bool(vars(owner["weights"]).get("weights_are_cohort_mean"))
+        """Whether ``private_part`` describes the summed rows, so that ``fedmpi.privacy`` applies:
+        the class that defines ``contribution`` defines it too, and the base ``contribution`` needs
+        ``weights`` declaring ``weights_are_cohort_mean`` (w_i = 1 / n~)."""
+        owner = {m: next(c for c in cls.__mro__ if m in vars(c)) for m in ("contribution", "weights", "private_part")}
+        if owner["contribution"] is not owner["private_part"]:
+            return False
+        mean = bool(vars(owner["weights"]).get("weights_are_cohort_mean"))
+        return owner["contribution"] is not ServerAlgorithm or mean
 
     def server_update(self, t: int, active: np.ndarray, total: torch.Tensor) -> torch.Tensor:
         """x^{t+1} from the summed buffer (rank 0 only). Default: x^t + eta_g * total."""

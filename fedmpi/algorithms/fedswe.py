@@ -6,7 +6,8 @@ Round t:
     for i in A_t:  x_i^{t,0} <- x_i                                 (its OWN model, not x^t)
                    s local SGD steps with eta_l -> x_i^{t,s}
                    G_i = x_i - x_i^{t,s}
-                   x_i^dag = x_i - eta_g (t - tau_i) G_i;  tau_i <- t   (adaptive innovation echoing)
+                   e_i = min(t - tau_i, E)                          (E = algorithm.max_echo, null: no cap)
+                   x_i^dag = x_i - eta_g e_i G_i;  tau_i <- t       (adaptive innovation echoing)
     server:        x^{t+1} = (sum_{A_t} x_i^dag + k x^t) / (|A_t| + k)  (global moving average)
                    A_t empty: x^{t+1} = x^t
     for i in A_t:  x_i <- x^{t+1}                                   (postponed multicast)
@@ -16,6 +17,12 @@ with k = 0): the mean echoed innovation E = (1/|A_t|) sum_{A_t} (t - tau_i)(x_i^
 rescaled to norm c when longer, THEN multiplied by eta_g, so that
 sum_{A_t} x_i^dag = sum_{A_t} x_i + |A_t| eta_g clip(E, c) enters the moving average
 (the order matters only for eta_g != 1; the paper uses eta_g = 1).
+
+Privacy (docs/PRIVACY.md, "FedSWE"): the mechanism clips the innovation Delta_i = -G_i to C before
+the echo, so one client moves sum_{A_t} x_i^dag by at most |eta_g| E C; the noise, of std
+sigma |eta_g| E C, goes on that sum (``private_part``). The rest of the sum, the x_i and |A_t|, is
+what past rounds released plus who took part: ``hides_participation`` is False, and the accountant
+claims no amplification by sampling.
 
 Memory: an inactive client's x_i is the past global model x^{tau_i + 1} (x_0 when tau_i = -1),
 so clients hold references into a ``VersionStore`` with one copy per distinct version.
@@ -36,6 +43,7 @@ import torch
 
 from ..engine.reduce import reproducible_sum, reproducible_sum_blocks
 from ..engine.store import VersionStore
+from ..errors import InputError
 from ..state import State
 from ..schema import opt
 from .base import AlgorithmParams, Context, ServerAlgorithm, Snapshot, register
@@ -46,6 +54,9 @@ class FedSWEParams(AlgorithmParams):
     k: Optional[float] = opt(None, "moving-average coefficient k (0 = FedAWE); null = m", ge=0)
     server_clip: Optional[float] = opt(
         None, "(authors' code) clip the mean echoed innovation to this norm, then eta_g", gt=0)
+    max_echo: Optional[int] = opt(
+        None, "E: the echo factor is min(t - tau_i, E); needed under privacy, whose sensitivity is E * privacy.clip "
+              "(docs/PRIVACY.md); null = no cap", ge=1)
 
 
 @register("fedswe")
@@ -54,12 +65,22 @@ class FedSWE(ServerAlgorithm):
     evaluated_models = ("", "server")  # x_bar and x^t
     metrics = ("consensus_error",)
     client_state = ("tau",)  # (the versions x_i are saved by state_dict, once each)
+    hides_participation = False  # x^{t+1} divides by |A_t| + k and averages the x_i of A_t
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        super().check_config(cfg)
+        p = cfg.privacy
+        if p.mechanism != "none" and p.noise_multiplier != 0 and cfg.algorithm.max_echo is None:
+            raise InputError("algorithm.max_echo: set a cap E on FedSWE's echo factor t - tau_i under privacy "
+                             "(one client's echoed update is bounded by E * privacy.clip, the noise's sensitivity)")
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
         p = self.params
         self.k = float(self.m if p.k is None else p.k)  # k: weight of x^t in the moving average
         self.clip = p.server_clip  # c, or None
+        self.max_echo = p.max_echo  # E, or None
         self.lo, hi = ctx.shard
         self.store = VersionStore(self.lo, hi, self.x)  # x_i of the local clients
         self.tau = np.full(hi - self.lo, -1, dtype=np.int64)  # tau_i of the local clients
@@ -70,12 +91,22 @@ class FedSWE(ServerAlgorithm):
 
     def contribution(self, t: int, active: np.ndarray, local: np.ndarray,
                      start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
-        """x_i^dag per local active client; with server_clip the pair (x_i, (t - tau_i)(x_i^{t,s} - x_i))."""
+        """x_i^dag per local active client; with server_clip the pair (x_i, e_i (x_i^{t,s} - x_i))."""
         x_i = start.double()
         G = x_i - end.double()  # G_i = x_i - x_i^{t,s}
-        echo = torch.as_tensor(t - self.tau[local - self.lo], dtype=torch.float64, device=G.device)  # t - tau_i
-        innovation = -echo[:, None] * G  # x_i^dag - x_i = eta_g * innovation
+        echo = t - self.tau[local - self.lo]  # t - tau_i
+        if self.max_echo is not None:
+            echo = np.minimum(echo, self.max_echo)  # e_i
+        e = torch.as_tensor(echo, dtype=torch.float64, device=G.device)
+        innovation = -e[:, None] * G  # x_i^dag - x_i = eta_g * innovation
         return x_i + self.eta_g * innovation if self.clip is None else torch.cat([x_i, innovation], dim=1)
+
+    def private_part(self, t: int, total: torch.Tensor) -> tuple[torch.Tensor, float, float]:
+        """The privacy mechanism's part of the sum: eta_g sum e_i Delta_i inside sum x_i^dag (bound
+        |eta_g| E), or with server_clip the summed innovations sum e_i Delta_i (bound E)."""
+        if self.clip is None:
+            return total, abs(self.eta_g) * self.max_echo, 1.0
+        return total.chunk(2)[1], float(self.max_echo), 1.0
 
     # ---------------------------------------------------------------- server
     def server_update(self, t: int, active: np.ndarray, total: torch.Tensor) -> torch.Tensor:

@@ -6,6 +6,10 @@ Round t (docs/PRIVACY.md):
     sum      <- sum_i w_i Delta_i,  w_i = 1 / n~        n~ the expected cohort (``Sampling.cohort``)
     sum      <- sum + sigma C / n~ * y_t                rank 0, the server
 
+An algorithm whose summed rows are not that mean (FedSWE) declares, with its ``contribution``,
+which part of the sum holds sum_i s_i Delta_i and the bound a / n >= |s_i|
+(``ServerAlgorithm.private_part``); the noise is then sigma C a / n * y_t on that part.
+
 Adaptive clipping (Andrew et al. 2021, ``privacy.target_quantile`` gamma): C follows the gamma
 quantile of the update norms through a noisy count of the unclipped ones,
 
@@ -68,7 +72,7 @@ class Privacy(Stateful):
         if self.on:
             self.sigma = np.float64(params.noise_multiplier if params.epsilon is None else
                                     accounting.calibrate(sampling, params.epsilon, rounds, params.delta,
-                                                         params.mechanism))
+                                                         params.mechanism, params.accountant))
         self.C = np.float64(params.clip or 0.0)  # the clip of the next round (0: none)
         self.C_used = self.C  # the clip of the current round, which scales its noise
         self.adaptive = self.on and params.target_quantile is not None
@@ -111,21 +115,26 @@ class Privacy(Stateful):
         p = self.params
         self.C = np.float64(self.C * np.exp(-p.clip_lr * (share - p.target_quantile)))
 
-    def noise(self, t: int, dim: int, device: torch.device) -> torch.Tensor | None:
-        """sigma_u C / n~ * y_t (sigma_u = sigma without adaptive clipping), float64; rank 0, rounds in
-        order; None when there is no noise."""
-        if not self.on or self.sigma == 0:
-            return None
+    @property
+    def noisy(self) -> bool:
+        """Whether ``noise`` adds anything (not with sigma = 0)."""
+        return self.on and self.sigma > 0
+
+    def noise(self, t: int, dim: int, device: torch.device, bound: float = 1.0,
+              divisor: float | None = None) -> torch.Tensor:
+        """sigma_u C bound / divisor * y_t (sigma_u = sigma without adaptive clipping), float64, for a
+        sum of s_i Delta_i with |s_i| <= bound / divisor (default: the mean, 1 / n~); rank 0, rounds in
+        order, only when ``noisy``."""
         z = torch.from_numpy(rng.normal(rng.key(self.seed, "privacy", t), np.arange(dim))).to(device)
         y = z
         if len(self.c) > 1:  # y_t = (z_t - sum_j c_j y_{t-j}) / c_0; history[j - 1] = y_{t-j}
             c = torch.as_tensor(self.c[1:], dtype=torch.float64, device=device)
             y = (z - c @ self.history) / self.c[0]
             self.history = torch.cat([y[None], self.history[:-1]])
-        return y * float(self.sigma_update * self.C_used / self.cohort)
+        return y * float(self.sigma_update * self.C_used * bound / (self.cohort if divisor is None else divisor))
 
     def epsilon(self, rounds: int) -> float:
         """Epsilon at ``privacy.delta`` after ``rounds`` rounds."""
         p = self.params
-        return accounting.epsilon(self.sampling, self.sigma, rounds, p.delta, p.mechanism)
+        return accounting.epsilon(self.sampling, self.sigma, rounds, p.delta, p.mechanism, p.accountant)
 

@@ -11,6 +11,8 @@ from ..errors import InputError
 
 #: availability kinds whose sampling the accountant knows (``sampling.Sampling``)
 KNOWN_SAMPLING = ("always", "cohort", "stationary", "cyclic", "markov")
+#: Bernoulli kinds (p_i^t known): enough for an algorithm that claims no amplification (FedSWE)
+BERNOULLI = ("stationary", "cyclic", "staircase", "sine", "interleaved_sine", "periodic_groups")
 
 
 @dataclass
@@ -33,6 +35,9 @@ class PrivacyParams:
     delta: float = opt(1e-6, "delta of the (epsilon, delta) guarantee reported as the metric epsilon", gt=0, lt=1)
     epsilon: Optional[float] = opt(None, "target epsilon after all rounds: calibrates noise_multiplier "
                                          "(then leave it null)", gt=0)
+    accountant: Literal["rdp", "pld"] = opt(
+        "rdp", "dp-accounting's accountant of the epsilon metric and the calibration: rdp (Renyi DP) or pld "
+               "(privacy loss distributions: tighter, seconds per evaluation)")
 
 
 def separation_of(cfg) -> int:
@@ -58,13 +63,21 @@ def check(cfg) -> None:
         what = "the initial C of adaptive clipping" if p.target_quantile is not None else \
             "the clip norm C the noise is calibrated to"
         raise InputError(f"privacy.clip: set {what}")
-    if not applies_to(registry.ALGORITHMS.get(cfg.algorithm.name).obj):
+    algorithm = registry.ALGORITHMS.get(cfg.algorithm.name).obj
+    if not applies_to(algorithm):
         able = [e.name for e in registry.ALGORITHMS.entries() if applies_to(e.obj)]
-        raise InputError(f"privacy.mechanism: algorithm {cfg.algorithm.name!r} does not aggregate client updates "
-                         f"as sum / expected cohort, which the noise is calibrated to (use one of {', '.join(able)})")
-    if cfg.availability.kind not in KNOWN_SAMPLING:
+        raise InputError(f"privacy.mechanism: algorithm {cfg.algorithm.name!r} does not declare the sum of clipped "
+                         f"updates its server step reads, which the noise is calibrated to (use one of "
+                         f"{', '.join(able)})")
+    kinds = KNOWN_SAMPLING if getattr(algorithm, "hides_participation", True) else \
+        tuple(dict.fromkeys(KNOWN_SAMPLING + BERNOULLI))
+    if cfg.availability.kind not in kinds:
         raise InputError(f"privacy.mechanism: availability.kind {cfg.availability.kind!r} has no sampling model "
-                         f"the accountant knows (use one of {', '.join(KNOWN_SAMPLING)})")
+                         f"the accountant knows for {cfg.algorithm.name!r} (use one of {', '.join(kinds)})")
+    fixed_size = cfg.availability.kind == "cohort" and cfg.availability.size < cfg.task.clients
+    if p.accountant == "pld" and fixed_size and getattr(algorithm, "hides_participation", True):
+        raise InputError("privacy.accountant: pld has no event for a uniform sample of fixed size "
+                         "(availability.kind 'cohort'); use privacy.accountant: rdp")
     sep = separation_of(cfg)
     if p.mechanism == "banded_mf" and sep < p.band:
         how = {"markov": f"availability.R >= {p.band - 1}", "cyclic": f"availability.groups >= {p.band}"}

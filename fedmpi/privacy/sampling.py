@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -31,8 +31,16 @@ class Sampling:
         return math.ceil(rounds / self.separation)
 
 
-def sampling_of(cfg, participation: Participation) -> Sampling:
-    """The ``Sampling`` of the availability kinds that ``params.KNOWN_SAMPLING`` lists."""
+def sampling_of(cfg, participation: Participation, amplified: bool = True) -> Sampling:
+    """The ``Sampling`` of the availability kinds that ``params.KNOWN_SAMPLING`` lists; with
+    ``amplified`` False (an algorithm whose release shows who took part) q = 1 and no fixed-size
+    sample, which every Bernoulli kind (``params.BERNOULLI``) then also has."""
+    if not amplified:
+        return replace(_sampling(cfg, participation), q=1.0, fixed=None)
+    return _sampling(cfg, participation)
+
+
+def _sampling(cfg, participation: Participation) -> Sampling:
     kind, m = cfg.availability.kind, participation.m
     if kind == "always":
         return Sampling(cohort=float(m))
@@ -41,7 +49,7 @@ def sampling_of(cfg, participation: Participation) -> Sampling:
         return Sampling(cohort=float(size), fixed=(m, size)) if size < m else Sampling(cohort=float(m))
     if kind == "markov":
         return Sampling(cohort=float(participation.clients_per_round), separation=separation_of(cfg))
-    # Bernoulli kinds: stationary (one period), cyclic (a period of K rounds)
-    period = cfg.availability.groups if kind == "cyclic" else 1
+    # Bernoulli kinds: stationary (one period), cyclic (a period of K rounds), the others all rounds
+    period = {"stationary": 1, "cyclic": getattr(cfg.availability, "groups", 1)}.get(kind, cfg.rounds)
     p = np.stack([participation.probabilities(t) for t in range(period)])
     return Sampling(cohort=float(p.sum() / period), q=float(p.max()), separation=separation_of(cfg))
