@@ -37,7 +37,7 @@ from .errors import Diverged, InputError, Interrupted, WriteFailed
 from .evaluator import Evaluator
 from .registry import CALLBACKS
 from .runtime import World
-from .runtime.launcher import restart_count
+from .runtime.launcher import agree_on_error, restart_count
 
 Callback = Callable[[Components, int], None]  # (run, t) at round t, on every rank
 EvalCallback = Callable[[Components, int, dict], "str | None"]  # (run, rounds_done, row) -> reason to stop
@@ -45,15 +45,14 @@ WHEN = ("round_start", "round_end", "evaluated")
 
 
 def agree(world: World, fn: Callable[[], object]) -> object:
-    """Run ``fn`` on every rank; if it raised InputError anywhere, raise it everywhere."""
-    err = None
+    """Run ``fn`` on every rank; if it raised InputError anywhere, raise on every rank
+    (``agree_on_error``: a rank's own error keeps its type, the others name the failing rank)."""
+    err, out = None, None
     try:
         out = fn()
     except InputError as e:
-        err, out = e, None
-    errors = [e for e in world.allgather_obj(None if err is None else str(err)) if e is not None]
-    if errors:
-        raise err if err is not None else InputError(errors[0])  # a rank keeps its own error's type
+        err = e
+    agree_on_error(world.allgather_obj, err)
     return out
 
 
