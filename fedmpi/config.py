@@ -4,9 +4,10 @@ Every key, its type, default, allowed range and meaning is declared once, with
 ``fedmpi.schema.opt``, in a dataclass next to the code that reads it: ``train`` in the local
 step (``fedmpi.engine.local_step``), ``evaluation`` in the evaluator, ``topology`` and
 ``sporadicity`` in ``fedmpi.decentral`` (sections of the decentralized algorithms), the
-parameters of each pluggable component next to its code, the process world's ``runtime`` keys in
-``fedmpi.runtime.world``. This module owns the run's own keys (the top level, the rest of
-``runtime``) and assembles the root ``Config``.
+parameters of each pluggable component next to its code; the ``runtime`` keys by the process
+world (``fedmpi.runtime.world``), progress (``fedmpi.progress``), ``stop_at`` (``fedmpi.metrics``)
+and, for the checkpointer and the result files, which sit above this module, ``fedmpi.outputs``.
+This module owns the top-level keys and assembles the root ``Config``.
 
 Three blocks select components from the registries (``fedmpi.registry``): ``algorithm``
 (``name``), ``task`` (``dataset`` and ``model``) and ``availability`` (``kind``). Such a block is
@@ -44,10 +45,13 @@ from .decentral.topology import TopologyConfig
 from .engine.local_step import TrainConfig
 from .errors import InputError
 from .evaluator import EvaluationConfig
+from .metrics import StopAtConfig, StopAtParams  # noqa: F401  (public names)
 from .models import ModelParams  # noqa: F401
+from .outputs import CheckpointParams, ResultFileParams, SidecarParams
 from .participation.base import AvailabilityParams
 from .participation.probs import BaseProbConfig  # noqa: F401
 from .privacy.params import PrivacyParams, check as check_privacy
+from .progress import ProgressParams
 from .registry import Registry
 from .runtime.world import WorldParams
 from .schema import copy as _copy
@@ -56,32 +60,13 @@ from .schema import opt
 log = logging.getLogger(__name__)
 
 
-# ----------------------------------------------------------------------------- the run's own keys
+# ----------------------------------------------------------------------------- the root
 
 @dataclass
-class StopAtConfig:
-    """``runtime.stop_at``: end the run at the first evaluation where a metric reaches a value."""
-
-    metric: Optional[str] = opt(None, "metric watched at every evaluation (e.g. test_acc); null = never stop early")
-    value: float = opt(0.0, "the value to reach")
-    goal: Literal["at_least", "at_most"] = opt("at_least", "reached when the metric is >= value (at_least) "
-                                                          "or <= value (at_most, for losses)")
-
-
-@dataclass
-class RuntimeConfig(WorldParams):
-    """The ``runtime`` block: the process world's keys (``WorldParams``), then the run's own."""
-
-    checkpoint_every: int = opt(0, "rounds between checkpoints; 0 = off", ge=0)
-    log_availability: bool = opt(False, "store the per-round participation mask")
-    progress: bool = opt(True, "progress on rank 0's stderr: a tqdm bar on a TTY, else one line per evaluation")
-    flush_s: float = opt(5.0, "write buffered result rows to the HDF5 file at most every N seconds "
-                              "(and at checkpoints and the end)", ge=0)
-    csv: bool = opt(False, "also write the metric rows to a CSV file next to the result file (RUN.csv)")
-    tensorboard: Optional[str] = opt(None, "also log the metrics as TensorBoard scalars under this folder "
-                                           "(needs the tensorboard package: fedmpi[tensorboard])")
-    stop_at: StopAtConfig = opt(StopAtConfig(), "stop early once a metric reaches a value (recorded in the file)")
-
+class RuntimeConfig(StopAtParams, SidecarParams, ResultFileParams, ProgressParams, CheckpointParams, WorldParams):
+    """The ``runtime`` block, assembled from its owners' keys (fields in reverse order of the
+    bases): the process world's, the checkpointer's, progress, the result file's, its sidecars',
+    ``stop_at``."""
 
 
 @dataclass

@@ -35,6 +35,7 @@ from .checkpointer import Checkpointer
 from .config import Config
 from .errors import Diverged, InputError, Interrupted, WriteFailed
 from .evaluator import Evaluator
+from .metrics import stop_at
 from .registry import CALLBACKS
 from .runtime import World
 from .runtime.launcher import agree_on_error, restart_count
@@ -252,20 +253,6 @@ def _by_moment(cfg: Config, extra: Iterable[Callback | tuple[str, Callable]]) ->
             raise InputError(f"plug-in: callback {_name(fn)}: when must be one of {', '.join(WHEN)}, got {when!r}")
         out[when].append(fn)
     return out
-
-
-def stop_at(spec) -> EvalCallback:
-    """The ``evaluated`` callback of ``runtime.stop_at``: a reason once the metric reaches the value."""
-    at_least = spec.goal == "at_least"
-
-    def stop_at(run: Components, rounds_done: int, row: dict) -> str | None:
-        v = row.get(spec.metric)
-        if v is not None and (v >= spec.value if at_least else v <= spec.value):
-            return f"{spec.metric} {'>=' if at_least else '<='} {spec.value:g} ({v:.6g}) after round {rounds_done}"
-        return None
-
-    stop_at.__qualname__ = "runtime.stop_at"
-    return stop_at
 
 
 def _name(fn: Callable) -> str:

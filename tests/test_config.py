@@ -198,6 +198,16 @@ def test_train_global_lr_is_still_read_as_algorithm_global_lr_with_one_notice(tm
         config.from_dict({"train": {"global_lr": -1}})
 
 
+def test_config_py_declares_only_the_top_level_keys():
+    """Every section's keys are declared by their owners (#23); runtime's are assembled from several."""
+    rows = config.reference()
+    assert {row.split("`")[1] for owner, row in rows if owner == "fedmpi/config.py"} == \
+        {"name", "seed", "rounds", "eval_every", "output"}
+    owners = {row.split("`")[1]: owner for owner, row in rows}
+    assert owners["runtime.progress"] == "fedmpi/progress.py" and owners["runtime.stop_at.goal"] == "fedmpi/metrics.py"
+    assert owners["runtime.checkpoint_every"] == owners["runtime.csv"] == "fedmpi/outputs.py"
+
+
 def test_a_section_is_read_when_its_owner_is_selected_and_none_otherwise():
     cfg = config.from_dict({"algorithm": {"name": "dgd"}, "topology": {"kind": "ring"}})
     assert cfg.topology.kind == "ring" and cfg.sporadicity == config.SporadicityConfig()
