@@ -2,12 +2,11 @@
 
 What a checkpoint holds: the algorithm's and the participation model's declared state
 (``fedmpi.state``) and the wall time so far; no random-generator state, because every draw is a
-function of (seed, purpose, round, client). When: every ``runtime.checkpoint_every`` rounds and
-after a stop signal (``fedmpi.signals``: SIGTERM, SIGINT, SIGHUP, SIGUSR1, trapped from the
-start of the process), which the ranks agree on at the next round boundary before raising
-``Interrupted`` (exit 3); a signal before the first round of this start stops with nothing to
-save. Resume: the same config (its
-``resume_digest``) continues from the last committed checkpoint, on any number of ranks. The
+function of (seed, purpose, round, client). When: every ``runtime.checkpoint_every`` rounds
+(``fedmpi.outputs.CheckpointParams``) and after a stop signal (``fedmpi.signals``: SIGTERM,
+SIGINT, SIGHUP, SIGUSR1, trapped from the start of the process), which the ranks agree on at the
+next round boundary before raising ``Interrupted`` (exit 3); a signal before the first round of
+this start stops with nothing to save. Resume: the same config (its ``resume_digest``) continues from the last committed checkpoint, on any number of ranks. The
 storage format (atomic files, manifest, re-sharding) is ``fedmpi.checkpoint``.
 """
 

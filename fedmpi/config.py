@@ -4,9 +4,10 @@ Every key, its type, default, allowed range and meaning is declared once, with
 ``fedmpi.schema.opt``, in a dataclass next to the code that reads it: ``train`` in the local
 step (``fedmpi.engine.local_step``), ``evaluation`` in the evaluator, ``topology`` and
 ``sporadicity`` in ``fedmpi.decentral`` (sections of the decentralized algorithms), the
-parameters of each pluggable component next to its code, the process world's ``runtime`` keys in
-``fedmpi.runtime.world``. This module owns the run's own keys (the top level, the rest of
-``runtime``) and assembles the root ``Config``.
+parameters of each pluggable component next to its code; the ``runtime`` keys by the process
+world (``fedmpi.runtime.world``), progress (``fedmpi.progress``), ``stop_at`` (``fedmpi.metrics``)
+and, for the checkpointer and the result files, which sit above this module, ``fedmpi.outputs``.
+This module owns the top-level keys and assembles the root ``Config``.
 
 Three blocks select components from the registries (``fedmpi.registry``): ``algorithm``
 (``name``), ``task`` (``dataset`` and ``model``) and ``availability`` (``kind``). Such a block is
@@ -37,17 +38,20 @@ from typing import Any, Literal, Optional, Union
 import yaml
 
 from . import plugins, registry, yamlio
-from .algorithms.base import AlgorithmParams
+from .algorithms.base import AlgorithmParams, ServerParams  # noqa: F401  (public names)
 from .data.datasets import DatasetParams, PartitionConfig, TaskConfig  # noqa: F401  (public names)
 from .decentral.sporadicity import ProbDistConfig, SporadicityConfig  # noqa: F401
 from .decentral.topology import TopologyConfig
 from .engine.local_step import TrainConfig
 from .errors import InputError
 from .evaluator import EvaluationConfig
+from .metrics import StopAtConfig, StopAtParams  # noqa: F401  (public names)
 from .models import ModelParams  # noqa: F401
+from .outputs import CheckpointParams, ResultFileParams, SidecarParams
 from .participation.base import AvailabilityParams
 from .participation.probs import BaseProbConfig  # noqa: F401
 from .privacy.params import PrivacyParams, check as check_privacy
+from .progress import ProgressParams
 from .registry import Registry
 from .runtime.world import WorldParams
 from .schema import copy as _copy
@@ -56,32 +60,13 @@ from .schema import opt
 log = logging.getLogger(__name__)
 
 
-# ----------------------------------------------------------------------------- the run's own keys
+# ----------------------------------------------------------------------------- the root
 
 @dataclass
-class StopAtConfig:
-    """``runtime.stop_at``: end the run at the first evaluation where a metric reaches a value."""
-
-    metric: Optional[str] = opt(None, "metric watched at every evaluation (e.g. test_acc); null = never stop early")
-    value: float = opt(0.0, "the value to reach")
-    goal: Literal["at_least", "at_most"] = opt("at_least", "reached when the metric is >= value (at_least) "
-                                                          "or <= value (at_most, for losses)")
-
-
-@dataclass
-class RuntimeConfig(WorldParams):
-    """The ``runtime`` block: the process world's keys (``WorldParams``), then the run's own."""
-
-    checkpoint_every: int = opt(0, "rounds between checkpoints; 0 = off", ge=0)
-    log_availability: bool = opt(False, "store the per-round participation mask")
-    progress: bool = opt(True, "progress on rank 0's stderr: a tqdm bar on a TTY, else one line per evaluation")
-    flush_s: float = opt(5.0, "write buffered result rows to the HDF5 file at most every N seconds "
-                              "(and at checkpoints and the end)", ge=0)
-    csv: bool = opt(False, "also write the metric rows to a CSV file next to the result file (RUN.csv)")
-    tensorboard: Optional[str] = opt(None, "also log the metrics as TensorBoard scalars under this folder "
-                                           "(needs the tensorboard package: fedmpi[tensorboard])")
-    stop_at: StopAtConfig = opt(StopAtConfig(), "stop early once a metric reaches a value (recorded in the file)")
-
+class RuntimeConfig(StopAtParams, SidecarParams, ResultFileParams, ProgressParams, CheckpointParams, WorldParams):
+    """The ``runtime`` block, assembled from its owners' keys (fields in reverse order of the
+    bases): the process world's, the checkpointer's, progress, the result file's, its sidecars',
+    ``stop_at``."""
 
 
 @dataclass
@@ -119,7 +104,7 @@ class Config:
 
     def resume_keys(self) -> dict[str, str]:
         """What ``resume_digest`` covers, as {dotted key: repr of the value} (kept in checkpoints)."""
-        return _flat(self._resume_keys())
+        return _renamed(_flat(self._resume_keys()))
 
     def _resume_keys(self) -> dict:
         d = self.to_dict()
@@ -127,6 +112,8 @@ class Config:
         keep.update({"privacy": d["privacy"]} if self.privacy.mechanism != "none" else {})  # old digests stay valid
         if not self.task.partition.local_test:  # old digests stay valid
             del keep["task"]["partition"]["local_test"]
+        # old digests stay valid: eta_g is hashed where it was declared before (1.0 without a server)
+        keep["train"]["global_lr"] = keep["algorithm"].pop("global_lr", 1.0)
         return keep
 
     def components(self) -> list[registry.Entry]:
@@ -140,8 +127,14 @@ class Config:
 
 
 def differing_keys(a: dict[str, str], b: dict[str, str]) -> list[str]:
-    """The keys of two ``resume_keys`` mappings whose values differ (or that one lacks)."""
+    """The keys of two ``resume_keys`` mappings whose values differ (or that one lacks); a moved
+    key (``MOVED``, in an old checkpoint's mapping) counts as its new spelling."""
+    a, b = _renamed(a), _renamed(b)
     return [k for k in dict.fromkeys([*a, *b]) if a.get(k, "-") != b.get(k, "-")]
+
+
+def _renamed(keys: dict[str, str]) -> dict[str, str]:
+    return {MOVED.get(k, k): v for k, v in keys.items()}
 
 
 def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -152,6 +145,42 @@ def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
     for k, v in d.items():
         out.update(_flat(v, f"{prefix}{k}."))
     return out
+
+
+# ----------------------------------------------------------------------------- moved keys
+
+#: Keys that moved to the component that reads them: old dotted spelling -> new one. The old one
+#: is still read (configs, --set, sweep cells, result files and checkpoints made before), as the
+#: new one with one notice; both given with different values is an error.
+MOVED = {"train.global_lr": "algorithm.global_lr"}
+
+
+def _new_spelling(dotted: str) -> str:
+    """``dotted``, or its new spelling (with the notice) when it moved."""
+    if dotted in MOVED:
+        log.info("%s: the server's learning rate is now %s (read as that key)", dotted, MOVED[dotted])
+    return MOVED.get(dotted, dotted)
+
+
+def _move(data: dict) -> None:
+    """Move each old spelling of ``MOVED`` in nested ``data`` to its new place (in place)."""
+    for old, new in MOVED.items():
+        (osec, okey), (nsec, nkey) = old.split("."), new.split(".")
+        src = data.get(osec)
+        if not isinstance(src, dict) or okey not in src:
+            continue
+        value = src[okey]
+        dst = data.get(nsec)
+        if dst is None:
+            dst = data[nsec] = {}
+        if not isinstance(dst, dict):
+            continue  # the section's own error comes while building
+        if nkey in dst and dst[nkey] != value:
+            raise InputError(f"{old}: {_show(value)} and {new}: {_show(dst[nkey])} are both given ({old} is "
+                             f"the old name of {new}: give only {new})")
+        del src[okey]
+        dst[nkey] = value
+        _new_spelling(old)
 
 
 # ----------------------------------------------------------------------------- parsing
@@ -370,10 +399,12 @@ def load(path: str | None = None, overrides: list[str] | None = None, world_size
             data = {}
         if not isinstance(data, dict):
             raise InputError(f"{path}: top level must be a mapping of keys")
+    _move(data)
     for item in overrides or []:
-        _set_dotted(data, *parse_override(item))
+        key, value = parse_override(item)
+        _set_dotted(data, _new_spelling(key), value)
     for k, v in (values or {}).items():
-        _set_dotted(data, k, _copy(v))
+        _set_dotted(data, _new_spelling(k), _copy(v))
     cfg = _build(Config, data, "")
     validate(cfg, world_size)
     return cfg
@@ -382,7 +413,10 @@ def load(path: str | None = None, overrides: list[str] | None = None, world_size
 def from_dict(data: dict, world_size: int = 1) -> Config:
     """Build and validate a config from a plain dict (tests, API users)."""
     plugins.load()
-    cfg = _build(Config, _copy(data), "")
+    data = _copy(data)
+    if isinstance(data, dict):
+        _move(data)
+    cfg = _build(Config, data, "")
     validate(cfg, world_size)
     return cfg
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Optional
 
 import numpy as np
 import torch
@@ -151,3 +151,36 @@ def registered_names() -> list[str]:
 def registered(inp: MetricInput) -> dict[str, float]:
     """Every registered metric's value (rank 0), in registration order."""
     return {e.name: float(e.obj(inp)) for e in METRICS}
+
+
+# ----------------------------------------------------------------------------- stopping at a value
+
+@dataclass
+class StopAtConfig:
+    """``runtime.stop_at``: end the run at the first evaluation where a metric reaches a value."""
+
+    metric: Optional[str] = opt(None, "metric watched at every evaluation (e.g. test_acc); null = never stop early")
+    value: float = opt(0.0, "the value to reach")
+    goal: Literal["at_least", "at_most"] = opt("at_least", "reached when the metric is >= value (at_least) "
+                                                          "or <= value (at_most, for losses)")
+
+
+@dataclass
+class StopAtParams:
+    """The ``runtime`` key of ``stop_at`` (the runner adds its callback when a metric is named)."""
+
+    stop_at: StopAtConfig = opt(StopAtConfig(), "stop early once a metric reaches a value (recorded in the file)")
+
+
+def stop_at(spec: StopAtConfig) -> Callable[[Any, int, dict], str | None]:
+    """The ``evaluated`` callback of ``runtime.stop_at``: a reason once the metric reaches the value."""
+    at_least = spec.goal == "at_least"
+
+    def stop_at(run: Any, rounds_done: int, row: dict) -> str | None:
+        v = row.get(spec.metric)
+        if v is not None and (v >= spec.value if at_least else v <= spec.value):
+            return f"{spec.metric} {'>=' if at_least else '<='} {spec.value:g} ({v:.6g}) after round {rounds_done}"
+        return None
+
+    stop_at.__qualname__ = "runtime.stop_at"
+    return stop_at

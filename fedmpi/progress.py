@@ -13,7 +13,17 @@ from __future__ import annotations
 import os
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any, TextIO
+
+from .schema import opt
+
+
+@dataclass
+class ProgressParams:
+    """``runtime.progress`` (read by the runner when it starts the reporter)."""
+
+    progress: bool = opt(True, "progress on rank 0's stderr: a tqdm bar on a TTY, else one line per evaluation")
 
 MAIN_METRICS = ("test_acc", "test_loss", "x", "consensus_error", "sim_delay")
 

@@ -35,9 +35,10 @@ from .checkpointer import Checkpointer
 from .config import Config
 from .errors import Diverged, InputError, Interrupted, WriteFailed
 from .evaluator import Evaluator
+from .metrics import stop_at
 from .registry import CALLBACKS
 from .runtime import World
-from .runtime.launcher import restart_count
+from .runtime.launcher import agree_on_error, restart_count
 
 Callback = Callable[[Components, int], None]  # (run, t) at round t, on every rank
 EvalCallback = Callable[[Components, int, dict], "str | None"]  # (run, rounds_done, row) -> reason to stop
@@ -45,15 +46,14 @@ WHEN = ("round_start", "round_end", "evaluated")
 
 
 def agree(world: World, fn: Callable[[], object]) -> object:
-    """Run ``fn`` on every rank; if it raised InputError anywhere, raise it everywhere."""
-    err = None
+    """Run ``fn`` on every rank; if it raised InputError anywhere, raise on every rank
+    (``agree_on_error``: a rank's own error keeps its type, the others name the failing rank)."""
+    err, out = None, None
     try:
         out = fn()
     except InputError as e:
-        err, out = e, None
-    errors = [e for e in world.allgather_obj(None if err is None else str(err)) if e is not None]
-    if errors:
-        raise err if err is not None else InputError(errors[0])  # a rank keeps its own error's type
+        err = e
+    agree_on_error(world.allgather_obj, err)
     return out
 
 
@@ -253,20 +253,6 @@ def _by_moment(cfg: Config, extra: Iterable[Callback | tuple[str, Callable]]) ->
             raise InputError(f"plug-in: callback {_name(fn)}: when must be one of {', '.join(WHEN)}, got {when!r}")
         out[when].append(fn)
     return out
-
-
-def stop_at(spec) -> EvalCallback:
-    """The ``evaluated`` callback of ``runtime.stop_at``: a reason once the metric reaches the value."""
-    at_least = spec.goal == "at_least"
-
-    def stop_at(run: Components, rounds_done: int, row: dict) -> str | None:
-        v = row.get(spec.metric)
-        if v is not None and (v >= spec.value if at_least else v <= spec.value):
-            return f"{spec.metric} {'>=' if at_least else '<='} {spec.value:g} ({v:.6g}) after round {rounds_done}"
-        return None
-
-    stop_at.__qualname__ = "runtime.stop_at"
-    return stop_at
 
 
 def _name(fn: Callable) -> str:

@@ -98,6 +98,37 @@ def test_resume_errors(tmp_path):
     assert p.returncode == 2 and "corrupt checkpoint manifest" in p.stderr
 
 
+def test_a_run_begun_with_train_global_lr_resumes_with_algorithm_global_lr(tmp_path):
+    """eta_g moved from train.global_lr to algorithm.global_lr (#23): a run whose result file and
+    checkpoint were written with the old key resumes with the new one when the value is the same,
+    to the same numbers, and is another experiment when it is not."""
+    import yaml
+
+    def cfg(name: str, **key) -> str:
+        return write_config(tmp_path / name, synthetic_config(
+            rounds=12, eval_every=3, runtime={"checkpoint_every": 4, "progress": False, "log_availability": True},
+            **key))
+
+    old, new = cfg("old.yaml", train__global_lr=0.5), cfg("new.yaml", algorithm__global_lr=0.5)
+    full, cut = str(tmp_path / "full.h5"), str(tmp_path / "cut.h5")
+    fedmpi(["run", new, "--out", full, "--quiet"])
+    p = fedmpi(["run", old, "--out", cut, "--quiet"], check=False, env=fault_plugin.env("0:6:kill"))
+    assert p.returncode == -signal.SIGKILL and json.load(open(cut + ".ckpt/manifest.json"))["round"] == 4
+    with h5py.File(cut, "r+") as f:  # the config as fedmpi stored it before the move
+        stored = yaml.safe_load(f.attrs["config"])
+        stored["train"]["global_lr"] = stored["algorithm"].pop("global_lr")
+        f.attrs["config"] = yaml.safe_dump(stored, sort_keys=False)
+    p = fedmpi(["run", new, "--out", cut, "--set", "algorithm.global_lr=0.25"], check=False)
+    assert p.returncode == 2 and "another experiment (differs in algorithm.global_lr)" in p.stderr
+    os.rename(cut, cut + ".keep")  # the checkpoint alone names the new key too
+    p = fedmpi(["run", new, "--out", cut, "--set", "algorithm.global_lr=0.25"], check=False)
+    assert p.returncode == 2 and "different config" in p.stderr and "algorithm.global_lr" in p.stderr, p.stderr
+    os.rename(cut + ".keep", cut)
+    p = fedmpi(["run", new, "--out", cut, "--quiet"])
+    assert "notice" not in p.stderr
+    same(full, cut)
+
+
 def test_resharding_client_rows(tmp_path):
     """A checkpoint written by 1 rank loads as the right slices on 3 ranks (and the union/ entries everywhere)."""
     folder = str(tmp_path / "ck")

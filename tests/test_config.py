@@ -170,6 +170,45 @@ def test_a_key_of_another_component_is_ignored_with_one_notice_in_every_section(
     assert notices(data) == [notice]
 
 
+def test_the_server_learning_rate_is_the_server_algorithms_key():
+    """eta_g is ``algorithm.global_lr`` of a centralized algorithm; a decentralized one has no server."""
+    assert config.from_dict({"algorithm": {"name": "fedadam", "global_lr": 0.03}}).algorithm.global_lr == 0.03
+    assert config.from_dict({"algorithm": {"name": "fedswe", "global_lr": 0.5}}).algorithm.global_lr == 0.5
+    said = notices({"algorithm": {"name": "dgd", "global_lr": 0.5}, "topology": {"kind": "ring"}})
+    assert len(said) == 1 and said[0].startswith("algorithm.global_lr: not a parameter of dgd (only of fedavg_active")
+    assert not hasattr(config.from_dict({}).train, "global_lr")
+
+
+def test_train_global_lr_is_still_read_as_algorithm_global_lr_with_one_notice(tmp_path):
+    old = {"train": {"global_lr": 0.03}, "algorithm": {"name": "fedadam"}}
+    assert notices(old) == ["train.global_lr: the server's learning rate is now algorithm.global_lr "
+                            "(read as that key)"]
+    cfg = config.from_dict(old)
+    assert cfg.algorithm.global_lr == 0.03 and cfg == config.from_dict({"algorithm": {"name": "fedadam",
+                                                                                      "global_lr": 0.03}})
+    assert cfg.resume_digest() == "b2c75dd2989ccde4"  # fedmpi's digest before the move: old checkpoints resume
+    assert config.from_dict({"train": {"global_lr": 0.03}, "algorithm": {"global_lr": 0.03}}).algorithm.global_lr \
+        == 0.03  # the same value twice is no conflict
+    with pytest.raises(InputError, match=r"^train\.global_lr: 0\.5 and algorithm\.global_lr: 0\.03 are both given"):
+        config.from_dict({"train": {"global_lr": 0.5}, "algorithm": {"global_lr": 0.03}})
+    p = tmp_path / "c.yaml"
+    p.write_text("algorithm: {name: fedadam, global_lr: 0.03}\n")
+    assert config.load(str(p), ["train.global_lr=0.1"]).algorithm.global_lr == 0.1  # --set overrides the file
+    assert config.load(str(p), values={"train.global_lr": 0.2}).algorithm.global_lr == 0.2  # as a sweep cell
+    with pytest.raises(InputError, match=r"^algorithm\.global_lr: must be > 0"):
+        config.from_dict({"train": {"global_lr": -1}})
+
+
+def test_config_py_declares_only_the_top_level_keys():
+    """Every section's keys are declared by their owners (#23); runtime's are assembled from several."""
+    rows = config.reference()
+    assert {row.split("`")[1] for owner, row in rows if owner == "fedmpi/config.py"} == \
+        {"name", "seed", "rounds", "eval_every", "output"}
+    owners = {row.split("`")[1]: owner for owner, row in rows}
+    assert owners["runtime.progress"] == "fedmpi/progress.py" and owners["runtime.stop_at.goal"] == "fedmpi/metrics.py"
+    assert owners["runtime.checkpoint_every"] == owners["runtime.csv"] == "fedmpi/outputs.py"
+
+
 def test_a_section_is_read_when_its_owner_is_selected_and_none_otherwise():
     cfg = config.from_dict({"algorithm": {"name": "dgd"}, "topology": {"kind": "ring"}})
     assert cfg.topology.kind == "ring" and cfg.sporadicity == config.SporadicityConfig()

@@ -47,8 +47,8 @@ def make(data: dict, part: Participation | None = None) -> algorithms.Algorithm:
 def quadratic(name: str, u: list[float], lr: float, K: int, availability: dict | None = None,
               eta_g: float = 1.0, seed: int = 0, **algo) -> dict:
     return {"seed": seed, "task": {"dataset": "quadratic", "model": "scalar", "clients": len(u), "u": u},
-            "train": {"local_steps": K, "lr": lr, "batch_size": 1, "global_lr": eta_g, "engine": "sequential"},
-            "algorithm": {"name": name, **algo}, "availability": availability or {"kind": "always"},
+            "train": {"local_steps": K, "lr": lr, "batch_size": 1, "engine": "sequential"},
+            "algorithm": {"name": name, "global_lr": eta_g, **algo}, "availability": availability or {"kind": "always"},
             "runtime": {"progress": False}}
 
 

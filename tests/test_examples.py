@@ -48,9 +48,8 @@ def test_fedavgm_follows_its_definition():
     script = [[0, 1], [], [2], [0, 1, 2], [1]]
     cfg = config.from_dict({"seed": 1, "task": {"dataset": "quadratic", "model": "scalar", "clients": 3, "u": u,
                                                 "x0": x0},
-                            "train": {"local_steps": 2, "lr": 0.5, "batch_size": 1, "global_lr": eta_g,
-                                      "engine": "sequential"},
-                            "algorithm": {"name": "my_fedavgm", "beta": beta}})
+                            "train": {"local_steps": 2, "lr": 0.5, "batch_size": 1, "engine": "sequential"},
+                            "algorithm": {"name": "my_fedavgm", "beta": beta, "global_lr": eta_g}})
     algo = build_components(cfg, World(), participation=Scripted(3, script)).algorithm
     x, v = x0, 0.0
     for t, active in enumerate(script):
@@ -83,7 +82,7 @@ def test_model_and_dataset_take_their_own_keys():
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--set", "algorithm.betta=0.5"], "algorithm.betta: unknown key (allowed: name, beta)"),
+    (["--set", "algorithm.betta=0.5"], "algorithm.betta: unknown key (allowed: name, global_lr, beta)"),
     (["--set", "algorithm.beta=1.5"], "algorithm.beta: must be < 1, got 1.5"),
     (["--set", "task.widht=3"], "task.widht: unknown key (allowed: dataset, root, cache_dir, clients, partition, "
                                 "model, width, blocks, spiral_samples, arms, noise)"),

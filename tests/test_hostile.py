@@ -29,7 +29,7 @@ _values = st.one_of(st.none(), st.booleans(), st.integers(-3, 50), st.sampled_fr
 _keys = st.sampled_from([
     "seed", "eval_every", "task.clients", "task.partition.kind", "task.partition.alpha", "task.model",
     "task.synthetic.classes", "task.synthetic.features", "train.lr", "train.batch_size", "train.local_steps",
-    "train.grad_clip", "train.global_lr", "train.lr_schedule", "algorithm.name", "algorithm.k",
+    "train.grad_clip", "train.global_lr", "algorithm.global_lr", "train.lr_schedule", "algorithm.name", "algorithm.k",
     "availability.kind", "availability.size", "availability.base.kind", "availability.base.values",
     "availability.period", "availability.gamma", "availability.R", "availability.B", "runtime.device",
     "evaluation.batch_size", "task.x0", "unknown", "task.u", "runtime.threads", "task.hidden",

@@ -17,8 +17,8 @@ from fedmpi.runner import Runner
 from fedmpi.runtime import World
 
 NEW = ["fedavgm", "fedadam", "fedyogi", "fedadagrad", "scaffold", "fedprox"]
-OWN = {"fedadam": {"train.global_lr": 0.03}, "fedyogi": {"train.global_lr": 0.03},
-       "fedadagrad": {"train.global_lr": 0.03}}  # the adaptive steps are ~eta_g per coordinate
+OWN = {"fedadam": {"algorithm.global_lr": 0.03}, "fedyogi": {"algorithm.global_lr": 0.03},
+       "fedadagrad": {"algorithm.global_lr": 0.03}}  # the adaptive steps are ~eta_g per coordinate
 
 KINDS = {  # one small setting per built-in availability kind
     "always": {}, "cohort": {"size": 4}, "stationary": {}, "staircase": {"period": 4}, "sine": {"period": 4},

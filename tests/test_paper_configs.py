@@ -21,7 +21,7 @@ from conftest import ROOT
 from fedmpi import config
 
 FEDSWE = {"task.clients": 100, "train.local_steps": 10, "train.batch_size": 128, "train.lr": 0.1,
-          "train.global_lr": 1.0, "train.grad_clip": 0.5, "algorithm.name": "fedswe", "algorithm.k": 100,
+          "algorithm.global_lr": 1.0, "train.grad_clip": 0.5, "algorithm.name": "fedswe", "algorithm.k": 100,
           "availability.base.kind": "dirichlet_phi", "availability.base.phi_max": None,
           "availability.base.p_min": None, "task.partition.alpha": 0.1, "eval_every": 2}
 SINE = {**FEDSWE, "availability.kind": "sine", "availability.gamma": 0.3, "availability.period": 20,

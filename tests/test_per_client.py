@@ -182,7 +182,7 @@ def test_fedexp_matches_its_definition(eps):
 
 
 def test_fedexp_refuses_a_server_step_size():
-    with pytest.raises(InputError, match="train.global_lr"):
+    with pytest.raises(InputError, match="algorithm.global_lr"):
         build(quadratic_cfg("fedexp", U, X0, eta_g=0.5))
 
 

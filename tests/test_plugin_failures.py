@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import fedmpi, synthetic_config, write_config
+from fedmpi.errors import InputError
 
 FORGED = '''
 from fedmpi.algorithms import register
@@ -65,3 +66,42 @@ def test_a_plugin_that_would_load_nothing_is_refused(tmp_path):
         p = fedmpi(["run", cfg, "--plugin", spec, "--quiet"], check=False)
         lines = p.stderr.strip().splitlines()
         assert p.returncode == 2 and len(lines) == 1 and words in lines[0], p.stderr
+
+
+class _Failed(InputError):
+    """A rank's own kind of set-up error (e.g. a subclass with its own exit code)."""
+
+
+@pytest.mark.parametrize("errors, me, expect", [
+    ([None, None, None], 0, None),
+    ([None, "--plugin p: gone", None], 0, (InputError, "rank 1: --plugin p: gone")),  # names the rank
+    (["a: bad", "b: bad", None], 0, (InputError, "a: bad")),  # rank 0's own: no prefix
+    (["a: bad", "b: bad", None], 2, (InputError, "a: bad")),  # the first failing rank is rank 0
+    ([None, "a: bad", _Failed("mine")], 2, (_Failed, "mine")),  # its own error, its own type
+])
+def test_one_agreement_on_errors_before_and_after_the_world(errors, me, expect):
+    """``agree_on_error`` serves the launcher (before the world) and the runner's set-up (after):
+    every rank raises if any rank failed; a rank's own error keeps its type, the others name the rank."""
+    from fedmpi.runner import agree
+    from fedmpi.runtime.launcher import agree_on_error
+
+    texts = [None if e is None else str(e) for e in errors]
+    mine = errors[me] if isinstance(errors[me], Exception) else (InputError(errors[me]) if errors[me] else None)
+
+    class World:  # the world's allgather, as seen by rank ``me``
+        def allgather_obj(self, obj):
+            assert obj == texts[me]
+            return texts
+
+    def setup():
+        if mine is not None:
+            raise mine
+        return "ok"
+
+    for call in (lambda: agree_on_error(World().allgather_obj, mine), lambda: agree(World(), setup)):
+        if expect is None:
+            call()
+            continue
+        with pytest.raises(expect[0]) as caught:
+            call()
+        assert str(caught.value) == expect[1] and (type(caught.value) is expect[0])

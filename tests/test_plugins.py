@@ -160,9 +160,8 @@ def test_algorithm_with_its_own_parameter(tmp_path, plugin):
 
     path = plugin("scaled", ALGO)
     mine = write_config(tmp_path / "a.yaml", quadratic(tmp_path / "a.h5", name="scaled_fedavg", scale=0.25))
-    ref = write_config(tmp_path / "b.yaml", {**quadratic(tmp_path / "b.h5", name="fedavg_active"),
-                                             "train": {"local_steps": 2, "lr": 0.3, "batch_size": 1,
-                                                       "global_lr": 0.25}})
+    ref = write_config(tmp_path / "b.yaml", {**quadratic(tmp_path / "b.h5", name="fedavg_active", global_lr=0.25),
+                                             "train": {"local_steps": 2, "lr": 0.3, "batch_size": 1}})
     assert main(["run", mine, "--quiet", "--plugin", path]) == 0
     assert main(["run", ref, "--quiet"]) == 0
     np.testing.assert_allclose(final(tmp_path / "a.h5"), final(tmp_path / "b.h5"), rtol=1e-6)
@@ -170,13 +169,15 @@ def test_algorithm_with_its_own_parameter(tmp_path, plugin):
         assert "scale: 0.25" in f.attrs["config"]
     cfg = config.load(mine)
     assert cfg.algorithm.scale == 0.25 and type(cfg.algorithm).__name__ == "ScaledParams"
+    # its parameters extend AlgorithmParams only (written before ServerParams): a server's keys are added
+    assert cfg.algorithm.global_lr == 1.0 and config.load(mine, ["algorithm.global_lr=0.5"]).algorithm.global_lr == 0.5
 
 
 def test_plugin_parameter_errors_name_the_key(tmp_path, plugin):
     path = plugin("scaled", ALGO)
     cfg = write_config(tmp_path / "a.yaml", quadratic(tmp_path / "a.h5", name="scaled_fedavg"))
     p = fedmpi(["run", cfg, "--plugin", path, "--set", "algorithm.scael=0.5"], check=False)
-    one_line_error(p, "algorithm.scael: unknown key (allowed: name, scale)")
+    one_line_error(p, "algorithm.scael: unknown key (allowed: name, global_lr, scale)")
     p = fedmpi(["run", cfg, "--plugin", path, "--set", "algorithm.scale=2"], check=False)
     one_line_error(p, "algorithm.scale: must be <= 1, got 2")
     p = fedmpi(["run", cfg], check=False)  # without the plug-in the name is unknown

@@ -59,7 +59,8 @@ def test_the_server_adds_the_noise_once_to_the_mean_of_clipped_updates():
     """Round 0 with noise minus round 0 without = eta_g sigma C / n~ z_0; the updates are clipped."""
     def first_round(sigma: float):
         cfg = config.from_dict(markov_cfg({"mechanism": "gaussian", "clip": 0.05, "noise_multiplier": sigma},
-                                          train={"local_steps": 3, "batch_size": 8, "lr": 0.5, "global_lr": 0.5}))
+                                          train={"local_steps": 3, "batch_size": 8, "lr": 0.5}))
+        cfg.algorithm.global_lr = 0.5
         run = build_components(cfg, World())
         x0 = run.algorithm.x.clone()
         run.algorithm.round(0)

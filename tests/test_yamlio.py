@@ -35,8 +35,8 @@ def test_nan_and_structure():
 def test_config_numbers_and_overrides(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("train:\n  lr: 1e-3\n  batch_size: 5E1\n")
-    cfg = config.load(str(p), ["train.global_lr=2E-1", "seed=0x10"])
-    assert cfg.train.lr == 0.001 and cfg.train.batch_size == 50 and cfg.train.global_lr == 0.2 and cfg.seed == 16
+    cfg = config.load(str(p), ["algorithm.global_lr=2E-1", "seed=0x10"])
+    assert cfg.train.lr == 0.001 and cfg.train.batch_size == 50 and cfg.algorithm.global_lr == 0.2 and cfg.seed == 16
     p.write_text("train:\n  lr: 1:30\n")
     with pytest.raises(InputError, match=r"^train\.lr: must be a number, got '1:30'$"):
         config.load(str(p))

@@ -21,11 +21,11 @@ import numpy as np
 import torch
 
 from fedmpi.algorithms import Context, ServerAlgorithm, register
-from fedmpi.config import AlgorithmParams, opt
+from fedmpi.config import ServerParams, opt
 
 
 @dataclass
-class FedAvgMParams(AlgorithmParams):
+class FedAvgMParams(ServerParams):
     beta: float = opt(0.9, "server momentum: v <- beta v + mean Delta_i", ge=0, lt=1)
 
 

@@ -6,4 +6,5 @@ from . import fedopt, fedprox, scaffold  # noqa: F401
 from . import debiased  # noqa: F401
 from . import qffl, fednova, fedexp, power_of_choice  # noqa: F401
 from . import dspodfl  # noqa: F401
-from .base import Algorithm, AlgorithmParams, ClientOutputs, Context, ServerAlgorithm, Snapshot, register  # noqa: F401
+from .base import (Algorithm, AlgorithmParams, ClientOutputs, Context, ServerAlgorithm, ServerParams,  # noqa: F401
+                   Snapshot, register)

@@ -94,6 +94,13 @@ class AlgorithmParams:
 
 
 @dataclass
+class ServerParams(AlgorithmParams):
+    """The keys of every centralized algorithm (a ``ServerAlgorithm``): its parameters extend these."""
+
+    global_lr: float = opt(1.0, "eta_g, the server's learning rate (was train.global_lr)", gt=0)
+
+
+@dataclass
 class Context:
     """What an algorithm may use: config, world, task, trainer, participation."""
 
@@ -227,6 +234,7 @@ class Algorithm(Stateful):
 class ServerAlgorithm(Algorithm):
     """Centralized FL with rank 0 as the server; see the module docstring."""
 
+    Params = ServerParams
     needs_participation = True
     shared_state = ("x",)
     #: True: ``self.outputs`` holds this round's ``ClientOutputs`` (one small collective a round:
@@ -238,7 +246,7 @@ class ServerAlgorithm(Algorithm):
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
-        self.eta_g = self.cfg.train.global_lr
+        self.eta_g = self.params.global_lr
         self.x = ctx.spec.flatten(ctx.task.model).to(ctx.device)  # x^t, identical on every rank
         self.active = np.zeros(0, dtype=np.int64)
         self._outputs: ClientOutputs | None = None  # this round's (from step 3c), else the last round's
@@ -419,7 +427,15 @@ def register(name: str) -> Callable[[type[Algorithm]], type[Algorithm]]:
     def deco(cls: type[Algorithm]) -> type[Algorithm]:
         if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
             raise TypeError(f"algorithm {name!r}: register a subclass of fedmpi.algorithms.Algorithm")
-        return ALGORITHMS.register(name, params=cls.Params, check=cls.check_config, sections=cls.sections)(cls)
+        return ALGORITHMS.register(name, params=_params_of(cls), check=cls.check_config, sections=cls.sections)(cls)
 
     return deco
 
+
+
+def _params_of(cls: type[Algorithm]) -> type[AlgorithmParams]:
+    """``cls.Params``; for a server algorithm whose ``Params`` extend only ``AlgorithmParams`` (a
+    plug-in written before ``ServerParams``), those plus the server's keys."""
+    if not issubclass(cls, ServerAlgorithm) or issubclass(cls.Params, ServerParams):
+        return cls.Params
+    return dataclass(type(cls.Params.__name__, (cls.Params, ServerParams), {"__module__": cls.Params.__module__}))

@@ -31,12 +31,12 @@ import numpy as np
 import torch
 
 from ..schema import opt
-from .base import AlgorithmParams, Context, register
+from .base import Context, ServerParams, register
 from .fedavg import FedAvgActive
 
 
 @dataclass
-class DebiasedParams(AlgorithmParams):
+class DebiasedParams(ServerParams):
     warmup: int = opt(0, "rounds with nu_i = 1", ge=0)
     nu_max: Optional[float] = opt(None, "cap on nu_i; null = none", gt=0)
 

@@ -30,11 +30,11 @@ from typing import Literal
 import numpy as np
 
 from ..schema import opt
-from .base import AlgorithmParams, Context, ServerAlgorithm, register
+from .base import Context, ServerAlgorithm, ServerParams, register
 
 
 @dataclass
-class F3ASTParams(AlgorithmParams):
+class F3ASTParams(ServerParams):
     select: int = opt(10, "clients selected per round among the available", ge=1)
     rate_beta: float = opt(0.001, "rate-estimate smoothing beta", gt=0, le=1)
     f3ast_variant: Literal["paper", "authors"] = opt(

@@ -18,11 +18,11 @@ import numpy as np
 import torch
 
 from ..schema import opt
-from .base import AlgorithmParams, Context, ServerAlgorithm, register
+from .base import Context, ServerAlgorithm, ServerParams, register
 
 
 @dataclass
-class FedAUParams(AlgorithmParams):
+class FedAUParams(ServerParams):
     fedau_cap: int = opt(50, "interval cap K", ge=1)
 
 

@@ -9,7 +9,7 @@ Delta_bar = mean_{i in A_t} Delta_i, M = |A_t|, eps = ``fedexp_eps``:
 
 When the updates point the same way ||Delta_bar||^2 is about their mean square and eta_g^t = 1
 (FedAvg); when they cancel, the server extrapolates. ||Delta_i||^2 comes from
-``ClientOutputs.delta_sq`` (summed reproducibly). ``train.global_lr`` is not used (it must stay
+``ClientOutputs.delta_sq`` (summed reproducibly). ``algorithm.global_lr`` is not used (it must stay
 1), and privacy is refused (the rule reads every ||Delta_i||^2). The paper also reports the
 average of the last two iterates; fedmpi evaluates x^t.
 """
@@ -23,12 +23,12 @@ import torch
 
 from ..errors import InputError
 from ..schema import opt
-from .base import AlgorithmParams, register
+from .base import ServerParams, register
 from .fedavg import FedAvgActive
 
 
 @dataclass
-class FedExPParams(AlgorithmParams):
+class FedExPParams(ServerParams):
     fedexp_eps: float = opt(1e-3, "eps in FedExP's server step size (keeps it finite)", gt=0)
 
 
@@ -40,9 +40,9 @@ class FedExP(FedAvgActive):
     @classmethod
     def check_config(cls, cfg) -> None:
         super().check_config(cfg)
-        if cfg.train.global_lr != 1.0:
-            raise InputError(f"train.global_lr: fedexp sets its own server step size (leave it at 1), "
-                             f"got {cfg.train.global_lr}")
+        if cfg.algorithm.global_lr != 1.0:
+            raise InputError(f"algorithm.global_lr: fedexp sets its own server step size (leave it at 1), "
+                             f"got {cfg.algorithm.global_lr}")
 
     @classmethod
     def private_sum(cls) -> bool:

@@ -6,7 +6,7 @@ The clients train as in FedAvg, and the active ones are weighted as ``fedavg_act
 them; the server treats their mean change as a pseudo-gradient and takes one optimizer step:
 
     Delta_t = mean_{i in A_t} Delta_i                      (A_t empty: no step, state kept)
-    x^{t+1} = x^t + eta_g * step(Delta_t)                  (eta_g = train.global_lr)
+    x^{t+1} = x^t + eta_g * step(Delta_t)                  (eta_g = algorithm.global_lr)
 
     fedavgm:     v_t = beta v_{t-1} + Delta_t;                          step = v_t
     adaptive:    m_t = beta1 m_{t-1} + (1 - beta1) Delta_t;             step = m_t / (sqrt(v_t) + tau)
@@ -17,7 +17,7 @@ them; the server treats their mean change as a pseudo-gradient and takes one opt
 with m_{-1} = v_{-1} = 0 for fedavgm and m_{-1} = 0, v_{-1} = tau^2 for the adaptive ones (the
 paper asks v_{-1} >= tau^2); squares, roots and signs are per coordinate; no bias correction
 (the paper has none). beta = 0 and eta_g = 1 is FedAvg. The adaptive steps are about eta_g
-per coordinate, so they want a much smaller ``train.global_lr`` than FedAvg's 1 (Reddi et al.
+per coordinate, so they want a much smaller ``algorithm.global_lr`` than FedAvg's 1 (Reddi et al.
 tune it on a log grid; 10^-2 to 10^-0.5 were their best values).
 
 The optimizer state lives on the server (rank 0) in float64; checkpoints save it from there.
@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from ..schema import opt
-from .base import AlgorithmParams, Context, register
+from .base import Context, ServerParams, register
 from .fedavg import FedAvgActive
 
 
@@ -57,7 +57,7 @@ class ServerOptimizer(FedAvgActive):
 
 
 @dataclass
-class FedAvgMParams(AlgorithmParams):
+class FedAvgMParams(ServerParams):
     server_momentum: float = opt(0.9, "server momentum beta (0 = FedAvg)", ge=0, lt=1)
 
 
@@ -77,7 +77,7 @@ class FedAvgM(ServerOptimizer):
 
 
 @dataclass
-class AdaptiveParams(AlgorithmParams):
+class AdaptiveParams(ServerParams):
     beta1: float = opt(0.9, "first-moment decay beta_1 of the server optimizer", ge=0, lt=1)
     tau: float = opt(1e-3, "adaptivity tau (added to sqrt(v); v starts at tau^2)", gt=0)
 

@@ -19,12 +19,12 @@ import torch
 
 from ..engine.local_step import StepTerm
 from ..schema import opt
-from .base import AlgorithmParams, register
+from .base import ServerParams, register
 from .fedavg import FedAvgActive
 
 
 @dataclass
-class FedProxParams(AlgorithmParams):
+class FedProxParams(ServerParams):
     mu: float = opt(0.01, "proximal coefficient mu (0 = FedAvg)", ge=0)
 
 

@@ -20,12 +20,12 @@ import numpy as np
 import torch
 
 from ..schema import opt
-from .base import AlgorithmParams, Context, register
+from .base import Context, ServerParams, register
 from .fedavg import FedAvgActive
 
 
 @dataclass
-class GFedAvgParams(AlgorithmParams):
+class GFedAvgParams(ServerParams):
     amplification: float = opt(10.0, "amplification a", gt=0)
     anchor_period: int = opt(100, "rounds P between amplifications", ge=1)
 

@@ -26,12 +26,12 @@ import numpy as np
 from .. import rng
 from ..errors import InputError
 from ..schema import opt
-from .base import AlgorithmParams, Context, register
+from .base import Context, ServerParams, register
 from .fedavg import FedAvgActive
 
 
 @dataclass
-class PowerOfChoiceParams(AlgorithmParams):
+class PowerOfChoiceParams(ServerParams):
     select: int = opt(10, "K: clients selected per round", ge=1)
     candidates: int = opt(20, "d: candidates drawn per round (d >= select)", ge=1)
 

@@ -19,11 +19,11 @@ import numpy as np
 
 from ..engine.local import lr_at
 from ..schema import opt
-from .base import AlgorithmParams, ServerAlgorithm, register
+from .base import ServerAlgorithm, ServerParams, register
 
 
 @dataclass
-class QFFLParams(AlgorithmParams):
+class QFFLParams(ServerParams):
     q: float = opt(1.0, "fairness power q (0 = FedAvg; larger q weighs high-loss clients more)", ge=0)
 
 

@@ -6,7 +6,7 @@ it first trains). Round t, with A_t the active clients and s local steps of size
     i in A_t, from y_i = x^t, s times:   y_i <- y_i - eta_l (g_i(y_i) + c - c_i)
     Delta_i  = y_i - x^t
     c_i^+    = c_i - c - Delta_i / (s eta_l)                                  (option II)
-    x^{t+1}  = x^t + eta_g mean_{i in A_t} Delta_i                           (eta_g: train.global_lr)
+    x^{t+1}  = x^t + eta_g mean_{i in A_t} Delta_i                           (eta_g: algorithm.global_lr)
     c       <- c + (1/N) sum_{i in A_t} (c_i^+ - c_i),    then c_i <- c_i^+  (A_t empty: nothing moves)
 
 The mean over A_t weights the active clients as ``fedavg_active`` does (the paper's mean over

@@ -48,7 +48,6 @@ class TrainConfig:
         None, "T: cosine eta_0 (1 + cos(pi min(t, T) / T)) / 2; step: eta_0 lr_gamma^floor(t / T)", ge=1)
     lr_gamma: float = opt(0.1, "the step schedule's factor every lr_period rounds", gt=0)
     lr_warmup: int = opt(0, "W: warmup_<schedule> ramps eta_0 (t + 1) / W for t < W, then follows it", ge=0)
-    global_lr: float = opt(1.0, "eta_g, server learning rate", gt=0)
     grad_clip: Optional[float] = opt(None, "clip each client's gradient to this norm; null = off", gt=0)
     momentum: float = opt(0.0, "local SGD momentum, buffer reset every round; 0 = plain SGD", ge=0, lt=1)
     weight_decay: float = opt(0.0, "local L2 weight decay, added to each (clipped) gradient; 0 = off", ge=0)

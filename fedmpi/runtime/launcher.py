@@ -9,6 +9,7 @@ a requeued SLURM job (``restart_count``).
 from __future__ import annotations
 
 import os
+from typing import Any, Callable
 
 from ..errors import InputError
 
@@ -64,21 +65,31 @@ def wants_mpi() -> bool:
     return launched_size() > 1
 
 
+def agree_on_error(allgather: Callable[[Any], list], error: Exception | None) -> None:
+    """Collective: every rank gives its own error (or None) to ``allgather`` (the world's, or
+    mpi4py's before the world exists); if any rank has one, every rank raises: its own error (its
+    type kept), or, without one, ``InputError`` with the first failing rank's message, prefixed
+    ``rank K:`` when K is not 0. So rank 0's one line is its own error or names the rank that met
+    one (a plug-in file missing on its node), and every rank stops with an exit code."""
+    texts = allgather(None if error is None else str(error))
+    if error is not None:
+        raise error
+    for rank, text in enumerate(texts):
+        if text is not None:
+            raise InputError(text if rank == 0 else f"rank {rank}: {text}")
+
+
 def agree_before_the_world(error: InputError | None) -> None:
-    """Collective over the launched ranks, before the process world exists: raise on every rank
-    the first rank's error (``rank K: ...`` when it was not rank 0's), so an error that only one
-    rank met (a plug-in file missing on its node) is one line from rank 0 and exit 2 everywhere,
-    not a silent rank and the others waiting until the launcher kills them."""
+    """``agree_on_error`` over the launched ranks, before the process world exists (mpi4py's
+    allgather; alone, this rank's own error): an error that only one rank met is exit 2
+    everywhere, not a silent rank and the others waiting until the launcher kills them."""
     if wants_mpi():
         try:
             from mpi4py import MPI
         except ImportError:  # World.create says so; this rank's own error comes first
             MPI = None
         if MPI is not None:
-            errors = MPI.COMM_WORLD.allgather(None if error is None else str(error))
-            for rank, text in enumerate(errors):
-                if text is not None:
-                    raise InputError(text if rank == 0 else f"rank {rank}: {text}")
+            agree_on_error(MPI.COMM_WORLD.allgather, error)
     if error is not None:
         raise error
 

@@ -35,9 +35,8 @@ def quadratic_cfg(name: str, u: list, x0: float = 0.0, eta_g: float = 1.0, lr: f
                   availability: dict | None = None, train: dict | None = None, **algo) -> config.Config:
     return config.from_dict({
         "seed": 1, "task": {"dataset": "quadratic", "model": "scalar", "clients": len(u), "u": u, "x0": x0},
-        "train": {"local_steps": s, "lr": lr, "batch_size": 1, "global_lr": eta_g, "engine": "sequential",
-                  **(train or {})},
-        "algorithm": {"name": name, **algo}, "availability": availability or {"kind": "always"},
+        "train": {"local_steps": s, "lr": lr, "batch_size": 1, "engine": "sequential", **(train or {})},
+        "algorithm": {"name": name, "global_lr": eta_g, **algo}, "availability": availability or {"kind": "always"},
         "runtime": {"progress": False}})
 
 
