@@ -6,8 +6,9 @@ function of (seed, purpose, round, client). When: every ``runtime.checkpoint_eve
 (``fedmpi.outputs.CheckpointParams``) and after a stop signal (``fedmpi.signals``: SIGTERM,
 SIGINT, SIGHUP, SIGUSR1, trapped from the start of the process), which the ranks agree on at the
 next round boundary before raising ``Interrupted`` (exit 3); a signal before the first round of
-this start stops with nothing to save. Resume: the same config (its ``resume_digest``) continues from the last committed checkpoint, on any number of ranks. The
-storage format (atomic files, manifest, re-sharding) is ``fedmpi.checkpoint``.
+this start stops with nothing to save. Resume: the same config (its ``resume_digest``) continues
+from the last committed checkpoint, on any number of ranks. The storage format (atomic files,
+manifest, re-sharding) is ``fedmpi.checkpoint``.
 """
 
 from __future__ import annotations

@@ -112,6 +112,10 @@ class Config:
         keep.update({"privacy": d["privacy"]} if self.privacy.mechanism != "none" else {})  # old digests stay valid
         if not self.task.partition.local_test:  # old digests stay valid
             del keep["task"]["partition"]["local_test"]
+        if keep["algorithm"].get("max_echo", 0) is None:  # FedSWE without the cap: old digests stay valid
+            del keep["algorithm"]["max_echo"]
+        if keep.get("privacy", {}).get("accountant") == "rdp":  # the default accountant: old digests stay valid
+            del keep["privacy"]["accountant"]
         # old digests stay valid: eta_g is hashed where it was declared before (1.0 without a server)
         keep["train"]["global_lr"] = keep["algorithm"].pop("global_lr", 1.0)
         return keep

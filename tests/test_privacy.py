@@ -277,8 +277,8 @@ GAUSSIAN = {"mechanism": "gaussian", "clip": 0.05, "noise_multiplier": 0.5}
 
 def fedswe_cfg(privacy: dict | None = None, **algorithm) -> dict:
     """FedSWE (k = m unless given) on the synthetic task's stationary availability, eta_g = 0.5."""
-    cfg = synthetic_config(rounds=8, algorithm={"name": "fedswe", **algorithm},
-                           train={"local_steps": 3, "batch_size": 8, "lr": 0.1, "global_lr": 0.5})
+    cfg = synthetic_config(rounds=8, algorithm={"name": "fedswe", "global_lr": 0.5, **algorithm},
+                           train={"local_steps": 3, "batch_size": 8, "lr": 0.1})
     if privacy is not None:
         cfg["privacy"] = privacy
     return cfg

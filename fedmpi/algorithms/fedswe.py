@@ -46,11 +46,11 @@ from ..engine.store import VersionStore
 from ..errors import InputError
 from ..state import State
 from ..schema import opt
-from .base import AlgorithmParams, Context, ServerAlgorithm, Snapshot, register
+from .base import Context, ServerAlgorithm, ServerParams, Snapshot, register
 
 
 @dataclass
-class FedSWEParams(AlgorithmParams):
+class FedSWEParams(ServerParams):
     k: Optional[float] = opt(None, "moving-average coefficient k (0 = FedAWE); null = m", ge=0)
     server_clip: Optional[float] = opt(
         None, "(authors' code) clip the mean echoed innovation to this norm, then eta_g", gt=0)

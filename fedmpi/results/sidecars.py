@@ -1,8 +1,8 @@
 """Copies of the metric rows outside the HDF5 file: a CSV file and TensorBoard scalars.
 
-Both are optional (``runtime.csv``, ``runtime.tensorboard``: ``fedmpi.outputs.SidecarParams``) and written by rank 0 next to the
-result file, one row per evaluation as it happens; the HDF5 file stays the reference. On resume
-the CSV is rewritten from the rows the result file kept, so it never holds rows of the rounds
+Both are optional (``runtime.csv``, ``runtime.tensorboard``: ``fedmpi.outputs.SidecarParams``) and
+written by rank 0 next to the result file, one row per evaluation as it happens; the HDF5 file stays
+the reference. On resume the CSV is rewritten from the rows the result file kept, so it never holds rows of the rounds
 that are run again. An existing ``RUN.csv`` is replaced only when it is a metric CSV and the run
 continues or overwrites a result file at ``RUN.h5``; anything else there (a trace, a config, a
 user's file) is refused before the run starts (outfiles.py).
