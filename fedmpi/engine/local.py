@@ -35,7 +35,6 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from .. import rng
 from ..data.augment import require_images
-from ..errors import InputError
 from ..models import has_conv
 from ..models.dropout import KeyedDropout
 from ..models.losses import per_sample
@@ -43,6 +42,7 @@ from .layers import StackedNet, conv_impl, minibatch_losses
 from .local_step import LocalStep, StepTerm, TrainConfig, lr_at  # noqa: F401 (lr_at: re-exported)
 from .params import ParamSpec
 from .shapes import MAX_FIXED_BLOCK, fixed_shapes, pad_rows
+from .steps import StepCounts
 from .threads import one_thread
 
 if TYPE_CHECKING:
@@ -59,23 +59,6 @@ class LocalStats:
     loss: np.ndarray | None = None
     first_loss: np.ndarray | None = None
     steps: np.ndarray | None = None
-
-
-def read_steps(path: str, m: int) -> np.ndarray:
-    """Client i's local steps from a text file of m whitespace-separated integers >= 1."""
-    try:
-        with open(path) as fh:
-            words = fh.read().split()
-    except OSError as e:
-        raise InputError(f"train.local_steps_file: cannot read {path!r} ({e.strerror})") from None
-    try:
-        steps = np.array([int(w) for w in words], dtype=np.int64)
-    except ValueError:
-        raise InputError(f"train.local_steps_file: {path!r} must hold integers only") from None
-    if len(steps) != m or (steps < 1).any():
-        raise InputError(f"train.local_steps_file: {path!r} must hold one integer >= 1 per client ({m}), "
-                         f"got {len(steps)} numbers, smallest {steps.min() if len(steps) else '-'}")
-    return steps
 
 
 def choose_path(engine: str, model: torch.nn.Module, device: torch.device) -> str:
@@ -111,7 +94,7 @@ class LocalTrainer:
         self._sizes = np.asarray(task.sizes, dtype=np.int64)  # host copies for the minibatch ids
         self._offsets = np.asarray(task.offsets[:-1], dtype=np.int64)
         self._order = task.order.cpu().numpy()
-        self._steps = None if cfg.local_steps_file is None else read_steps(cfg.local_steps_file, task.m)
+        self._step_counts = StepCounts(cfg, task.sizes, seed)
         model = task.model
         self._key_names = [f"{name}.key" for name, mod in model.named_modules() if isinstance(mod, KeyedDropout)]
         each_sample = per_sample(task.loss)
@@ -180,22 +163,8 @@ class LocalTrainer:
 
     # ------------------------------------------------------------------ training
     def steps_of(self, clients: np.ndarray, t: int) -> np.ndarray:
-        """Local steps (n,) of ``clients`` in round t: s, ceil(n_i E / B) with ``local_epochs`` E,
-        or ``local_steps_file``'s; with ``local_steps_draw: uniform`` each client then draws its
-        count uniformly from 1..that (stream (seed, "steps", t), counter = client id). Every rank
-        computes the same, for any client."""
-        clients = np.asarray(clients, dtype=np.int64)
-        if self._steps is not None:
-            steps = self._steps[clients]
-        elif self.cfg.local_epochs is None:
-            steps = np.full(len(clients), self.cfg.local_steps, dtype=np.int64)
-        else:
-            need = self._sizes[clients] * self.cfg.local_epochs / self.cfg.batch_size
-            steps = np.maximum(np.ceil(need - 1e-9), 1).astype(np.int64)
-        if self.cfg.local_steps_draw == "uniform":
-            u = rng.uniform(rng.key(self.seed, "steps", t), clients)
-            steps = np.minimum((u * steps).astype(np.int64) + 1, steps)
-        return steps
+        """Local steps (n,) of ``clients`` in round t (``engine.steps.StepCounts.of``)."""
+        return self._step_counts.of(clients, t)
 
     def train(self, start: torch.Tensor, clients: np.ndarray, t: int, lr_scale: torch.Tensor | None = None,
               steps: int | np.ndarray | None = None, terms: Sequence[StepTerm] = (),

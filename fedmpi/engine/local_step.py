@@ -37,8 +37,12 @@ class TrainConfig:
     local_steps_file: Optional[str] = opt(
         None, "a text file of m integers >= 1, client i's steps instead of s (e.g. measured device speeds); "
         "null = off")
-    local_steps_draw: Literal["fixed", "uniform"] = opt(
-        "fixed", "uniform: each round a client does 1..its steps, uniformly (stragglers' partial work)")
+    local_steps_draw: Literal["fixed", "uniform", "geometric", "lognormal"] = opt(
+        "fixed", "how much of its c_i steps a client does (always 1..c_i; engine/steps.py): uniform: each round "
+        "uniformly; geometric: each round, interrupted after each step with probability local_steps_stop; "
+        "lognormal: floor(v_i c_i) every round, device speed v_i = exp(local_steps_sigma z_i) drawn once")
+    local_steps_stop: float = opt(0.2, "q: the geometric draw's chance of stopping after each step", gt=0, lt=1)
+    local_steps_sigma: float = opt(1.0, "sigma: the lognormal draw's log-speed spread", gt=0)
     batch_size: int = opt(32, "minibatch size (drawn uniformly with replacement)", ge=1)
     lr: float = opt(0.05, "eta_l (eta_0 when scheduled)", gt=0)
     lr_schedule: str = opt(

@@ -3,8 +3,8 @@
 A model is a registered factory ``(in_shape, classes, params) -> nn.Module``; ``params`` is the
 ``task`` block, which holds the model's own keys (a ``ModelParams`` subclass, e.g. ``hidden``
 of ``mlp``). Built-ins: logreg, linear_svm (multi-class hinge loss), mlp, svhn_cnn, cifar_cnn,
-cinic_cnn (dropout 0.2), vgg11 -- see ``nets`` -- and ``scalar`` (the quadratic task's model,
-built by that dataset).
+cinic_cnn (dropout 0.2), vgg11, pfl_cnn (pfl-research's CIFAR-10 CNN, with its own Glorot
+init) -- see ``nets`` -- and ``scalar`` (the quadratic task's model, built by that dataset).
 
 Initialisation is a pure function of ``seed``; torch's global RNG is never touched. Built-ins
 (``init="fedmpi"``) are made on the meta device and get Kaiming-normal weights and zero biases
@@ -33,7 +33,7 @@ from ..errors import InputError
 from ..registry import MODELS
 from ..schema import opt
 from .losses import Loss, cross_entropy, multiclass_hinge
-from .nets import ARCHS
+from .nets import ARCHS, pfl_cnn
 
 
 
@@ -159,3 +159,8 @@ for _arch in ARCHS:
     register(_arch, params=MLPParams if _arch == "mlp" else None, init="fedmpi",
              loss=multiclass_hinge if _arch == "linear_svm" else None)(_builtin(_arch))
 register("scalar", check=_scalar_only_with_quadratic)(_scalar)
+
+
+@register("pfl_cnn", init="own")  # keeps its authors' Glorot init (nets.pfl_cnn)
+def _pfl_cnn(in_shape: tuple, classes: int, params: TaskConfig) -> nn.Module:
+    return pfl_cnn(in_shape, classes)

@@ -71,6 +71,26 @@ def cnn(name: str, in_shape: tuple[int, ...], classes: int, plan: list, widths: 
     return nn.Sequential(OrderedDict(layers))
 
 
+def pfl_cnn(in_shape: tuple[int, ...], classes: int) -> nn.Module:
+    """pfl-research's CIFAR-10 benchmark CNN (``simple_cnn`` of apple/pfl-research,
+    publications/pfl/compare_utils/pytorch.py): two unpadded 3x3 convolutions (32, 64 channels)
+    with ReLU, a 2x2 max-pool, dropout 0.25, Linear(128) ReLU, dropout 0.5, Linear(classes);
+    Glorot-uniform weights and PyTorch's default biases, as there (1,626,442 parameters at
+    3x32x32 / 10 classes). Dropout is ``KeyedDropout``, drawn per client from fedmpi's streams."""
+    if len(in_shape) != 3 or in_shape[1] < 6 or in_shape[2] < 6:
+        raise InputError(f"task.model: pfl_cnn needs images (C, H, W) of at least 6x6, got shape {in_shape}")
+    c, h, w = in_shape
+    model = nn.Sequential(OrderedDict(
+        conv1=nn.Conv2d(c, 32, 3), relu_c1=nn.ReLU(), conv2=nn.Conv2d(32, 64, 3), relu_c2=nn.ReLU(),
+        pool=nn.MaxPool2d(2), drop1=KeyedDropout(0.25, salt=1), flatten=nn.Flatten(),
+        fc1=nn.Linear(64 * ((h - 4) // 2) * ((w - 4) // 2), 128), relu1=nn.ReLU(), drop2=KeyedDropout(0.5, salt=2),
+        out=nn.Linear(128, classes)))
+    for mod in model.modules():
+        if isinstance(mod, (nn.Conv2d, nn.Linear)):
+            nn.init.xavier_uniform_(mod.weight)  # torch's global generator: build_model seeds a fork of it
+    return model
+
+
 _PAPER_CONVS = [32, "M", 32, "M"]
 _VGG11 = [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"]
 

@@ -1,4 +1,4 @@
-"""A local trainer on a tiny image task with dropout (cinic_cnn on random 3x8x8 images)."""
+"""A local trainer on a tiny image task with dropout (cinic_cnn, or another CNN, on random 3x8x8 images)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ from fedmpi.task import Task
 CPU = torch.device("cpu")
 
 
-def image_trainer(path: str, seed: int = 0, device: torch.device = CPU) -> LocalTrainer:
-    """cinic_cnn (3 dropout layers) on 5 clients of tiny random 3x8x8 images."""
+def image_trainer(path: str, seed: int = 0, device: torch.device = CPU, model: str = "cinic_cnn") -> LocalTrainer:
+    """``model`` (cinic_cnn: 3 dropout layers) on 5 clients of tiny random 3x8x8 images."""
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 256, (50, 3, 8, 8), generator=g, dtype=torch.uint8)
     y = torch.randint(0, 10, (50,), generator=g)
     x, y = x.to(device), y.to(device)
-    task = Task(model=build_model("cinic_cnn", (3, 8, 8), 10).to(device), loss=loss_fn("cinic_cnn"),
+    task = Task(model=build_model(model, (3, 8, 8), 10).to(device), loss=loss_fn(model),
                 train_x=x, train_y=y, test_x=x, test_y=y, order=torch.arange(50, device=device),
                 offsets=np.arange(6) * 10, classes=10, label_hist=None, groups=None,
                 mean=torch.full((3,), 0.5, device=device), std=torch.full((3,), 0.25, device=device), image=True)
