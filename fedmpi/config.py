@@ -112,6 +112,10 @@ class Config:
         keep.update({"privacy": d["privacy"]} if self.privacy.mechanism != "none" else {})  # old digests stay valid
         if not self.task.partition.local_test:  # old digests stay valid
             del keep["task"]["partition"]["local_test"]
+        draw = keep["train"].get("local_steps_draw")  # each draw's own parameter only: old digests stay valid
+        for key, user in (("local_steps_stop", "geometric"), ("local_steps_sigma", "lognormal")):
+            if draw != user:
+                keep["train"].pop(key, None)
         if keep["algorithm"].get("max_echo", 0) is None:  # FedSWE without the cap: old digests stay valid
             del keep["algorithm"]["max_echo"]
         if keep.get("privacy", {}).get("accountant") == "rdp":  # the default accountant: old digests stay valid

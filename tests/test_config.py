@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import synthetic_config
 from fedmpi import config
 from fedmpi.errors import InputError
 from fedmpi.results.paths import output_path
@@ -231,3 +232,14 @@ def test_each_availability_kind_has_its_own_parameters():
     assert fields["always"] == {"kind"} and fields["cohort"] == {"kind", "size"}
     assert fields["markov"] == {"kind", "base", "R", "B", "markov_groups"}
     assert fields["trace"] == {"kind", "trace", "trace_format", "schedule", "trace_repeat"}
+
+
+def test_a_step_draws_parameter_enters_the_resume_digest_only_with_its_draw():
+    """Old checkpoints resume: the digest of a run without the draw ignores the draw's parameter."""
+    def digest(**train) -> str:
+        return config.from_dict(synthetic_config(train={"local_steps": 3, "batch_size": 8, "lr": 0.1, **train}
+                                                 )).resume_digest()
+
+    assert digest() == digest(local_steps_sigma=2.0) == digest(local_steps_stop=0.5)
+    assert digest(local_steps_draw="lognormal") != digest(local_steps_draw="lognormal", local_steps_sigma=2.0)
+    assert digest(local_steps_draw="geometric") != digest(local_steps_draw="geometric", local_steps_stop=0.5)
