@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -106,7 +104,7 @@ def _weyl_chunk() -> np.ndarray:
     return w
 
 
-def below(k: np.uint64, thr: np.ndarray | np.uint64, n: int, threads: int | None = None) -> np.ndarray:
+def below(k: np.uint64, thr: np.ndarray | np.uint64, n: int) -> np.ndarray:
     """Sorted counters i in range(n) with ``bits(k, i) < thr`` (``thr``: one uint64 threshold or
     one per counter, (n,) uint64, e.g. from ``threshold``); the same ids, bit for bit, as
     ``np.flatnonzero(bits(k, np.arange(n)) < thr)``.
@@ -117,37 +115,22 @@ def below(k: np.uint64, thr: np.ndarray | np.uint64, n: int, threads: int | None
     finalizer's last step ``z ^ (z >> 31)`` leaves the top 31 bits of z unchanged, so a counter
     whose top 31 bits exceed the threshold's cannot pass; only the others (about a fraction p)
     finish the hash and are compared exactly.
-
-    ``threads`` (default: ``torch.get_num_threads()``, the CPU share fedmpi gives each rank)
-    split the counters into contiguous ranges from ``_THREADED`` counters on: numpy releases the
-    GIL inside its loops, and integer hashing gives the same bits in any split.
     """
     scalar = np.ndim(thr) == 0
-    thr = np.uint64(thr) if scalar else np.asarray(thr, dtype=np.uint64)
-    if not scalar and thr.shape != (n,):
-        raise ValueError(f"below: thr must be one uint64 or shape ({n},), got {thr.shape}")
-    chunks = -(-n // _CHUNK)
-    parts = max(1, min(chunks, torch.get_num_threads() if threads is None else threads))
-    if n < _THREADED or parts == 1:
-        found = _below_range(k, thr, 0, n)
-    else:  # contiguous whole chunks per thread; this thread takes the first range
-        cuts = [min(n, chunks * j // parts * _CHUNK) for j in range(parts + 1)]
-        rest = [_pool(parts - 1).submit(_below_range, k, thr, a, e) for a, e in zip(cuts[1:-1], cuts[2:])]
-        found = _below_range(k, thr, cuts[0], cuts[1]) + [i for r in rest for i in r.result()]
-    return np.concatenate(found) if found else np.zeros(0, dtype=np.intp)
-
-
-def _below_range(k: np.uint64, thr: np.ndarray | np.uint64, lo: int, hi: int) -> list[np.ndarray]:
-    """``below`` for the counters lo..hi-1 (lo a multiple of ``_CHUNK``), one id array per chunk."""
-    scalar = thr.ndim == 0
-    bound = np.uint64(int(thr) | _LOW33) if scalar else None  # z <= bound <=> top 31 bits of z <= thr's
-    size = min(hi - lo, _CHUNK)
+    if scalar:
+        thr = np.uint64(thr)
+        bound = np.uint64(int(thr) | _LOW33)  # z <= bound <=> top 31 bits of z <= those of thr
+    else:
+        thr = np.asarray(thr, dtype=np.uint64)
+        if thr.shape != (n,):
+            raise ValueError(f"below: thr must be one uint64 or shape ({n},), got {thr.shape}")
+    size = min(n, _CHUNK)
     w0 = _weyl_chunk()
     z, tmp, hit = np.empty(size, np.uint64), np.empty(size, np.uint64), np.empty(size, bool)
     s30, s27, s31, low33 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(_LOW33)
     found = []
-    for a in range(lo, hi, _CHUNK):
-        e = min(hi, a + _CHUNK)
+    for a in range(0, n, _CHUNK):
+        e = min(n, a + _CHUNK)
         zc, tc, hc = z[: e - a], tmp[: e - a], hit[: e - a]
         np.add(w0[: e - a], np.uint64((int(k) + a * int(_GOLDEN)) & _MASK64), out=zc)  # bits(k, a + j)...
         np.right_shift(zc, s30, out=tc)
@@ -156,26 +139,15 @@ def _below_range(k: np.uint64, thr: np.ndarray | np.uint64, lo: int, hi: int) ->
         np.right_shift(zc, s27, out=tc)
         np.bitwise_xor(zc, tc, out=zc)
         np.multiply(zc, _M2, out=zc)  # ... up to the last step
-        np.less_equal(zc, bound if scalar else np.bitwise_or(thr[a:e], low33, out=tc), out=hc)
+        if scalar:
+            np.less_equal(zc, bound, out=hc)
+        else:
+            np.less_equal(zc, np.bitwise_or(thr[a:e], low33, out=tc), out=hc)
         cand = np.flatnonzero(hc)
         last = zc[cand]
         last ^= last >> s31  # the last step, for the candidates only
         found.append(cand[last < (thr if scalar else thr[a:e][cand])] + a)
-    return found
-
-
-_THREADED = 1 << 18  # below this many counters one thread is faster than handing work over
-_POOLS: dict[int, ThreadPoolExecutor] = {}
-
-
-def _pool(workers: int) -> ThreadPoolExecutor:
-    """A persistent pool of ``workers`` threads (starting threads every round costs more)."""
-    if workers not in _POOLS:
-        _POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix="fedmpi-rng")
-    return _POOLS[workers]
-
-
-os.register_at_fork(after_in_child=_POOLS.clear)  # a forked child has none of the parent's threads
+    return np.concatenate(found) if found else np.zeros(0, dtype=np.intp)
 
 
 def bernoulli(k: np.uint64, idx: np.ndarray | int, p: np.ndarray | float) -> np.ndarray:

@@ -113,18 +113,3 @@ def test_below_at_the_threshold(seed, t, low):
 def test_below_rejects_a_wrong_shape():
     with pytest.raises(ValueError, match="thr"):
         rng.below(rng.key(0, "x"), np.zeros(3, np.uint64), 4)
-
-
-@settings(max_examples=30, deadline=None)
-@given(seed=st.integers(0, 2**32), n=st.integers(0, 5 * (1 << 15) + 9), threads=st.integers(1, 4),
-       per_client=st.booleans())
-def test_below_any_thread_split(seed, n, threads, per_client):
-    """Split over threads (contiguous ranges of whole chunks), the ids are the same."""
-    k = rng.key(seed, "availability", 3)
-    thr = rng.threshold(rng.generator(seed, "p").uniform(0, 0.3, size=n) if per_client else 0.05)
-    old, rng._THREADED = rng._THREADED, 0  # thread even small draws
-    try:
-        got = rng.below(k, thr, n, threads)
-    finally:
-        rng._THREADED = old
-    assert np.array_equal(got, _reference_below(k, thr, n))
