@@ -8,6 +8,8 @@ vectorised with numpy). This is what makes results independent of the number of 
 - ``key(seed, purpose, *counters)`` -> a 64-bit stream key.
 - ``uniform(k, idx)``: float64 in [0, 1) for every integer in ``idx`` (any shape).
 - ``integers(k, idx, high)``: ints in [0, high) (``high`` broadcasts against ``idx``).
+- ``below(k, thr, n)``: the counters i < n with ``bits(k, i) < thr`` (Bernoulli draws of n
+  clients), the same as ``flatnonzero(bits(k, arange(n)) < thr)``, several times faster.
 - ``normal(k, idx)``: standard normals (Box-Muller on two uniforms).
 - ``generator(seed, purpose, *counters)``: a numpy Generator for one-off set-up draws
   (partitions, base probabilities); same key => same generator on every rank.
@@ -89,6 +91,63 @@ def threshold(p: np.ndarray | float) -> np.ndarray:
     t = np.floor(q * 2.0**64)
     t = np.where(q >= 1.0, 2.0**64 - 2048, t)  # largest float64 below 2**64; p = 1 always passes in practice
     return t.astype(np.uint64) + (q >= 1.0).astype(np.uint64) * np.uint64(2047)
+
+
+_CHUNK = 1 << 15  # counters per pass of ``below``: its two uint64 scratch rows (256 KB each) stay in L2
+_LOW33 = (1 << 33) - 1
+
+
+@functools.lru_cache(maxsize=1)
+def _weyl_chunk() -> np.ndarray:
+    w = weyl(np.arange(_CHUNK))
+    w.flags.writeable = False
+    return w
+
+
+def below(k: np.uint64, thr: np.ndarray | np.uint64, n: int) -> np.ndarray:
+    """Sorted counters i in range(n) with ``bits(k, i) < thr`` (``thr``: one uint64 threshold or
+    one per counter, (n,) uint64, e.g. from ``threshold``); the same ids, bit for bit, as
+    ``np.flatnonzero(bits(k, np.arange(n)) < thr)``.
+
+    Why it is faster (3x at n = 10^6, p = 0.01): the hash runs on chunks of ``_CHUNK``
+    counters that stay in cache, with no temporary of size n, and the counter term of a chunk
+    starting at a is ``weyl(j) + a * golden`` (one cached chunk, not an (n,) array to read). The
+    finalizer's last step ``z ^ (z >> 31)`` leaves the top 31 bits of z unchanged, so a counter
+    whose top 31 bits exceed the threshold's cannot pass; only the others (about a fraction p)
+    finish the hash and are compared exactly.
+    """
+    scalar = np.ndim(thr) == 0
+    if scalar:
+        thr = np.uint64(thr)
+        bound = np.uint64(int(thr) | _LOW33)  # z <= bound <=> top 31 bits of z <= those of thr
+    else:
+        thr = np.asarray(thr, dtype=np.uint64)
+        if thr.shape != (n,):
+            raise ValueError(f"below: thr must be one uint64 or shape ({n},), got {thr.shape}")
+    size = min(n, _CHUNK)
+    w0 = _weyl_chunk()
+    z, tmp, hit = np.empty(size, np.uint64), np.empty(size, np.uint64), np.empty(size, bool)
+    s30, s27, s31, low33 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(_LOW33)
+    found = []
+    for a in range(0, n, _CHUNK):
+        e = min(n, a + _CHUNK)
+        zc, tc, hc = z[: e - a], tmp[: e - a], hit[: e - a]
+        np.add(w0[: e - a], np.uint64((int(k) + a * int(_GOLDEN)) & _MASK64), out=zc)  # bits(k, a + j)...
+        np.right_shift(zc, s30, out=tc)
+        np.bitwise_xor(zc, tc, out=zc)
+        np.multiply(zc, _M1, out=zc)
+        np.right_shift(zc, s27, out=tc)
+        np.bitwise_xor(zc, tc, out=zc)
+        np.multiply(zc, _M2, out=zc)  # ... up to the last step
+        if scalar:
+            np.less_equal(zc, bound, out=hc)
+        else:
+            np.less_equal(zc, np.bitwise_or(thr[a:e], low33, out=tc), out=hc)
+        cand = np.flatnonzero(hc)
+        last = zc[cand]
+        last ^= last >> s31  # the last step, for the candidates only
+        found.append(cand[last < (thr if scalar else thr[a:e][cand])] + a)
+    return np.concatenate(found) if found else np.zeros(0, dtype=np.intp)
 
 
 def bernoulli(k: np.uint64, idx: np.ndarray | int, p: np.ndarray | float) -> np.ndarray:

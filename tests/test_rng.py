@@ -1,7 +1,10 @@
 """Counter-based random streams: pure functions of (seed, purpose, counters)."""
 
 import numpy as np
+import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fedmpi import rng
 
@@ -61,3 +64,52 @@ def test_torch_bits_are_numpy_bits():
     per_client = rng.torch_bits(torch.as_tensor(rng.as_int64(keys))[:, None], torch.arange(50)[None, :]).numpy()
     for c in range(3):
         assert np.array_equal(per_client[c], rng.bits(keys[c], np.arange(50)).view(np.int64))
+
+
+# ---- rng.below: the chunked Bernoulli draw must pick exactly the ids of the reference draw
+def _reference_below(k, thr, n):
+    return np.flatnonzero(rng.bits(k, np.arange(n)) < thr)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**64 - 1), t=st.integers(0, 10**6), n=st.integers(0, 3 * (1 << 15) + 7),
+       p=st.one_of(st.sampled_from([0.0, 1e-9, 0.01, 0.5, 1 - 1e-12, 1.0]), st.floats(0, 1)))
+def test_below_is_the_reference_draw(seed, t, n, p):
+    """Same ids, bit for bit, as flatnonzero(bits < threshold) for one p (chunk edges included)."""
+    k = rng.key(seed, "availability", t)
+    got = rng.below(k, rng.threshold(p), n)
+    want = _reference_below(k, rng.threshold(p), n)
+    assert got.dtype == want.dtype and np.array_equal(got, want)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32), t=st.integers(0, 10**6), n=st.integers(1, 2 * (1 << 15) + 3),
+       hi=st.floats(0, 1))
+def test_below_per_client_thresholds(seed, t, n, hi):
+    """One threshold per client (time-varying or heterogeneous p_i), including p = 0 and p = 1."""
+    k = rng.key(seed, "availability", t)
+    p = rng.generator(seed, "p").uniform(0, hi, size=n)
+    p[:: 7] = 0.0
+    p[3:: 11] = 1.0
+    thr = rng.threshold(p)
+    assert np.array_equal(rng.below(k, thr, n), _reference_below(k, thr, n))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32), t=st.integers(0, 10**6), low=st.integers(-(2**33), 2**33))
+def test_below_at_the_threshold(seed, t, low):
+    """Thresholds at a client's own bits, and bits moved in the low 33 (which the pre-filter of
+    ``below`` cannot see): the exact comparison decides, strict ``<`` as in the reference."""
+    n = 5000
+    k = rng.key(seed, "availability", t)
+    b = rng.bits(k, np.arange(n))
+    for thr in (b, b + np.uint64(1), b + np.uint64(low % 2**64), b ^ np.uint64(abs(low) & (2**33 - 1))):
+        assert np.array_equal(rng.below(k, thr, n), _reference_below(k, thr, n))
+    for i in (0, 1, n // 2, n - 1):  # one threshold equal to one client's bits
+        assert np.array_equal(rng.below(k, b[i], n), _reference_below(k, b[i], n))
+        assert i not in rng.below(k, b[i], n) and i in rng.below(k, b[i] + np.uint64(1), n)
+
+
+def test_below_rejects_a_wrong_shape():
+    with pytest.raises(ValueError, match="thr"):
+        rng.below(rng.key(0, "x"), np.zeros(3, np.uint64), 4)

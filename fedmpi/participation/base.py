@@ -64,23 +64,28 @@ class Participation(Stateful):
 class Bernoulli(Participation):
     """Client i is available in round t independently with probability p_i^t.
 
-    ``prob(t)`` gives the (m,) vector p_i^t. When ``static`` the thresholds are computed once.
+    ``prob(t)`` gives the (m,) vector p_i^t. When ``static`` the thresholds are computed once
+    (one number when every client has the same p). The draw is ``rng.below``: client i is
+    available when ``bits(key(seed, "availability", t), i) < threshold(p_i^t)``.
     """
 
     def __init__(self, m: int, seed: int, prob: Callable[[int], np.ndarray], static: bool = False):
         super().__init__(m, seed)
         self._prob = prob
-        self._w = rng.weyl(np.arange(m))
-        self._buf = np.empty(m, dtype=np.uint64)
-        self._thr = rng.threshold(prob(0)) if static else None
+        self._thr = _compact(rng.threshold(prob(0))) if static else None
 
     def probabilities(self, t: int) -> np.ndarray:
         return np.clip(self._prob(t), 0.0, 1.0)
 
     def available(self, t: int) -> np.ndarray:
         thr = self._thr if self._thr is not None else rng.threshold(self._prob(t))
-        draws = rng.bits_weyl(rng.key(self.seed, "availability", t), self._w, out=self._buf)
-        return np.flatnonzero(draws < thr)
+        return rng.below(rng.key(self.seed, "availability", t), thr, self.m)
+
+
+def _compact(thr: np.ndarray) -> np.ndarray | np.uint64:
+    """One threshold when all are equal (``rng.below`` then reads no (m,) array), else ``thr``."""
+    flat = np.ravel(thr)
+    return flat[0] if flat.size and np.all(flat == flat[0]) else thr
 
 
 Factory = Callable[[AvailabilityParams, ClientInfo], Participation]
