@@ -174,6 +174,20 @@ def _gpu_identity(local_rank: int) -> str:
         return f"{os.environ.get('CUDA_VISIBLE_DEVICES', '*')}/{index}"
 
 
+_SPIN_S = 0.005  # longest spin of a waiting rank before it naps between polls
+
+
+def _crowded() -> bool:
+    """More runnable tasks on this machine than cores (``/proc/loadavg``'s running count, which
+    includes the caller): a spinning rank would take a core that another task needs."""
+    try:
+        with open("/proc/loadavg", "rb") as fh:
+            running = int(fh.read().split()[3].split(b"/")[0])
+    except (OSError, ValueError, IndexError):
+        return True  # no /proc: never spin long
+    return running > (os.cpu_count() or 1)
+
+
 @dataclass
 class World:
     """Rank, size, device and the two communication layers of this process."""
@@ -315,24 +329,27 @@ class World:
 
     def _wait(self, request: Any, what: str) -> None:
         """Wait for the non-blocking MPI ``request`` of collective ``what``: poll it (progress
-        happens inside ``Test``), spinning for the first 0.2 ms (ranks that arrive together),
-        then every 0.1 ms, so that a rank waiting for a slow or descheduled peer leaves the core to
-        it (and to other work on a shared machine). Raises ConnectionError when another rank says
-        it failed or a rank on this node died, TimeoutError after ``timeout_s``."""
+        happens inside ``Test``). Spin while the machine has a core for every runnable task (up
+        to ``_SPIN_S``: the ranks of a round arrive within a few ms of each other), else nap 0.1
+        ms between polls, so that a rank waiting for a slow or descheduled peer leaves the core to
+        it and to other work (benchmarks/RESULTS.md: a 2 ms spin made 2 ranks sharing their cores
+        with busy processes 20% slower than 1 rank; napping after 0.2 ms cost 10% on a quiet
+        machine). Raises ConnectionError when another rank says it failed or a rank on this node
+        died, TimeoutError after ``timeout_s``."""
         start = time.monotonic()
-        polls, next_check = 0, 0.0
+        polls, next_check, spin = 0, 0.0, True
         while not request.Test():
             polls += 1
-            if polls % 32 and polls < 1 << 20:
-                continue  # the spin: the clock and the notices every 32 polls
+            if spin and polls % 32:
+                continue  # the spin: the clock, the notices and the machine every 32 polls
             if self._notices.Iprobe(tag=self._NOTICE_TAG):
                 raise ConnectionError(f"{what}: rank {self._notices.recv(tag=self._NOTICE_TAG)} failed")
             waited = time.monotonic() - start
             if waited > self.timeout_s:
                 raise TimeoutError(f"{what}: timed out after runtime.timeout_s = {self.timeout_s:g} s "
                                    f"waiting for another rank")
-            if waited > 0.0002:
-                polls = 1 << 20  # from now on: a nap between polls
+            spin = spin and waited < _SPIN_S and not _crowded()
+            if not spin:
                 if waited >= next_check:  # every 10 ms: are this node's other ranks alive?
                     next_check = waited + 0.01
                     self._check_node_peers(what)
