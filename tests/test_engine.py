@@ -214,3 +214,23 @@ def test_client_table():
     tab.set(np.array([5, 7]), torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
     assert torch.equal(tab.get(np.array([7, 4])), torch.tensor([[3.0, 4.0], [0.0, 0.0]]))
     assert math.isclose(float(tab.rows.sum()), 10.0)
+
+
+@pytest.mark.parametrize("permuted", [False, True])
+@pytest.mark.parametrize("steps, batch", [(1, 1), (3, 2)])
+def test_one_sample_clients_skip_the_draw_and_keep_its_rows(permuted, steps, batch):
+    """Clients that hold one sample each (the quadratic task) take it at every draw: the
+    shortcut gives the rows the keyed draw gives, whatever the order of the samples."""
+    cfg = config.from_dict({"seed": 4, "task": {"dataset": "quadratic", "model": "scalar", "clients": 50,
+                                                "u": [float(i) for i in range(50)]},
+                            "train": {"local_steps": steps, "batch_size": batch, "lr": 0.1}})
+    task = build_task(cfg, torch.device("cpu"))
+    if permuted:
+        task.order = torch.as_tensor(np.random.default_rng(0).permutation(50))
+    fast = LocalTrainer(task, cfg.train, cfg.seed)
+    slow = LocalTrainer(task, cfg.train, cfg.seed)
+    slow._one_sample = False
+    assert fast._one_sample and (fast._only is None) != permuted
+    clients = np.array([0, 3, 7, 20, 49])
+    for t in range(3):
+        assert torch.equal(fast.sample_ids(clients, t, steps), slow.sample_ids(clients, t, steps))

@@ -92,8 +92,13 @@ class LocalTrainer:
         require_images(list(cfg.augment), task.image, tuple(task.train_x.shape[1:]))
         self.net = StackedNet.compile(task.model, conv or conv_impl(self.device)) if stacked else None  # None: vmap
         self._sizes = np.asarray(task.sizes, dtype=np.int64)  # host copies for the minibatch ids
+        self._one_sample = bool((self._sizes == 1).all())  # e.g. the quadratic task
         self._offsets = np.asarray(task.offsets[:-1], dtype=np.int64)
         self._order = task.order.cpu().numpy()
+        # each client's one sample (None: client i's sample is row i, as in the quadratic task)
+        self._only = self._order[self._offsets] if self._one_sample else None
+        if self._only is not None and np.array_equal(self._only, np.arange(len(self._only))):
+            self._only = None
         self._step_counts = StepCounts(cfg, task.sizes, seed)
         model = task.model
         self._key_names = [f"{name}.key" for name, mod in model.named_modules() if isinstance(mod, KeyedDropout)]
@@ -142,8 +147,12 @@ class LocalTrainer:
         t, s) at counters c * b .. c * b + b - 1. Computed on the host (a few thousand integers:
         numpy is many times cheaper than a chain of small device ops); only the data rows are
         gathered on the device."""
-        sizes = self._sizes[clients][None, :, None]
         b = self.cfg.batch_size
+        if self._one_sample:  # every client holds one sample: every draw is that sample (no hashing)
+            rows = clients if self._only is None else self._only[clients]
+            rows = np.repeat(rows, b) if b > 1 else rows
+            return torch.as_tensor(np.tile(rows, (steps, 1)) if steps > 1 else rows[None], device=self.device)
+        sizes = self._sizes[clients][None, :, None]
         counters = clients.astype(np.int64)[:, None] * b + np.arange(b)[None, :]
         keys = np.array([rng.key(self.seed, "batch", t, step) for step in range(steps)], dtype=np.uint64)
         u = rng.uniform(keys[:, None, None], np.broadcast_to(counters, (steps, *counters.shape)))
