@@ -1,8 +1,10 @@
 """What the per-client outputs (``ClientOutputs``) cost in a round of the anchor task
 (benchmarks/at1.py's config), measured in one process, one rank:
 
-    python benchmarks/outputs_cost.py [--rounds 400]
+    python benchmarks/outputs_cost.py [--rounds 400] [--norms]
 
+FedAvg made to declare ``client_outputs = True`` (``--norms``: ``delta_norms`` too), as an
+algorithm that reads ``self.outputs`` does; without the declaration FedAvg computes none of it.
 Rounds alternate between the round as it is and the same round without the outputs (the
 trainer's loss recording, ||Delta_i||^2 and the gather skipped), so both saw the same machine
 load; prints the fastest and the 10th-percentile round of each (wall clock), and the share.
@@ -30,10 +32,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=400)
     ap.add_argument("--off", default="stats,norm,gather", help="parts to switch off in the rounds without")
+    ap.add_argument("--norms", action="store_true", help="declare delta_norms too (qffl, fedexp)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     plugins.load([])
     algo = build_components(config.from_dict(anchor(args.rounds + 10, "cpu")), World()).algorithm
+    algo.client_outputs, algo.delta_norms = True, args.norms  # as a class reading self.outputs declares
     trainer, gather = algo.ctx.trainer.train, base.ClientOutputs.gather
     empty = base.ClientOutputs(*[np.zeros(0)] * 6)
     _norm = algo._delta_sq
