@@ -76,8 +76,8 @@ def pfl_config(rounds: int, eval_every: int, device: str, root: str, cache_dir: 
     return {"name": "pfl_cifar10", "seed": 0, "rounds": rounds, "eval_every": eval_every,
             "task": {"dataset": "cifar10", "root": root, "cache_dir": cache_dir, "clients": 1000,
                      "partition": {"kind": "iid"}, "model": "pfl_cnn"},
-            "train": {"local_epochs": 1.0, "batch_size": 10, "lr": 0.1, "global_lr": 1.0},
-            "algorithm": {"name": "fedavg_active"},
+            "train": {"local_epochs": 1.0, "batch_size": 10, "lr": 0.1},
+            "algorithm": {"name": "fedavg_active", "global_lr": 1.0},
             "availability": {"kind": "cohort", "size": 50},
             "evaluation": {"train": False},
             "runtime": {"progress": False, "device": device}}
