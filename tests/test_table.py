@@ -143,3 +143,22 @@ def test_export_csv(tmp_path, capsys):
     assert len(rows) == 8 and {r["algorithm.name"] for r in rows} == {"mifa", "fedavg_active"}
     assert {r["seed"] for r in rows} == {"0", "1"}
     assert main(["export", paths[0], "--out", paths[0]]) == 2
+
+
+def test_result_files_from_before_a_key_moved_group_with_new_ones(tmp_path):
+    """A file written when eta_g was train.global_lr reads as algorithm.global_lr: the same
+    experiment as a new file's (fedmpi table and plot group by these keys)."""
+    import h5py
+    import yaml
+
+    from fedmpi.results import reader
+
+    new = fake_result(tmp_path / "new.h5", {"round": [0, 6], "test_acc": [0.1, 0.5]})
+    old = fake_result(tmp_path / "old.h5", {"round": [0, 6], "test_acc": [0.1, 0.6]})
+    with h5py.File(old, "a") as f:
+        stored = yaml.safe_load(f.attrs["config"])
+        stored["train"]["global_lr"] = stored["algorithm"].pop("global_lr")
+        f.attrs["config"] = yaml.safe_dump(stored)
+    a, b = reader.load(new), reader.load(old)
+    assert "global_lr" not in b.config["train"] and b.get("algorithm.global_lr") == a.get("algorithm.global_lr")
+    assert a.experiment() == b.experiment()

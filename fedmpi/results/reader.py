@@ -91,8 +91,10 @@ def load(path: str) -> Result:
         config = yamlio.loads(str(attrs.get("config", "")), f"{path}: config") or {}
     except InputError:
         config = {}
-    return Result(path=path, status=str(attrs.get("status")), config=config if isinstance(config, dict) else {},
-                  metrics=metrics, attrs=attrs)
+    from ..config import current_spelling
+
+    config = current_spelling(config) if isinstance(config, dict) else {}  # keys that moved since it was written
+    return Result(path=path, status=str(attrs.get("status")), config=config, metrics=metrics, attrs=attrs)
 
 
 def dataframe(runs: Iterable[str | Result], keys: Iterable[str] = ("algorithm.name", "seed")):
