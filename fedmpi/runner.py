@@ -298,13 +298,14 @@ def run(cfg: Config, world: World, out_path: str, quiet: bool = False, resume: b
             print(f"fedmpi: rank {world.rank} failed:\n{traceback.format_exc()}", file=sys.stderr)
         if world.comm is not None and world.size > 1:
             if world.rank != 0:
-                # Closing our torch.distributed links fails rank 0's pending gloo collective now, so
-                # it can mark the result file failed (and abort) before MPI_Abort kills every rank.
+                # Our failure notice (MPI) and closing our torch.distributed links (gloo) end rank 0's
+                # pending collective now, so it can mark the result file failed (and abort) before
+                # MPI_Abort kills every rank.
                 # In a thread, under a watchdog that needs no GIL: a wedged communicator must not
                 # keep us from ending the job.
                 faulthandler.dump_traceback_later(_ABORT_GRACE_S + 10, exit=True)
                 end = time.monotonic() + _ABORT_GRACE_S
-                closer = threading.Thread(target=world.close, daemon=True)
+                closer = threading.Thread(target=world.abandon, daemon=True)
                 closer.start()
                 closer.join(_ABORT_GRACE_S)
                 time.sleep(max(0.0, end - time.monotonic()))

@@ -177,6 +177,16 @@ def _gpu_identity(local_rank: int) -> str:
 _SPIN_S = 0.005  # longest spin of a waiting rank before it naps between polls
 
 
+def _completes(request: Any, grace_s: float = 0.05) -> bool:
+    """Whether ``request`` completes within ``grace_s`` of polling: a peer that failed or exited
+    just after its part of this collective (its data is here) must not fail it."""
+    end = time.monotonic() + grace_s
+    while time.monotonic() < end:
+        if request.Test():
+            return True
+    return False
+
+
 def _crowded() -> bool:
     """More runnable tasks on this machine than cores (``/proc/loadavg``'s running count, which
     includes the caller): a spinning rank would take a core that another task needs."""
@@ -289,11 +299,8 @@ class World:
     def close(self, finished: bool = False) -> None:
         """End torch.distributed. ``finished``: every rank ended its work normally, so close is
         collective and a barrier first lets every rank's last operation finish everywhere
-        (after a failure it is skipped: a peer may be gone, and the other ranks are told, so
-        that one waiting in an MPI collective stops at once). The held tensors are dropped
+        (after a failure it is skipped: a peer may be gone). The held tensors are dropped
         last, here in the main thread (``_hold``)."""
-        if not finished:
-            self._tell_peers()
         if dist.is_available() and dist.is_initialized():
             if finished:
                 dist.barrier()
@@ -303,19 +310,27 @@ class World:
             self._notices = None
         self._held.clear()
 
+    def abandon(self) -> None:
+        """This rank failed on its own (not collective): tell the other ranks, so that one
+        waiting in an MPI collective stops with ConnectionError instead of waiting
+        ``timeout_s``, and close torch.distributed, which fails a pending gloo collective.
+        Only for a genuine failure: a rank that merely ends first must not, since a peer may
+        still be completing a collective this rank has finished (``close``)."""
+        self._tell_peers()
+        self.close(finished=False)
+
     _NOTICE_TAG = 77
 
     def _tell_peers(self) -> None:
-        """Tell every other rank that this one failed (not collective): a peer waiting in a polled
-        MPI collective then stops with ConnectionError instead of waiting ``timeout_s``."""
+        """Send every other rank this rank's "I failed" notice (see ``abandon``)."""
         if self._notices is None or self.size == 1:
             return
         for r in range(self.size):
             if r != self.rank:
                 self._notices.isend(self.rank, dest=r, tag=self._NOTICE_TAG)  # small: sent eagerly
 
-    def _check_node_peers(self, what: str) -> None:
-        """Raise ConnectionError when a rank on this node has died (killed: gone, or a zombie).
+    def _node_peers_dead(self) -> str:
+        """"RANK (pid PID)" of a rank on this node that has died (gone, or a zombie), else "".
         MPI does not say so: its launcher kills the whole job a moment later, which left the
         result file ``running``; a torch.distributed collective fails at once (its socket closes)."""
         for rank, pid in self._node_peers:
@@ -325,7 +340,8 @@ class World:
             except (OSError, IndexError):
                 state = b"X"  # gone
             if state in (b"Z", b"X"):
-                raise ConnectionError(f"{what}: rank {rank} (pid {pid}) died")
+                return f"{rank} (pid {pid})"
+        return ""
 
     def _wait(self, request: Any, what: str) -> None:
         """Wait for the non-blocking MPI ``request`` of collective ``what``: poll it (progress
@@ -342,7 +358,7 @@ class World:
             polls += 1
             if spin and polls % 32:
                 continue  # the spin: the clock, the notices and the machine every 32 polls
-            if self._notices.Iprobe(tag=self._NOTICE_TAG):
+            if self._notices.Iprobe(tag=self._NOTICE_TAG) and not _completes(request):
                 raise ConnectionError(f"{what}: rank {self._notices.recv(tag=self._NOTICE_TAG)} failed")
             waited = time.monotonic() - start
             if waited > self.timeout_s:
@@ -352,7 +368,9 @@ class World:
             if not spin:
                 if waited >= next_check:  # every 10 ms: are this node's other ranks alive?
                     next_check = waited + 0.01
-                    self._check_node_peers(what)
+                    dead = self._node_peers_dead()
+                    if dead and not _completes(request):
+                        raise ConnectionError(f"{what}: rank {dead} died")
                 time.sleep(0.0001)
 
     def _hold(self, *tensors: torch.Tensor) -> None:
