@@ -37,7 +37,7 @@ from typing import Any, Literal, Optional, Union
 
 import yaml
 
-from . import plugins, registry, yamlio
+from . import plugins, registry, schema, yamlio
 from .algorithms.base import AlgorithmParams, ServerParams  # noqa: F401  (public names)
 from .data.datasets import DatasetParams, PartitionConfig, TaskConfig  # noqa: F401  (public names)
 from .decentral.sporadicity import ProbDistConfig, SporadicityConfig  # noqa: F401
@@ -157,27 +157,10 @@ def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- moved keys
 
-#: Keys that moved to the component that reads them: old dotted spelling -> new one. The old one
-#: is still read (configs, --set, sweep cells, result files and checkpoints made before), as the
-#: new one with one notice; both given with different values is an error.
-MOVED = {"train.global_lr": "algorithm.global_lr"}
-
-
-def current_spelling(data: dict) -> dict:
-    """A copy of the nested config ``data`` (e.g. one stored in an old result file) with every
-    ``MOVED`` key at its new place, silently; where both are there, the new one stays. Readers
-    use it so that runs made before and after a key moved compare as the same experiment."""
-    data = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
-    for old, new in MOVED.items():
-        (osec, okey), (nsec, nkey) = old.split("."), new.split(".")
-        src = data.get(osec)
-        if isinstance(src, dict) and okey in src:
-            value = src.pop(okey)
-            if isinstance(data.get(nsec), dict):
-                data[nsec].setdefault(nkey, value)
-            elif nsec not in data:
-                data[nsec] = {nkey: value}
-    return data
+#: Keys that moved to the component that reads them (``schema.MOVED``, old dotted spelling -> new
+#: one). The old one is still read (configs, --set, sweep cells, result files and checkpoints made
+#: before), as the new one with one notice; both given with different values is an error.
+MOVED = schema.MOVED
 
 
 def _new_spelling(dotted: str) -> str:

@@ -34,3 +34,26 @@ def opt(default: Any, doc: str, *, ge: float | None = None, gt: float | None = N
 def copy(x: Any) -> Any:
     """A deep copy of plain YAML data."""
     return yaml.safe_load(yaml.safe_dump(x))
+
+
+#: Keys that moved to the component that reads them: old dotted spelling -> new one
+#: (``fedmpi.config`` reads the old one with a notice; readers of stored configs use
+#: ``current_spelling``). Here, torch-free, for the commands that only read result files.
+MOVED = {"train.global_lr": "algorithm.global_lr"}
+
+
+def current_spelling(data: dict) -> dict:
+    """A copy of the nested config ``data`` (e.g. one stored in an old result file) with every
+    ``MOVED`` key at its new place, silently; where both are there, the new one stays. Readers
+    use it so that runs made before and after a key moved compare as the same experiment."""
+    data = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    for old, new in MOVED.items():
+        (osec, okey), (nsec, nkey) = old.split("."), new.split(".")
+        src = data.get(osec)
+        if isinstance(src, dict) and okey in src:
+            value = src.pop(okey)
+            if isinstance(data.get(nsec), dict):
+                data[nsec].setdefault(nkey, value)
+            elif nsec not in data:
+                data[nsec] = {nkey: value}
+    return data

@@ -23,6 +23,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from .. import yamlio
+from ..schema import current_spelling
 from ..errors import InputError
 from .hdf5 import is_locked, read_metrics
 
@@ -91,8 +92,6 @@ def load(path: str) -> Result:
         config = yamlio.loads(str(attrs.get("config", "")), f"{path}: config") or {}
     except InputError:
         config = {}
-    from ..config import current_spelling
-
     config = current_spelling(config) if isinstance(config, dict) else {}  # keys that moved since it was written
     return Result(path=path, status=str(attrs.get("status")), config=config, metrics=metrics, attrs=attrs)
 
