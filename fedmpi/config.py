@@ -171,24 +171,15 @@ def _new_spelling(dotted: str) -> str:
 
 
 def _move(data: dict) -> None:
-    """Move each old spelling of ``MOVED`` in nested ``data`` to its new place (in place)."""
-    for old, new in MOVED.items():
-        (osec, okey), (nsec, nkey) = old.split("."), new.split(".")
-        src = data.get(osec)
-        if not isinstance(src, dict) or okey not in src:
-            continue
-        value = src[okey]
-        dst = data.get(nsec)
-        if dst is None:
-            dst = data[nsec] = {}
-        if not isinstance(dst, dict):
-            continue  # the section's own error comes while building
-        if nkey in dst and dst[nkey] != value:
-            raise InputError(f"{old}: {_show(value)} and {new}: {_show(dst[nkey])} are both given ({old} is "
+    """Move each old spelling of ``MOVED`` in nested ``data`` to its new place (in place), with
+    its notice; the old and the new key both given with different values is an error."""
+    def check(old: str, new: str, value: Any, there: Any) -> None:
+        if there is not schema.ABSENT and there != value:
+            raise InputError(f"{old}: {_show(value)} and {new}: {_show(there)} are both given ({old} is "
                              f"the old name of {new}: give only {new})")
-        del src[okey]
-        dst[nkey] = value
         _new_spelling(old)
+
+    schema.move_keys(data, check)
 
 
 # ----------------------------------------------------------------------------- parsing

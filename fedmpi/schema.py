@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import field
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -42,18 +42,33 @@ def copy(x: Any) -> Any:
 MOVED = {"train.global_lr": "algorithm.global_lr"}
 
 
-def current_spelling(data: dict) -> dict:
-    """A copy of the nested config ``data`` (e.g. one stored in an old result file) with every
-    ``MOVED`` key at its new place, silently; where both are there, the new one stays. Readers
-    use it so that runs made before and after a key moved compare as the same experiment."""
-    data = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+def move_keys(data: dict, check: Callable[[str, str, Any, Any], None] | None = None) -> dict:
+    """Move each ``MOVED`` old spelling in the nested config ``data`` to its new place, in place,
+    and return ``data``. Where the new key is there too it stays (``check(old, new, old value,
+    new value)`` may refuse that first); each move calls ``check(old, new, value, ABSENT)``.
+    A new section that is not a mapping is left for the config's own error."""
     for old, new in MOVED.items():
         (osec, okey), (nsec, nkey) = old.split("."), new.split(".")
         src = data.get(osec)
-        if isinstance(src, dict) and okey in src:
-            value = src.pop(okey)
-            if isinstance(data.get(nsec), dict):
-                data[nsec].setdefault(nkey, value)
-            elif nsec not in data:
-                data[nsec] = {nkey: value}
+        if not isinstance(src, dict) or okey not in src:
+            continue
+        dst = data.get(nsec)
+        if dst is None:  # absent, or an empty YAML block
+            dst = data[nsec] = {}
+        if not isinstance(dst, dict):
+            continue
+        if check is not None:
+            check(old, new, src[okey], dst.get(nkey, ABSENT))
+        dst.setdefault(nkey, src.pop(okey))
     return data
+
+
+#: ``move_keys``'s "the new key is not there" (a key's value may be None).
+ABSENT = object()
+
+
+def current_spelling(data: dict) -> dict:
+    """A copy of the nested config ``data`` (e.g. one stored in an old result file) with every
+    ``MOVED`` key at its new place, silently (``move_keys``). Readers use it so that runs made
+    before and after a key moved compare as the same experiment."""
+    return move_keys({k: dict(v) if isinstance(v, dict) else v for k, v in data.items()})
