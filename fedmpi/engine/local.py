@@ -132,7 +132,7 @@ class LocalTrainer:
             weights = torch.as_tensor(w, device=self.device)
             ids = torch.as_tensor(self._order[self._offsets[clients][:, None] + local].reshape(-1), device=self.device)
         elif ids is None:
-            ids = self.sample_ids(clients, t, step + 1)[step]
+            ids = self.sample_ids(clients, t, step + 1, first=step)[0]
         n = len(clients)
         xb = self.task.train_x.index_select(0, ids).view(n, -1, *self.task.train_x.shape[1:])
         yb = self.task.train_y.index_select(0, ids).view(n, -1, *self.task.train_y.shape[1:])
@@ -140,8 +140,8 @@ class LocalTrainer:
             xb = self._augment(xb, clients, t, step)
         return xb, yb, weights
 
-    def sample_ids(self, clients: np.ndarray, t: int, steps: int) -> torch.Tensor:
-        """Row ids (steps, n * b) of the minibatches of steps 0..steps-1 of round t, drawn at once
+    def sample_ids(self, clients: np.ndarray, t: int, steps: int, first: int = 0) -> torch.Tensor:
+        """Row ids (steps - first, n * b) of the minibatches of steps first..steps-1 of round t, drawn at once
         (one numpy pass and one copy to the device instead of one per step; the same numbers):
         step s of client c takes sample floor(u * n_c) of its own, u from stream (seed, "batch",
         t, s) at counters c * b .. c * b + b - 1. Computed on the host (a few thousand integers:
@@ -151,14 +151,15 @@ class LocalTrainer:
         if self._one_sample:  # every client holds one sample: every draw is that sample (no hashing)
             rows = clients if self._only is None else self._only[clients]
             rows = np.repeat(rows, b) if b > 1 else rows
-            return torch.as_tensor(np.tile(rows, (steps, 1)) if steps > 1 else rows[None], device=self.device)
+            return torch.as_tensor(np.tile(rows, (steps - first, 1)) if steps - first > 1 else rows[None],
+                                   device=self.device)
         sizes = self._sizes[clients][None, :, None]
         counters = clients.astype(np.int64)[:, None] * b + np.arange(b)[None, :]
-        keys = np.array([rng.key(self.seed, "batch", t, step) for step in range(steps)], dtype=np.uint64)
-        u = rng.uniform(keys[:, None, None], np.broadcast_to(counters, (steps, *counters.shape)))
+        keys = np.array([rng.key(self.seed, "batch", t, step) for step in range(first, steps)], dtype=np.uint64)
+        u = rng.uniform(keys[:, None, None], np.broadcast_to(counters, (len(keys), *counters.shape)))
         local = np.minimum((u * sizes).astype(np.int64), sizes - 1)
         rows = self._order[self._offsets[clients][None, :, None] + local]
-        return torch.as_tensor(rows.reshape(steps, -1), device=self.device)
+        return torch.as_tensor(rows.reshape(len(keys), -1), device=self.device)
 
     def _augment(self, xb: torch.Tensor, clients: np.ndarray, t: int, step: int) -> torch.Tensor:
         from ..data.augment import augment
