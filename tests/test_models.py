@@ -54,6 +54,40 @@ def test_init_deterministic_without_global_rng():
     assert torch.all(a.conv2.bias == 0)
 
 
+def test_meta_built_models_get_real_memory_and_keep_ties():
+    """``init: fedmpi`` builds on the meta device and then gives every tensor CPU memory
+    (``_materialise``, in place of ``to_empty``): nothing stays on meta, a tensor shared by two
+    modules stays one tensor, and requires_grad is kept."""
+    from fedmpi.models import _materialise
+
+    with torch.device("meta"):
+        a, b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+        b.weight = a.weight  # tied
+        a.bias.requires_grad_(False)
+        model = torch.nn.Sequential(a, b)
+        model.register_buffer("scale", torch.ones(3), persistent=False)
+    _materialise(model)
+    assert all(t.device.type == "cpu" for t in (*model.parameters(), *model.buffers()))
+    assert model[0].weight is model[1].weight and isinstance(model[1].weight, torch.nn.Parameter)
+    assert len(list(model.parameters())) == 3 and not model[0].bias.requires_grad
+    assert "scale" not in model.state_dict()  # still non-persistent
+
+
+def test_building_a_model_imports_no_sympy():
+    """torch's ``to_empty`` imported sympy (0.25 s of every run's start-up); building stays clear of it."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    code = ("import sys; from fedmpi.models import build_model; build_model('cifar_cnn', (3, 32, 32), 10); "
+            "print('sympy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, PYTHONPATH=ROOT)).stdout
+    assert out.strip() == "False"
+
+
 def test_hinge_matches_multi_margin_loss():
     logits, y = torch.randn(7, 10), torch.randint(0, 10, (7,))
     torch.testing.assert_close(loss_fn("linear_svm")(logits, y), F.multi_margin_loss(logits, y))
