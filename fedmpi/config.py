@@ -116,6 +116,7 @@ class Config:
         for key, user in (("local_steps_stop", "geometric"), ("local_steps_sigma", "lognormal")):
             if draw != user:
                 keep["train"].pop(key, None)
+        del keep["train"]["cuda_graphs"]  # how the steps are launched, not what they compute
         if keep["algorithm"].get("max_echo", 0) is None:  # FedSWE without the cap: old digests stay valid
             del keep["algorithm"]["max_echo"]
         if keep.get("privacy", {}).get("accountant") == "rdp":  # the default accountant: old digests stay valid

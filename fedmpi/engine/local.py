@@ -11,6 +11,11 @@ paths compute the same thing:
   other modules, one ``vmap(grad(loss))`` call (``torch.func``);
 - sequential: the reference loop over clients with ordinary autograd.
 
+A block's per-round inputs (minibatch ids, step masks, dropout keys, augmentation draws) are
+made on the host for all its steps at once (``StepInputs``); the step loop (``run_steps``) then
+runs device operations only, which ``train.cuda_graphs`` replays as a CUDA graph
+(``engine.graphs``).
+
 Minibatches are drawn by index on the device from counter-based streams keyed by
 (seed, "batch", round, step) and the client's global id, so a client's batches do not
 depend on which rank trains it or which other clients train with it. They are drawn
@@ -26,7 +31,7 @@ trainer for each client's minibatch losses, taken from the gradient pass itself 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -38,6 +43,7 @@ from ..data.augment import require_images
 from ..models import has_conv
 from ..models.dropout import KeyedDropout
 from ..models.losses import per_sample
+from .graphs import StepGraphs
 from .layers import StackedNet, conv_impl, minibatch_losses
 from .local_step import LocalStep, StepTerm, TrainConfig, lr_at  # noqa: F401 (lr_at: re-exported)
 from .params import ParamSpec
@@ -61,6 +67,38 @@ class LocalStats:
     steps: np.ndarray | None = None
 
 
+@dataclass
+class StepInputs:
+    """What the local steps of one block read that changes from round to round, made on the host
+    for all steps at once and placed on the device (``LocalTrainer.step_inputs``). The step loop
+    (``LocalTrainer.run_steps``) then runs device operations only, so a CUDA graph can replay it
+    with the next round's inputs copied in (``engine.graphs``). Row j is the j-th step drawn."""
+
+    steps: int                           # S: the steps drawn
+    ids: torch.Tensor                    # (S, n*b) minibatch rows; full_gradient: (1, n*B), every step
+    weights: torch.Tensor | None = None  # (n, B) full_gradient's sample weights, else None
+    going: torch.Tensor | None = None    # (S, n) bool: the client still steps (None: all take every step)
+    keys: torch.Tensor | None = None     # (S, n) int64 dropout keys (None: no dropout)
+    shifts: torch.Tensor | None = None   # (S, n, b, 3) augmentation uniforms (None: no augmentation)
+
+    def tensors(self) -> dict[str, torch.Tensor | None]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "steps"}
+
+    def clone(self) -> "StepInputs":
+        return replace(self, **{k: None if v is None else v.clone() for k, v in self.tensors().items()})
+
+    def copy_(self, other: "StepInputs") -> None:
+        """Into this one's tensors (same signature)."""
+        for mine, theirs in zip(self.tensors().values(), other.tensors().values()):
+            if mine is not None:
+                mine.copy_(theirs)
+
+    def signature(self) -> tuple:
+        """Shapes and dtypes (None for an absent input): equal signatures can share one graph."""
+        return (self.steps,) + tuple((k, None if v is None else (tuple(v.shape), v.dtype))
+                                     for k, v in self.tensors().items())
+
+
 def choose_path(engine: str, model: torch.nn.Module, device: torch.device) -> str:
     """``auto``: batched, except a model without stacked layers that has convolutions, on CPU,
     where vmapped convolutions lose to the loop (benchmarks/engine.py, benchmarks/RESULTS.md)."""
@@ -75,12 +113,14 @@ class LocalTrainer:
     """Local training of a rank's clients on ``task``; see the module docstring."""
 
     def __init__(self, task: Task, cfg: TrainConfig, seed: int, path: str | None = None, conv: str | None = None,
-                 stacked: bool = True, fixed_shape: bool | None = None):
+                 stacked: bool = True, fixed_shape: bool | None = None, replay: bool | None = None):
         """``path`` forces batched or sequential (default: ``choose_path``); ``conv`` picks the
         stacked convolution (default: ``layers.conv_impl``); ``stacked=False`` makes the batched
         path use vmap(grad) (the reference the stacked layers replace, for benchmarks);
         ``fixed_shape`` pads every batched block to ``chunk_size`` rows (default: on CUDA, see
-        ``engine.shapes``; tests force it on CPU, where it must not change a bit)."""
+        ``engine.shapes``; tests force it on CPU, where it must not change a bit); ``replay``
+        runs the step loop through ``engine.graphs`` (default: ``train.cuda_graphs`` on CUDA; on
+        CPU, for tests, an eager replay through the same buffers)."""
         self.task = task
         self.cfg = cfg
         self.seed = seed
@@ -100,6 +140,10 @@ class LocalTrainer:
         if self._only is not None and np.array_equal(self._only, np.arange(len(self._only))):
             self._only = None
         self._step_counts = StepCounts(cfg, task.sizes, seed)
+        if replay is None:
+            replay = cfg.cuda_graphs and self.device.type == "cuda" and self.fixed_shape
+        graphable = self.path == "batched" and self.net is not None  # the stacked layers: device ops only
+        self._graphs = StepGraphs(self._replayed_steps, self.device) if replay and graphable else None
         model = task.model
         self._key_names = [f"{name}.key" for name, mod in model.named_modules() if isinstance(mod, KeyedDropout)]
         each_sample = per_sample(task.loss)
@@ -117,28 +161,52 @@ class LocalTrainer:
         self._batched_grad_nw = vmap(lambda p, k, x, y: self._grad(p, k, x, y, None), randomness="different")
 
     # ------------------------------------------------------------------ data
-    def batch(self, clients: np.ndarray, t: int, step: int,
-              ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Inputs (n, b, ...), targets (n, b, ...) and sample weights (n, b) or None.
+    def batch(self, clients: np.ndarray, t: int, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Inputs (n, b, ...), targets (n, b, ...) and sample weights (n, b) or None of step ``step``
+        of round t (the minibatch the step loop draws there)."""
+        return self._minibatch(self.step_inputs(clients, t, step + 1, first=step), 0, len(clients))
 
-        ``ids``: this step's row of ``sample_ids(clients, t, steps)`` when already drawn (the
-        same rows as drawing them here)."""
-        sizes = self._sizes[clients]
-        weights = None
+    def step_inputs(self, clients: np.ndarray, t: int, steps: int | np.ndarray, first: int = 0,
+                    masks: bool = False) -> StepInputs:
+        """``StepInputs`` of steps first..S-1 of round t, S = max(steps) (``steps``: one count or one
+        per client); ``masks``: ``going`` even when every client takes every step (a graph's
+        buffers must not depend on the round)."""
+        counts = np.broadcast_to(np.asarray(steps, dtype=np.int64), (len(clients),))
+        last = int(counts.max()) if len(clients) else first
+        inp = StepInputs(steps=last - first, ids=torch.zeros(0))
         if self.cfg.full_gradient:
+            sizes = self._sizes[clients]
             j = np.arange(int(sizes.max()))
             local = np.minimum(j[None, :], sizes[:, None] - 1)
             w = (j[None, :] < sizes[:, None]).astype(np.float32) / sizes[:, None].astype(np.float32)
-            weights = torch.as_tensor(w, device=self.device)
-            ids = torch.as_tensor(self._order[self._offsets[clients][:, None] + local].reshape(-1), device=self.device)
-        elif ids is None:
-            ids = self.sample_ids(clients, t, step + 1, first=step)[0]
-        n = len(clients)
+            inp.weights = torch.as_tensor(w, device=self.device)
+            inp.ids = torch.as_tensor(self._order[self._offsets[clients][:, None] + local].reshape(1, -1),
+                                      device=self.device)
+        else:
+            inp.ids = self.sample_ids(clients, t, last, first)
+        if masks or (counts != last).any():
+            inp.going = torch.as_tensor(np.arange(first, last)[:, None] < counts[None, :], device=self.device)
+        if self._key_names:
+            inp.keys = torch.as_tensor(np.stack([self._dropout_bits(clients, t, step) for step in range(first, last)]),
+                                       device=self.device)
+        if self.cfg.augment and self.task.image:
+            b = self.cfg.batch_size if not self.cfg.full_gradient else len(j)
+            counters = (clients.astype(np.int64)[:, None, None] * b + np.arange(b)[None, :, None]) * 3 + np.arange(3)
+            u = [rng.uniform(rng.key(self.seed, "augment", t, step), counters) for step in range(first, last)]
+            inp.shifts = torch.as_tensor(np.stack(u), dtype=torch.float32, device=self.device)
+        return inp
+
+    def _minibatch(self, inp: StepInputs, j: int, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(inputs, targets, weights) of the j-th step of ``inp``, for its n clients (device ops only)."""
+        ids = inp.ids[0 if inp.weights is not None else j]
         xb = self.task.train_x.index_select(0, ids).view(n, -1, *self.task.train_x.shape[1:])
         yb = self.task.train_y.index_select(0, ids).view(n, -1, *self.task.train_y.shape[1:])
-        if self.cfg.augment and self.task.image:
-            xb = self._augment(xb, clients, t, step)
-        return xb, yb, weights
+        if inp.shifts is not None:
+            from ..data.augment import augment
+
+            # augmentation works on [0, 255] floats; Task.inputs normalises afterwards
+            xb = augment(xb.float(), list(self.cfg.augment), self.cfg.augment_mode, inp.shifts[j])
+        return xb, yb, inp.weights
 
     def sample_ids(self, clients: np.ndarray, t: int, steps: int, first: int = 0) -> torch.Tensor:
         """Row ids (steps - first, n * b) of the minibatches of steps first..steps-1 of round t, drawn at once
@@ -160,16 +228,6 @@ class LocalTrainer:
         local = np.minimum((u * sizes).astype(np.int64), sizes - 1)
         rows = self._order[self._offsets[clients][None, :, None] + local]
         return torch.as_tensor(rows.reshape(len(keys), -1), device=self.device)
-
-    def _augment(self, xb: torch.Tensor, clients: np.ndarray, t: int, step: int) -> torch.Tensor:
-        from ..data.augment import augment
-
-        n, b = xb.shape[:2]
-        counters = (clients.astype(np.int64)[:, None, None] * b + np.arange(b)[None, :, None]) * 3 + np.arange(3)
-        u = torch.as_tensor(rng.uniform(rng.key(self.seed, "augment", t, step), counters),
-                            dtype=torch.float32, device=self.device)
-        # augmentation works on [0, 255] floats; Task.inputs normalises afterwards
-        return augment(xb.float(), list(self.cfg.augment), self.cfg.augment_mode, u)
 
     # ------------------------------------------------------------------ training
     def steps_of(self, clients: np.ndarray, t: int) -> np.ndarray:
@@ -244,19 +302,36 @@ class LocalTrainer:
                      steps: np.ndarray, rule: LocalStep, record: bool = False) -> np.ndarray | None:
         """Local steps (``rule``) on the rows of ``x`` in place, parameter by parameter (no (n, d)
         gradient copy); client j takes ``steps[j]`` of them (afterwards its step size is 0).
-        ``record``: returns the minibatch losses (steps, n), zero for the clients that are done."""
+        ``record``: returns the minibatch losses (steps, n), zero for the clients that are done.
+        Replayed as a CUDA graph (``engine.graphs``) when the trainer has them and the algorithm
+        adds no terms to the step (their rows are the algorithm's, not the graph's buffers)."""
+        replay = self._graphs is not None and not rule.terms
+        inp = self.step_inputs(clients, t, steps, masks=replay)
+        if replay:
+            losses = self._graphs.run(x, inp, lr, record)
+        else:
+            losses = self.run_steps(x, inp, lr, rule, record)
+        if not losses:
+            return None
+        values = minibatch_losses(losses)  # (steps, n), host float64
+        values[np.arange(len(losses))[:, None] >= steps[None, :]] = 0.0  # clients that were done
+        return values
+
+    def run_steps(self, x: torch.Tensor, inp: StepInputs, lr: torch.Tensor, rule: LocalStep,
+                  record: bool = False) -> list:
+        """The step loop of ``_train_block`` on the rows of ``x`` in place, from ``inp``: device
+        operations only (no host value is read or made). Returns each step's minibatch losses
+        (tensors or ``layers.Deferred``) when ``record``, else []."""
         params = self.spec.views(x)
         shape = {name: (-1, *[1] * (v.dim() - 1)) for name, v in params.items()}
         rates = {name: lr.view(s) for name, s in shape.items()}
-        uneven = bool((steps != steps.max()).any())
-        ids = None if self.cfg.full_gradient else self.sample_ids(clients, t, int(steps.max()))
-        losses = []
-        for step in range(int(steps.max())):
-            if uneven:  # clients that are done stay put: x - 0 * d is x, bit for bit
-                going = torch.as_tensor(step < steps, device=lr.device)
-                rates = {name: torch.where(going, lr, 0.0).view(s) for name, s in shape.items()}
-            xb, yb, wb = self.batch(clients, t, step, None if ids is None else ids[step])
-            loss, g = self.value_and_gradients(x, xb, yb, wb, self.dropout_keys(clients, t, step), record, params)
+        n, losses = x.shape[0], []
+        for j in range(inp.steps):
+            if inp.going is not None:  # clients that are done stay put: x - 0 * d is x, bit for bit
+                rates = {name: torch.where(inp.going[j], lr, 0.0).view(s) for name, s in shape.items()}
+            xb, yb, wb = self._minibatch(inp, j, n)
+            keys = {} if inp.keys is None else {name: inp.keys[j] for name in self._key_names}
+            loss, g = self.value_and_gradients(x, xb, yb, wb, keys, record, params)
             if record:
                 losses.append(loss)
             if self.cfg.grad_clip is not None:
@@ -265,20 +340,22 @@ class LocalTrainer:
                 g = {name: v * scale.view(rates[name].shape) for name, v in g.items()}
             for name, v in params.items():
                 v.addcmul_(rates[name], rule.direction(name, v, g[name]), value=-1.0)  # x - lr d, one fused pass
-        if not losses:
-            return None
-        values = minibatch_losses(losses)  # (steps, n), host float64
-        values[np.arange(len(losses))[:, None] >= steps[None, :]] = 0.0  # clients that were done
-        return values
+        return losses
+
+    def _replayed_steps(self, x: torch.Tensor, inp: StepInputs, lr: torch.Tensor, record: bool) -> list:
+        """``run_steps`` with a fresh step rule (a graph replays its momentum buffer's reset too)."""
+        return self.run_steps(x, inp, lr, LocalStep(self.cfg), record)
 
     def dropout_keys(self, clients: np.ndarray, t: int, step: int) -> dict[str, torch.Tensor]:
         """{'<layer>.key': (n,) int64} for the model's ``KeyedDropout`` layers: one key per client,
         round and step (each layer derives its own stream from it); {} without dropout."""
         if not self._key_names:
             return {}
-        k = rng.bits(rng.key(self.seed, "dropout", t, step), np.asarray(clients, dtype=np.int64))
-        keys = torch.as_tensor(rng.as_int64(k), device=self.device)
+        keys = torch.as_tensor(self._dropout_bits(clients, t, step), device=self.device)
         return {name: keys for name in self._key_names}
+
+    def _dropout_bits(self, clients: np.ndarray, t: int, step: int) -> np.ndarray:
+        return rng.as_int64(rng.bits(rng.key(self.seed, "dropout", t, step), np.asarray(clients, dtype=np.int64)))
 
     def param_gradients(self, x: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor, wb: torch.Tensor | None,
                         keys: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:

@@ -61,6 +61,9 @@ class TrainConfig:
     full_gradient: bool = opt(False, "local steps use the client's full local gradient (GD)")
     engine: Literal["auto", "batched", "sequential"] = opt(
         "auto", "batched = all clients of a rank at once; auto picks the faster path")
+    cuda_graphs: bool = opt(
+        False, "on CUDA, replay each block's local steps as one captured CUDA graph (stacked models; algorithms "
+        "without step terms); the same bits, fewer launches (engine/graphs.py)")
 
     def __post_init__(self) -> None:
         if self.local_epochs is not None and self.local_steps_file is not None:

@@ -13,8 +13,10 @@ from fedmpi.task import Task
 CPU = torch.device("cpu")
 
 
-def image_trainer(path: str, seed: int = 0, device: torch.device = CPU, model: str = "cinic_cnn") -> LocalTrainer:
-    """``model`` (cinic_cnn: 3 dropout layers) on 5 clients of tiny random 3x8x8 images."""
+def image_trainer(path: str, seed: int = 0, device: torch.device = CPU, model: str = "cinic_cnn",
+                  **options) -> LocalTrainer:
+    """``model`` (cinic_cnn: 3 dropout layers) on 5 clients of tiny random 3x8x8 images (``options``:
+    more ``LocalTrainer`` arguments)."""
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 256, (50, 3, 8, 8), generator=g, dtype=torch.uint8)
     y = torch.randint(0, 10, (50,), generator=g)
@@ -24,4 +26,4 @@ def image_trainer(path: str, seed: int = 0, device: torch.device = CPU, model: s
                 offsets=np.arange(6) * 10, classes=10, label_hist=None, groups=None,
                 mean=torch.full((3,), 0.5, device=device), std=torch.full((3,), 0.25, device=device), image=True)
     cfg = config.from_dict({"task": {"clients": 5}, "train": {"batch_size": 4, "local_steps": 2, "lr": 0.1}})
-    return LocalTrainer(task, cfg.train, seed, path=path)
+    return LocalTrainer(task, cfg.train, seed, path=path, **options)
