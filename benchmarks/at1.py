@@ -50,11 +50,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FMNIST = "/usr/share/datasets/fashion-mnist"
 
 
-def anchor(rounds: int, device: str) -> dict:
+def anchor(rounds: int, device: str, cuda_graphs: bool = False) -> dict:
     return {"name": "at1", "seed": 0, "rounds": rounds, "eval_every": rounds,
             "task": {"dataset": "fmnist", "root": FMNIST, "clients": 1000, "partition": {"kind": "iid"},
                      "model": "logreg"},
-            "train": {"local_steps": 6, "batch_size": 10, "lr": 0.1},
+            "train": {"local_steps": 6, "batch_size": 10, "lr": 0.1, "cuda_graphs": cuda_graphs},
             "algorithm": {"name": "fedavg_active"},
             "availability": {"kind": "cohort", "size": 50},
             "evaluation": {"train": False},
@@ -206,15 +206,17 @@ def main() -> None:
                     help="torch threads of the loop (1: its fastest on a small shared CPU)")
     ap.add_argument("--quadratic-rounds", type=int, default=2000, help="0: skip the quadratic task")
     ap.add_argument("--skip-anchor", action="store_true")
+    ap.add_argument("--cuda-graphs", action="store_true", help="fedmpi with train.cuda_graphs (CUDA only)")
     args = ap.parse_args()
     if not os.path.exists(os.path.join(FMNIST, "train-images-idx3-ubyte.gz")) and not args.skip_anchor:
         sys.exit(f"at1.py: Fashion-MNIST not found under {FMNIST} (Debian: apt install dataset-fashion-mnist)")
     shared = args.device == "cuda" and torch.cuda.device_count() < 2
     print(f"# at1 on {machine()}, device {args.device}, {load()}"
+          + (", train.cuda_graphs" if args.cuda_graphs else "")
           + (" (2 ranks share the GPU: gloo, staged through host memory)" if shared else ""), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         if not args.skip_anchor:
-            cfg = anchor(args.rounds, args.device)
+            cfg = anchor(args.rounds, args.device, args.cuda_graphs)
             print(f"{'cycle':>5} {'fedmpi 1 rank':>14} {'fedmpi 2 ranks':>15} {'loop':>9} {'loop/1 rank':>12} "
                   f"{'loop/2 ranks':>13} {'2 vs 1':>7}   acc 1 / 2 / loop   load", flush=True)
             ratios1, ratios2, cpu_lines = [], [], []

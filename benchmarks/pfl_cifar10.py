@@ -72,11 +72,12 @@ def synthetic_cifar(folder: str, seed: int = 0) -> str:
     return folder
 
 
-def pfl_config(rounds: int, eval_every: int, device: str, root: str, cache_dir: str | None) -> dict:
+def pfl_config(rounds: int, eval_every: int, device: str, root: str, cache_dir: str | None,
+               cuda_graphs: bool = False) -> dict:
     return {"name": "pfl_cifar10", "seed": 0, "rounds": rounds, "eval_every": eval_every,
             "task": {"dataset": "cifar10", "root": root, "cache_dir": cache_dir, "clients": 1000,
                      "partition": {"kind": "iid"}, "model": "pfl_cnn"},
-            "train": {"local_epochs": 1.0, "batch_size": 10, "lr": 0.1},
+            "train": {"local_epochs": 1.0, "batch_size": 10, "lr": 0.1, "cuda_graphs": cuda_graphs},
             "algorithm": {"name": "fedavg_active", "global_lr": 1.0},
             "availability": {"kind": "cohort", "size": 50},
             "evaluation": {"train": False},
@@ -103,6 +104,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10, help="rounds to time (default 10: < 2 min on 2 CPU cores)")
     ap.add_argument("--eval-every", type=int, default=10, help="test-set evaluation period (pfl: 10)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--cuda-graphs", action="store_true", help="with train.cuda_graphs (CUDA only)")
     ap.add_argument("--ranks", type=int, default=1, help="MPI ranks (mpiexec -n RANKS when > 1)")
     ap.add_argument("--pfl-minutes", type=float, default=None,
                     help="pfl-research's published wall-clock minutes for this setup (from the paper's Table 1)")
@@ -121,7 +123,7 @@ def main() -> None:
         print(f"{tag} pfl-research setup: 1000 clients x 50 images (IID), cohort 50, 1 local epoch of batch 10, "
               f"pfl_cnn, eval every {args.eval_every}; {args.rounds} rounds on {args.device}, {args.ranks} rank(s); "
               f"{machine()}; load {load:.2f}", flush=True)
-        cfg = pfl_config(args.rounds, args.eval_every, args.device, root, cache)
+        cfg = pfl_config(args.rounds, args.eval_every, args.device, root, cache, args.cuda_graphs)
         per_round, acc, timed = run(cfg, args.ranks, tmp)
         projected = per_round * PFL_ROUNDS / 60
         print(f"{tag} fedmpi: {per_round:.3f} s/round over {timed} rounds -> {projected:.1f} min projected for "
