@@ -72,7 +72,7 @@ def _reference_below(k, thr, n):
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 2**64 - 1), t=st.integers(0, 10**6), n=st.integers(0, 3 * (1 << 15) + 7),
+@given(seed=st.integers(0, 2**64 - 1), t=st.integers(0, 10**6), n=st.integers(0, 3 * rng._CHUNK + 7),
        p=st.one_of(st.sampled_from([0.0, 1e-9, 0.01, 0.5, 1 - 1e-12, 1.0]), st.floats(0, 1)))
 def test_below_is_the_reference_draw(seed, t, n, p):
     """Same ids, bit for bit, as flatnonzero(bits < threshold) for one p (chunk edges included)."""
@@ -83,7 +83,7 @@ def test_below_is_the_reference_draw(seed, t, n, p):
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**32), t=st.integers(0, 10**6), n=st.integers(1, 2 * (1 << 15) + 3),
+@given(seed=st.integers(0, 2**32), t=st.integers(0, 10**6), n=st.integers(1, 2 * rng._CHUNK + 3),
        hi=st.floats(0, 1))
 def test_below_per_client_thresholds(seed, t, n, hi):
     """One threshold per client (time-varying or heterogeneous p_i), including p = 0 and p = 1."""
