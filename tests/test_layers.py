@@ -189,3 +189,14 @@ def test_quadratic_model_is_stacked_and_exact():
     x = tr.train(torch.zeros(3, 2), np.arange(3), t=0)
     u = torch.tensor(cfg.task.u)
     torch.testing.assert_close(x, u * (1 - 0.75 ** 3))  # x <- x - 0.25 (x - u), three times
+
+
+def test_only_the_quadratic_model_ignores_input_values():
+    """``reads_inputs``: the trainer gathers no input rows for a model of the inputs' shape only
+    (10^6 quadratic clients: 5% of a round); every other model reads them."""
+    from fedmpi.models import build_model
+    from fedmpi.models.nets import ScalarModel
+
+    assert StackedNet.compile(ScalarModel(3, 0.0)).reads_inputs is False
+    for name in ("logreg", "mlp", "cifar_cnn"):
+        assert StackedNet.compile(build_model(name, (3, 8, 8) if name == "cifar_cnn" else (1, 6, 6), 4)).reads_inputs

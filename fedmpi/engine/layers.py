@@ -66,6 +66,7 @@ class _Layer:
     """One stacked layer: ``forward(params, x, keys)`` on x (n, b, ...); ``keys`` None = eval mode."""
 
     params: tuple[str, ...] = ()
+    reads_values = True  # False: the output depends on the input's shape only
 
     def forward(self, p: Params, x: Tensor, keys: Params | None) -> Tensor:
         raise NotImplementedError
@@ -195,6 +196,8 @@ class _KeyedDropout(_Layer):
 class _Scalar(_Layer):
     """The quadratic task's model: the parameter vector itself, one copy per sample."""
 
+    reads_values = False
+
     def __init__(self, prefix: str):
         self.x = prefix + "x"
         self.params = (self.x,)
@@ -286,6 +289,12 @@ class StackedNet:
                 x = layer.forward(params, x, None)
                 total += x.numel()
         return total
+
+    @property
+    def reads_inputs(self) -> bool:
+        """False when the outputs depend on the inputs' shape only (the quadratic task's model):
+        the trainer then gathers no input rows."""
+        return self.layers[0].reads_values
 
     def closed_form(self, loss) -> bool:
         """True when the gradients skip autograd: only the last layer has parameters, and the
