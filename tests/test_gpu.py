@@ -122,7 +122,9 @@ def test_cuda_graph_replays_give_the_step_loop_bits(model, train):
         b = graphs.train(x0.expand(len(ids), -1), ids, t=t, stats=stats[1])
         assert torch.equal(a, b)
         np.testing.assert_array_equal(stats[0].loss, stats[1].loss)
-    assert graphs._graphs.captures >= 1
+    assert not graphs._graphs.failed  # captured, not fallen back to the plain loop
+    if "local_steps_draw" not in train:  # one shape: one graph, replayed every round
+        assert graphs._graphs.captures == 1
 
 
 def test_cuda_graph_replays_with_dropout_on_cuda():

@@ -12,51 +12,75 @@ kernel by kernel.
 Contract: the captured function reads no host value and allocates nothing that outlives it
 except its outputs (the step losses, which live in the graph's memory pool and are read
 before the next replay); every input it reads that may differ between rounds is one of its
-arguments. ``StepGraphs`` holds one graph per (parameter shape, inputs' signature, record),
-all in one memory pool (they never run at the same time).
+arguments. ``StepGraphs`` keeps the graphs of the last ``KEEP`` shapes (parameter rows,
+inputs' signature -- the step count among them -- and whether losses are recorded), all in one
+memory pool (they never run at the same time). A capture that fails is logged once and that
+trainer runs its steps kernel by kernel from then on (the same bits).
 
 On CPU (tests only: ``LocalTrainer(replay=True)``) a "replay" calls the function again on the
 same buffers: it checks the buffer plumbing (what is copied in and out) bit for bit where no
-GPU is available; the capture itself is checked by tests/test_gpu.py on a GPU machine.
+GPU is available; the capture itself is checked by tests/test_graphs.py and tests/test_gpu.py
+on a GPU machine.
 """
 
 from __future__ import annotations
 
+import logging
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
-WARMUP = 2  # eager runs on a side stream before a capture (cuBLAS handles, autograd's state)
+if TYPE_CHECKING:
+    from .local import StepInputs
 
-StepFn = Callable[[torch.Tensor, Any, torch.Tensor, bool], list]  # (x, StepInputs, lr, record) -> losses
+WARMUP = 2  # eager runs on a side stream before a capture (cuBLAS handles, autograd's state)
+KEEP = 8    # graphs kept (step counts drawn per round, full-gradient block widths): least recently used go
+
+StepFn = Callable[[torch.Tensor, "StepInputs", torch.Tensor, bool], list]  # (x, inputs, lr, record) -> losses
+log = logging.getLogger(__name__)
 
 
 @dataclass
 class _Entry:
-    x: torch.Tensor      # the graph's parameter rows (copied in and out around a replay)
-    inputs: Any          # its StepInputs buffers
-    lr: torch.Tensor     # its step sizes
-    out: list            # its outputs: the step losses of the last replay
-    graph: Any = None    # torch.cuda.CUDAGraph; None: eager replay (CPU)
+    x: torch.Tensor          # the graph's parameter rows (copied in and out around a replay)
+    inputs: StepInputs       # its input buffers
+    lr: torch.Tensor         # its step sizes
+    out: list                # its outputs: the step losses of the last replay
+    graph: object = None     # torch.cuda.CUDAGraph; None: eager replay (CPU)
 
 
 class StepGraphs:
     """The captured step loops of one trainer; see the module docstring. Every rank holds its own."""
 
-    def __init__(self, fn: StepFn, device: torch.device):
+    def __init__(self, fn: StepFn, device: torch.device) -> None:
         self.fn, self.device = fn, device
-        self.entries: dict[tuple, _Entry] = {}
-        self.pool = None  # the memory pool all of this trainer's graphs share
-        self.captures = 0  # graphs captured so far (tests, benchmarks)
+        self.entries: OrderedDict[tuple, _Entry] = OrderedDict()
+        self.pool = None     # the memory pool all of this trainer's graphs share
+        self.stream = None   # the side stream of warm-ups and captures
+        self.captures = 0    # graphs captured so far (tests, benchmarks)
+        self.failed = False  # a capture failed: steps run kernel by kernel
 
-    def run(self, x: torch.Tensor, inputs: Any, lr: torch.Tensor, record: bool) -> list:
+    def run(self, x: torch.Tensor, inputs: StepInputs, lr: torch.Tensor, record: bool) -> list:
         """``fn(x, inputs, lr, record)``, in place on ``x``, by replaying the graph of these shapes
         (captured at their first use)."""
+        if self.failed:
+            return self.fn(x, inputs, lr, record)
         key = (tuple(x.shape), x.dtype, inputs.signature(), tuple(lr.shape), record)
         entry = self.entries.get(key)
         if entry is None:
-            entry = self.entries[key] = self._capture(x, inputs, lr, record)
+            try:
+                entry = self._capture(x, inputs, lr, record)
+            except RuntimeError as e:  # e.g. an operation that cannot be captured: the plain loop, once
+                log.warning("train.cuda_graphs: capturing the local steps failed (%s); they run kernel by "
+                            "kernel, with the same results", str(e).splitlines()[0])
+                self.failed, self.entries = True, OrderedDict()
+                return self.fn(x, inputs, lr, record)
+            self.entries[key] = entry
+            if len(self.entries) > KEEP:
+                self.entries.popitem(last=False)
+        self.entries.move_to_end(key)
         entry.x.copy_(x)
         entry.inputs.copy_(inputs)
         entry.lr.copy_(lr)
@@ -67,19 +91,20 @@ class StepGraphs:
         x.copy_(entry.x)
         return entry.out
 
-    def _capture(self, x: torch.Tensor, inputs: Any, lr: torch.Tensor, record: bool) -> _Entry:
+    def _capture(self, x: torch.Tensor, inputs: StepInputs, lr: torch.Tensor, record: bool) -> _Entry:
         entry = _Entry(x.clone(), inputs.clone(), lr.clone(), [])
+        if self.device.type == "cuda":
+            if self.stream is None:
+                self.stream = torch.cuda.Stream(self.device)
+            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(self.stream):
+                for _ in range(WARMUP):  # on the graph's own buffers: they are overwritten before every replay
+                    self.fn(entry.x, entry.inputs, entry.lr, record)
+            torch.cuda.current_stream(self.device).wait_stream(self.stream)
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: other threads' CUDA calls (NCCL's watchdog) do not break this capture
+            with torch.cuda.graph(graph, pool=self.pool, stream=self.stream, capture_error_mode="thread_local"):
+                entry.out = self.fn(entry.x, entry.inputs, entry.lr, record)
+            entry.graph, self.pool = graph, graph.pool()
         self.captures += 1
-        if self.device.type != "cuda":
-            return entry
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(WARMUP):  # on the graph's own buffers: they are overwritten before every replay
-                self.fn(entry.x, entry.inputs, entry.lr, record)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        entry.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(entry.graph, pool=self.pool):
-            entry.out = self.fn(entry.x, entry.inputs, entry.lr, record)
-        self.pool = entry.graph.pool()
         return entry

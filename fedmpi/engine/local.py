@@ -16,9 +16,10 @@ made on the host for all its steps at once (``StepInputs``); the step loop (``ru
 runs device operations only, which ``train.cuda_graphs`` replays as a CUDA graph
 (``engine.graphs``).
 
-Minibatches are drawn by index on the device from counter-based streams keyed by
-(seed, "batch", round, step) and the client's global id, so a client's batches do not
-depend on which rank trains it or which other clients train with it. They are drawn
+Minibatch sample ids are drawn on the host from counter-based streams keyed by
+(seed, "batch", round, step) and the client's global id (the rows are gathered on the device),
+so a client's batches do not depend on which rank trains it or which other clients train with
+it. They are drawn
 uniformly with replacement (``full_gradient`` uses every local sample instead). Dropout
 masks come from the same kind of stream, (seed, "dropout", round, step) and the client id
 (``models.dropout``). On CPU, training runs with one intra-op thread (``engine.threads``).
@@ -39,12 +40,12 @@ import torch
 from torch.func import functional_call, grad_and_value, vmap
 
 from .. import rng
-from ..data.augment import require_images
+from ..data.augment import augment, require_images
 from ..models import has_conv
 from ..models.dropout import KeyedDropout
 from ..models.losses import per_sample
 from .graphs import StepGraphs
-from .layers import StackedNet, conv_impl, minibatch_losses
+from .layers import Deferred, StackedNet, conv_impl, minibatch_losses
 from .local_step import LocalStep, StepTerm, TrainConfig, lr_at  # noqa: F401 (lr_at: re-exported)
 from .params import ParamSpec
 from .shapes import MAX_FIXED_BLOCK, fixed_shapes, pad_rows
@@ -82,6 +83,7 @@ class StepInputs:
     shifts: torch.Tensor | None = None   # (S, n, b, 3) augmentation uniforms (None: no augmentation)
 
     def tensors(self) -> dict[str, torch.Tensor | None]:
+        """{name: tensor or None} of every input but ``steps``, in a fixed order."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "steps"}
 
     def clone(self) -> "StepInputs":
@@ -164,7 +166,8 @@ class LocalTrainer:
     # ------------------------------------------------------------------ data
     def batch(self, clients: np.ndarray, t: int, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Inputs (n, b, ...), targets (n, b, ...) and sample weights (n, b) or None of step ``step``
-        of round t (the minibatch the step loop draws there)."""
+        of round t (the minibatch the step loop draws there). For a model of the inputs' shape only
+        (``StackedNet.reads_inputs``) the inputs are a read-only broadcast view of one stored row."""
         return self._minibatch(self.step_inputs(clients, t, step + 1, first=step), 0, len(clients))
 
     def step_inputs(self, clients: np.ndarray, t: int, steps: int | np.ndarray, first: int = 0,
@@ -193,8 +196,10 @@ class LocalTrainer:
         if self.cfg.augment and self.task.image:
             b = self.cfg.batch_size if not self.cfg.full_gradient else len(j)
             counters = (clients.astype(np.int64)[:, None, None] * b + np.arange(b)[None, :, None]) * 3 + np.arange(3)
-            u = [rng.uniform(rng.key(self.seed, "augment", t, step), counters) for step in range(first, last)]
-            inp.shifts = torch.as_tensor(np.stack(u), dtype=torch.float32, device=self.device)
+            inp.shifts = torch.empty((last - first, *counters.shape), dtype=torch.float32, device=self.device)
+            for j, step in enumerate(range(first, last)):  # float64 draws of one step at a time
+                inp.shifts[j] = torch.as_tensor(rng.uniform(rng.key(self.seed, "augment", t, step), counters),
+                                                dtype=torch.float32)
         return inp
 
     def _minibatch(self, inp: StepInputs, j: int, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -207,8 +212,6 @@ class LocalTrainer:
             xb = self.task.train_x[:1].expand(n, len(ids) // n, *sample)
         yb = self.task.train_y.index_select(0, ids).view(n, -1, *self.task.train_y.shape[1:])
         if inp.shifts is not None:
-            from ..data.augment import augment
-
             # augmentation works on [0, 255] floats; Task.inputs normalises afterwards
             xb = augment(xb.float(), list(self.cfg.augment), self.cfg.augment_mode, inp.shifts[j])
         return xb, yb, inp.weights
@@ -323,7 +326,7 @@ class LocalTrainer:
         return values
 
     def run_steps(self, x: torch.Tensor, inp: StepInputs, lr: torch.Tensor, rule: LocalStep,
-                  record: bool = False) -> list:
+                  record: bool = False) -> list[torch.Tensor | Deferred]:
         """The step loop of ``_train_block`` on the rows of ``x`` in place, from ``inp``: device
         operations only (no host value is read or made). Returns each step's minibatch losses
         (tensors or ``layers.Deferred``) when ``record``, else []."""
@@ -347,7 +350,8 @@ class LocalTrainer:
                 v.addcmul_(rates[name], rule.direction(name, v, g[name]), value=-1.0)  # x - lr d, one fused pass
         return losses
 
-    def _replayed_steps(self, x: torch.Tensor, inp: StepInputs, lr: torch.Tensor, record: bool) -> list:
+    def _replayed_steps(self, x: torch.Tensor, inp: StepInputs, lr: torch.Tensor,
+                        record: bool) -> list[torch.Tensor | Deferred]:
         """``run_steps`` with a fresh step rule (a graph replays its momentum buffer's reset too)."""
         return self.run_steps(x, inp, lr, LocalStep(self.cfg), record)
 

@@ -80,10 +80,11 @@ def build_model(name: str, in_shape: tuple[int, ...], classes: int, seed: int = 
 
 
 def _materialise(model: nn.Module) -> None:
-    """Give the parameters and buffers of a model built on the meta device uninitialised CPU
-    memory, in place (what ``nn.Module.to_empty`` does, a tensor shared by two modules staying
-    shared). ``to_empty`` goes through torch's Python reference of ``empty_like``, whose first
-    call imports sympy: 0.25 s of every run's start-up, for a model of any size."""
+    """Give the parameters and buffers of a model built on the meta device uninitialised,
+    contiguous CPU memory, in place. Like ``nn.Module.to_empty``, except that a tensor shared by
+    two modules (tied weights) stays one tensor, where ``to_empty`` makes two. ``to_empty`` also
+    goes through torch's Python reference of ``empty_like``, whose first call imports sympy:
+    0.25 s of every run's start-up, for a model of any size."""
     made: dict[int, torch.Tensor] = {}
 
     def empty(t: torch.Tensor) -> torch.Tensor:
