@@ -80,6 +80,7 @@ def test_choose_backend(backend, device, ranks, gpus, want):
 def test_auto_says_in_one_line_why_ranks_sharing_a_gpu_use_gloo():
     note = choose_backend("auto", "auto", 2, 1).notice
     assert note.startswith("notice: 2 ranks share 1 GPU on a node") and "gloo" in note and "\n" not in note
+    assert "slower than one rank per GPU (docs/GPUS.md)" in note  # what sharing costs, and where it is measured
     assert "8 ranks share 4 GPUs" in choose_backend("auto", "cuda", 8, 4).notice
     assert choose_backend("auto", "auto", 2, 2).notice == "" and choose_backend("auto", "auto", 2, 0).notice == ""
 

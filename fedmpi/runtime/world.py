@@ -152,7 +152,8 @@ def choose_backend(backend: str, device: str, ranks_per_node: int, gpus_per_node
         raise InputError(f"runtime.backend: nccl needs one GPU per rank, but {shared}; use auto or gloo, "
                          f"or launch at most {gpus_per_node} rank{'s' if gpus_per_node > 1 else ''} per node")
     return Backend("cuda", "gloo", True, f"notice: {shared}: using gloo with tensors staged through host "
-                                         f"memory (NCCL needs one GPU per rank)")
+                                         f"memory (NCCL needs one GPU per rank); this emulates more ranks but "
+                                         f"is slower than one rank per GPU (docs/GPUS.md)")
 
 
 def deciding_node(nodes: Sequence[tuple[int, int]]) -> tuple[int, int]:
