@@ -42,6 +42,7 @@ from torch import nn
 from ..models.nets import ScalarModel
 from ..models.dropout import KeyedDropout
 from ..models.losses import Loss, per_client, per_sample
+from .threads import one_thread
 
 Tensor = torch.Tensor
 Params = dict[str, Tensor]
@@ -274,21 +275,23 @@ class StackedNet:
 
     def activation_numel(self, shapes: dict[str, torch.Size], sample: torch.Size, batch: int) -> int:
         """Elements of all layer outputs of one client's forward pass on a minibatch of ``batch``
-        samples of shape ``sample`` (shapes only: computed on the meta device, once per
-        argument set -- the trainer asks every round, and a meta forward costs ~0.5 ms)."""
+        samples of shape ``sample`` (counted once per argument set: the trainer asks every round)."""
         args = (tuple((name, tuple(shape)) for name, shape in shapes.items()), tuple(sample), batch)
         if args not in self._numel:
             self._numel[args] = self._count_activations(shapes, sample, batch)
         return self._numel[args]
 
     def _count_activations(self, shapes: dict[str, torch.Size], sample: torch.Size, batch: int) -> int:
-        with torch.device("meta"):
-            params = {name: torch.empty(1, *shape) for name, shape in shapes.items()}
-            x, total = torch.empty(1, batch, *sample), 0
+        """One zero sample through the layers on the CPU, parameters as zero views that take no memory;
+        the count grows linearly with the minibatch. (On the meta device, torch's baddbmm imports
+        sympy: 0.3 s in the first round of every run.)"""
+        params = {name: torch.zeros(()).expand(1, *shape) for name, shape in shapes.items()}
+        x, total = torch.zeros(1, 1, *sample), 0
+        with torch.no_grad(), one_thread(torch.device("cpu")):
             for layer in self.layers:
                 x = layer.forward(params, x, None)
                 total += x.numel()
-        return total
+        return total * batch
 
     @property
     def reads_inputs(self) -> bool:
