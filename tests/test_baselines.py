@@ -243,3 +243,24 @@ def test_two_ranks_match_one_rank_bit_for_bit(tmp_path):
                 if key not in ("wall_time", "peak_rss_mb"):
                     assert np.array_equal(a["metrics"][key][:], b["metrics"][key][:]), (name, key)
             assert a["metrics/n_active"][:].sum() > 0
+
+
+@pytest.mark.parametrize("name, even", [("fedavg_active", True), ("fedprox", True), ("fedau", True),
+                                        ("scaffold", False), ("mifa", False), ("fedswe", False)])
+def test_who_trains_an_active_client(name, even):
+    """``clients_anywhere`` (no per-client state on the owner): the active clients split evenly
+    over the ranks by position, whoever owns them; otherwise each rank trains the clients it owns.
+    Either way the ranks' shares partition the active set (1 rank == 2 == 3 ranks: test_matrix)."""
+    algo = build(quadratic_cfg(name, [float(i) for i in range(12)], availability={
+        "kind": "stationary", "base": {"kind": "fixed", "values": [0.5]}}))
+    active = np.array([0, 1, 2, 3, 4, 5, 6, 11])  # 7 of the 8 owned by rank 0 of 2
+    for size in (2, 3):
+        shares = []
+        for rank in range(size):
+            algo.world = algo.ctx.world = World(rank=rank, size=size)
+            shares.append(algo.assigned(active))
+            lo, hi = algo.world.shard(12)
+            owned = active[(active >= lo) & (active < hi)]
+            assert np.array_equal(shares[-1], active[len(active) * rank // size:len(active) * (rank + 1) // size]
+                                  if even else owned)
+        assert np.array_equal(np.sort(np.concatenate(shares)), active)

@@ -14,7 +14,9 @@ An algorithm is a subclass of ``Algorithm`` (or ``ServerAlgorithm``) registered 
 - ``evaluated_models`` (labels of the models ``evaluation_snapshot`` returns: ``""`` logs
   ``test_acc``/``test_loss``, ``"server"`` logs ``test_acc_server``...), ``metrics`` (its extra
   metric names) and ``client_rows`` (model-sized float32 rows kept per client, for the
-  up-front memory check).
+  up-front memory check);
+- ``clients_anywhere`` (``ServerAlgorithm``): nothing per client lives on its owner, so each
+  cohort is split evenly over the ranks instead of by shard (``assigned``).
 
 The runner calls (every "collective" method must be called on every rank, in the same order):
 
@@ -35,7 +37,7 @@ The runner calls (every "collective" method must be called on every rank, in the
 | step | ranks | what it may do |
 |---|---|---|
 | 1. ``select(t, available)`` | every rank, once per round, same input | update replicated per-round state |
-| 2. ``start_models``, ``lr_scale``, ``local_terms`` | every rank, its local active clients | read state |
+| 2. ``start_models``, ``lr_scale``, ``local_terms`` | every rank, its active clients (``assigned``) | read state |
 | 3. ``local_training(t, local, start)`` (default: ``ctx.trainer`` with ``local_terms``) | every rank | client state |
 | 3b. privacy: each update clipped to ``privacy.clip`` (``fedmpi.privacy``) | every rank; adaptive: collective | its C |
 | 3c. ``self.outputs``: all active clients' ``ClientOutputs`` (if ``client_outputs``) | collective | -- |
@@ -75,7 +77,7 @@ from ..privacy.mechanism import Privacy
 from ..privacy.sampling import sampling_of
 from ..registry import ALGORITHMS
 from ..schema import opt
-from ..state import State, Stateful, state_tensors
+from ..state import State, Stateful, declared, state_tensors
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -243,6 +245,13 @@ class ServerAlgorithm(Algorithm):
     #: True (implies ``client_outputs``): ``self.outputs.delta_sq`` holds ||Delta_i||^2 (one more
     #: pass over the updates, ~2.5% of an anchor-task round: benchmarks/RESULTS.md); False: NaN
     delta_norms = False
+    #: True: a client's part of the round (steps 2-4 and 8) reads only replicated state and the
+    #: client's id, so any rank may train it, and the round splits the active clients evenly over
+    #: the ranks by position instead of by shard (a random cohort splits unevenly by shard and the
+    #: ranks wait for the larger share: 8% of a 2-rank anchor-task round, benchmarks/RESULTS.md).
+    #: Ignored when the class declares ``client_state``, which lives on the owning rank. Either way
+    #: the same bits (each client's training is its own; the sum is exact).
+    clients_anywhere = False
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
@@ -261,7 +270,7 @@ class ServerAlgorithm(Algorithm):
         available = self.ctx.participation.available(t)
         active = self.select(t, available)
         self.active = active
-        local = self.ctx.local(active)
+        local = self.assigned(active)
         start = self.start_models(local)
         self.stats = LocalStats()  # filled by local_training
         end = self.privacy.clip(t, start, self.local_training(t, local, start))  # privacy: ||Delta_i|| <= C
@@ -299,6 +308,14 @@ class ServerAlgorithm(Algorithm):
     @outputs.setter
     def outputs(self, value: ClientOutputs | None) -> None:
         self._outputs = value
+
+    def assigned(self, active: np.ndarray) -> np.ndarray:
+        """The active clients this rank trains (every rank, with the same ``active``): an even
+        share by position when ``clients_anywhere`` applies, else those it owns (``ctx.local``)."""
+        if not self.clients_anywhere or declared(type(self), "client_state"):
+            return self.ctx.local(active)
+        n, r, size = len(active), self.world.rank, self.world.size
+        return active[n * r // size: n * (r + 1) // size]
 
     # ---------------------------------------------------------------- hooks
     def select(self, t: int, available: np.ndarray) -> np.ndarray:

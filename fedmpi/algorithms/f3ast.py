@@ -43,6 +43,7 @@ class F3ASTParams(ServerParams):
 
 @register("f3ast")
 class F3AST(ServerAlgorithm):
+    clients_anywhere = True  # nothing per client on its owner: any rank trains it
     Params = F3ASTParams
     shared_state = ("r",)  # replicated on every rank
 

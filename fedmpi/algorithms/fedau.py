@@ -28,6 +28,7 @@ class FedAUParams(ServerParams):
 
 @register("fedau")
 class FedAU(ServerAlgorithm):
+    clients_anywhere = True  # nothing per client on its owner: any rank trains it
     Params = FedAUParams
     shared_state = ("c", "L_sum", "L_len")  # replicated on every rank
 

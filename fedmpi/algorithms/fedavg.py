@@ -15,6 +15,7 @@ from .base import ServerAlgorithm, register
 @register("fedavg_markov")
 @register("fedavg_active")
 class FedAvgActive(ServerAlgorithm):
+    clients_anywhere = True  # nothing per client on its owner: any rank trains it
     weights_are_cohort_mean = True  # so DP-FedAvg (fedmpi.privacy) applies
 
     def weights(self, t: int, active: np.ndarray, local: np.ndarray) -> np.ndarray:

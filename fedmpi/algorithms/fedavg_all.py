@@ -12,5 +12,6 @@ from .base import ServerAlgorithm, register
 
 @register("fedavg_all")
 class FedAvgAll(ServerAlgorithm):
+    clients_anywhere = True  # nothing per client on its owner: any rank trains it
     def weights(self, t: int, active: np.ndarray, local: np.ndarray) -> np.ndarray:
         return np.full(len(local), 1.0 / self.m)  # 1/N

@@ -16,6 +16,7 @@ from .base import Context, ServerAlgorithm, register
 
 @register("fedknown")
 class FedKnown(ServerAlgorithm):
+    clients_anywhere = True  # nothing per client on its owner: any rank trains it
     def __init__(self, ctx: Context):
         super().__init__(ctx)
         if ctx.participation.probabilities(0) is None:

@@ -24,6 +24,7 @@ from .base import ServerAlgorithm, register
 
 @register("fednova")
 class FedNova(ServerAlgorithm):
+    clients_anywhere = True  # nothing per client on its owner: any rank trains it
     client_outputs = True  # reads self.outputs
     def weights(self, t: int, active: np.ndarray, local: np.ndarray) -> np.ndarray:
         """tau_eff p_i / a_i, from ``self.outputs`` (every rank, pure)."""

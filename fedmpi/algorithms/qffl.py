@@ -29,6 +29,7 @@ class QFFLParams(ServerParams):
 
 @register("qffl")
 class QFFL(ServerAlgorithm):
+    clients_anywhere = True  # nothing per client on its owner: any rank trains it
     Params = QFFLParams
     delta_norms = True  # self.outputs.delta_sq, in h_i
 
