@@ -19,10 +19,9 @@ runs device operations only, which ``train.cuda_graphs`` replays as a CUDA graph
 Minibatch sample ids are drawn on the host from counter-based streams keyed by
 (seed, "batch", round, step) and the client's global id (the rows are gathered on the device),
 so a client's batches do not depend on which rank trains it or which other clients train with
-it. They are drawn
-uniformly with replacement (``full_gradient`` uses every local sample instead). Dropout
-masks come from the same kind of stream, (seed, "dropout", round, step) and the client id
-(``models.dropout``). On CPU, training runs with one intra-op thread (``engine.threads``).
+it. They are drawn uniformly with replacement (``full_gradient`` uses every local sample
+instead). Dropout masks come from the same kind of stream, (seed, "dropout", round, step) and
+the client id (``models.dropout``). On CPU, training runs with one intra-op thread (``engine.threads``).
 
 Clients may do different numbers of steps (``steps_of``: ``train.local_epochs``, a file,
 stragglers' draws): a block runs its largest count and a client that is done gets a zero step size, so its
@@ -177,28 +176,27 @@ class LocalTrainer:
         buffers must not depend on the round)."""
         counts = np.broadcast_to(np.asarray(steps, dtype=np.int64), (len(clients),))
         last = int(counts.max()) if len(clients) else first
-        inp = StepInputs(steps=last - first, ids=torch.zeros(0))
         if self.cfg.full_gradient:
             sizes = self._sizes[clients]
             j = np.arange(int(sizes.max()))
             local = np.minimum(j[None, :], sizes[:, None] - 1)
             w = (j[None, :] < sizes[:, None]).astype(np.float32) / sizes[:, None].astype(np.float32)
-            inp.weights = torch.as_tensor(w, device=self.device)
-            inp.ids = torch.as_tensor(self._order[self._offsets[clients][:, None] + local].reshape(1, -1),
-                                      device=self.device)
+            inp = StepInputs(steps=last - first, weights=torch.as_tensor(w, device=self.device),
+                             ids=torch.as_tensor(self._order[self._offsets[clients][:, None] + local].reshape(1, -1),
+                                                 device=self.device))
         else:
-            inp.ids = self.sample_ids(clients, t, last, first)
+            inp = StepInputs(steps=last - first, ids=self.sample_ids(clients, t, last, first))
         if masks or (counts != last).any():
             inp.going = torch.as_tensor(np.arange(first, last)[:, None] < counts[None, :], device=self.device)
         if self._key_names:
             inp.keys = torch.as_tensor(np.stack([self._dropout_bits(clients, t, step) for step in range(first, last)]),
                                        device=self.device)
         if self.cfg.augment and self.task.image:
-            b = self.cfg.batch_size if not self.cfg.full_gradient else len(j)
+            b = inp.ids.shape[1] // max(len(clients), 1)  # minibatch width (full_gradient: the largest client)
             counters = (clients.astype(np.int64)[:, None, None] * b + np.arange(b)[None, :, None]) * 3 + np.arange(3)
             inp.shifts = torch.empty((last - first, *counters.shape), dtype=torch.float32, device=self.device)
-            for j, step in enumerate(range(first, last)):  # float64 draws of one step at a time
-                inp.shifts[j] = torch.as_tensor(rng.uniform(rng.key(self.seed, "augment", t, step), counters),
+            for row, step in enumerate(range(first, last)):  # float64 draws of one step at a time
+                inp.shifts[row] = torch.as_tensor(rng.uniform(rng.key(self.seed, "augment", t, step), counters),
                                                 dtype=torch.float32)
         return inp
 
