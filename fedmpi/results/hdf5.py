@@ -42,6 +42,7 @@ from ..errors import InputError, WriteFailed
 STATUSES = ("running", "completed", "interrupted", "failed", "diverged")
 _MASK_BUFFER_BYTES = 64 << 20  # flush early rather than hold more participation rows than this
 _CLOSE_MARGIN = 64 << 10  # kept reserved beyond the file's end: status attribute and close
+_FLUSH_BASE = 32 << 10  # what any flush may add (metadata), besides the chunks its rows need
 
 
 class OutputBusy(InputError):
@@ -433,7 +434,7 @@ class ResultWriter:
         """A bound on what the next flush can add to the file: the chunks its rows start (metric
         chunks are allocated whole) or rewrite (a compressed mask chunk may move when it grows),
         and metadata."""
-        need = 32 << 10
+        need = _FLUSH_BASE
         n = self.f["metrics/round"].shape[0]
         if self._rows:
             new_chunks = -(-(n + len(self._rows)) // 1024) - -(-n // 1024)
@@ -464,6 +465,10 @@ class ResultWriter:
             self._write_buffered()
         except (OSError, RuntimeError, ValueError) as e:
             raise self._write_failed(e, True) from None
+        try:  # a flush that grew the file (HDF5 metadata) used part of what was reserved: keep the least
+            reserve(self._fd, _FLUSH_BASE + _CLOSE_MARGIN)  # any next flush needs, while there is space
+        except OSError:
+            pass  # the disk is full: the next flush says so, before it writes anything
         self._last_flush = time.monotonic()
 
     def _write_buffered(self) -> None:
