@@ -231,3 +231,18 @@ def test_show_dirichlet_phi_needs_data(yaml_cfg, capsys):
     p = np.array(json.loads(capsys.readouterr().out)["p"])
     phi = class_weights(BaseProbConfig(kind="dirichlet_phi"), 2, 10)  # seed 2
     np.testing.assert_allclose(p[:, 0], 0.7 * phi[:6], atol=1e-6)  # f(0) = 1 - gamma = 0.7
+
+
+@pytest.mark.parametrize("kind", ["always", "cohort", "stationary", "markov", "cyclic", "trace"])
+def test_show_every_kind_without_rounds(tmp_path, kind, capsys):
+    """#38 item 9: every kind without a period failed with AttributeError 'period' (and those
+    without a base with 'base') unless --rounds was given."""
+    path = tmp_path / "c.yaml"
+    extra = {"trace": "schedule: [[0, 1], [2]]", "cohort": "size: 2"}.get(kind, "")
+    path.write_text(f"seed: 2\ntask: {{clients: 6}}\navailability: {{kind: {kind}, {extra}}}\n")
+    png = tmp_path / "p.png"
+    assert show.run_cli(_args(path, out=str(png))) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert show.run_cli(_args(path, json=True)) == 0
+    out = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert out["kind"] == kind and out["rounds"] == 40 and len(out["available"][0]) == 40

@@ -72,10 +72,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a dotted config key (repeatable)")
     parser.add_argument("--rounds", type=int, default=None,
-                        help="rounds to show (default: max(40, 2 * availability.period))")
+                        help="rounds to show (default: 40, or two periods of a kind with availability.period)")
     parser.add_argument("--clients", default=None, help="comma-separated client ids (default: 0,1,2)")
     parser.add_argument("--out", default=None, help="write a PNG plot here")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def default_rounds(cfg: Config) -> int:
+    """40 rounds, or two periods of a kind that has one (``availability.period``; only some kinds
+    declare it), whichever is longer."""
+    period = getattr(cfg.availability, "period", None)
+    return max(40, 2 * period) if isinstance(period, int) else 40
 
 
 def _parse_clients(text: str | None, m: int) -> list[int]:
@@ -100,19 +107,20 @@ def run_cli(args: argparse.Namespace, loader: InfoLoader | None = None) -> int:
 
         check_figure(args.out, "--out", [args.config])
     cfg = load(args.config, getattr(args, "set", None) or [])
-    rounds = args.rounds if args.rounds is not None else max(40, 2 * cfg.availability.period)
+    rounds = args.rounds if args.rounds is not None else default_rounds(cfg)
     if not 1 <= rounds <= MAX_ROUNDS:
         raise InputError(f"--rounds: must be in 1..{MAX_ROUNDS}, got {rounds}")
     clients = _parse_clients(args.clients, cfg.task.clients)
     info = client_info(cfg, loader)
     p = trajectories(build(cfg.availability, info), rounds, clients)
     _, avail = simulate(build(cfg.availability, info), rounds, clients)
-    title = f"availability {cfg.availability.kind} (base {cfg.availability.base.kind}), seed {cfg.seed}"
+    base = getattr(cfg.availability, "base", None)  # kinds without base probabilities: always, cohort, traces
+    title = f"availability {cfg.availability.kind}{f' (base {base.kind})' if base else ''}, seed {cfg.seed}"
     if args.out:
         _plot(args.out, title, clients, p, avail, [args.config])
     if args.json:
         print(json.dumps({
-            "kind": cfg.availability.kind, "base": cfg.availability.base.kind, "seed": cfg.seed,
+            "kind": cfg.availability.kind, "base": base.kind if base else None, "seed": cfg.seed,
             "rounds": rounds, "clients": clients,
             "p": [[None if math.isnan(v) else round(float(v), 6) for v in row] for row in p],
             "available": avail.tolist(), "frequency": avail.mean(axis=1).tolist()}))
