@@ -400,11 +400,17 @@ def load(path: str | None = None, overrides: list[str] | None = None, world_size
         if not isinstance(data, dict):
             raise InputError(f"{path}: top level must be a mapping of keys")
     _move(data)
-    for item in overrides or []:
-        key, value = parse_override(item)
-        _set_dotted(data, _new_spelling(key), value)
-    for k, v in (values or {}).items():
-        _set_dotted(data, _new_spelling(k), _copy(v))
+    given: dict[str, tuple[str, Any]] = {}  # new spelling -> (spelling, value) of the command line
+    pairs = [parse_override(item) for item in overrides or []] + [(k, _copy(v)) for k, v in (values or {}).items()]
+    for key, value in pairs:
+        new = _new_spelling(key)
+        said, there = given.get(new, (key, value))
+        if said != key and there != value:  # the pair ``_move`` refuses in a YAML file, on the command line
+            old = key if key in MOVED else said
+            raise InputError(f"{said}: {_show(there)} and {key}: {_show(value)} are both given ({old} is the "
+                             f"old name of {new}: give only {new})")
+        given[new] = (key, value)
+        _set_dotted(data, new, value)
     cfg = _build(Config, data, "")
     validate(cfg, world_size)
     return cfg

@@ -200,6 +200,22 @@ def test_train_global_lr_is_still_read_as_algorithm_global_lr_with_one_notice(tm
         config.from_dict({"train": {"global_lr": -1}})
 
 
+def test_the_old_and_the_new_key_on_the_command_line_are_refused_like_in_yaml(tmp_path):
+    """#38 item 5: ``--set train.global_lr=0.5 --set algorithm.global_lr=2.0`` ran with one of them
+    silently; the same pair in a YAML file is refused."""
+    p = tmp_path / "c.yaml"
+    p.write_text("algorithm: {name: fedadam}\n")
+    with pytest.raises(InputError, match=r"^train\.global_lr: 0\.5 and algorithm\.global_lr: 2\.0 are both given "
+                                         r"\(train\.global_lr is the old name of algorithm\.global_lr"):
+        config.load(str(p), ["train.global_lr=0.5", "algorithm.global_lr=2.0"])
+    with pytest.raises(InputError, match=r"^algorithm\.global_lr: 2\.0 and train\.global_lr: 0\.5 are both given"):
+        config.load(str(p), ["algorithm.global_lr=2.0", "train.global_lr=0.5"])
+    with pytest.raises(InputError, match=r"^train\.global_lr: 0\.5 and algorithm\.global_lr: 2\.0 are both given"):
+        config.load(str(p), ["train.global_lr=0.5"], values={"algorithm.global_lr": 2.0})  # a sweep cell's
+    assert config.load(str(p), ["train.global_lr=2", "algorithm.global_lr=2.0"]).algorithm.global_lr == 2.0
+    assert config.load(str(p), ["algorithm.global_lr=3", "algorithm.global_lr=2.0"]).algorithm.global_lr == 2.0
+
+
 def test_config_py_declares_only_the_top_level_keys():
     """Every section's keys are declared by their owners (#23); runtime's are assembled from several."""
     rows = config.reference()
