@@ -2,8 +2,8 @@
 
 Metric names follow from the task and the algorithm's declarations: for each label of
 ``algorithm.evaluated_models`` (``""`` -> no suffix) ``test_loss``, ``test_acc`` (classification),
-``x`` (a scalar model), and ``train_loss``/``train_acc`` for the main model when
-``evaluation.train``; then the algorithm's own ``metrics``; ``epsilon`` under ``privacy``; the
+``x`` (a scalar model), and ``train_loss`` (and ``train_acc`` for classification) for the main
+model when ``evaluation.train``; then the algorithm's own ``metrics``; ``epsilon`` under ``privacy``; the
 per-client summaries and the registered metrics (``fedmpi.metrics``); then ``n_active``,
 ``wall_time`` and ``peak_rss_mb``. The result-file contract is in docs/INTERFACES.md.
 """
@@ -72,8 +72,8 @@ class Evaluator:
         for label in algo.evaluated_models:
             sfx = f"_{label}" if label else ""
             names += [f"test_loss{sfx}"] + ([f"test_acc{sfx}"] if task.classes else [])
-            if label == "" and task.classes and cfg.evaluation.train:
-                names += ["train_loss", "train_acc"]
+            if label == "" and cfg.evaluation.train:
+                names += ["train_loss"] + (["train_acc"] if task.classes else [])
             if scalar:
                 names.append(f"x{sfx}")
         private = ["epsilon"] if cfg.privacy.mechanism != "none" else []  # privacy (#27): the accountant's
@@ -120,7 +120,9 @@ class Evaluator:
                 if self._train_subset is not None:
                     x, y = x[self._train_subset], y[self._train_subset]
                 loss, acc = evaluate(task, spec, model, x, y, bs)
-                row["train_loss"], row["train_acc"] = float(loss[0]), float(acc[0])
+                row["train_loss"] = float(loss[0])
+                if acc is not None:
+                    row["train_acc"] = float(acc[0])
         row.update(snap.metrics)
         if "epsilon" in self.names:  # privacy (#27): epsilon at privacy.delta after rounds_done rounds
             row["epsilon"] = self.run.algorithm.privacy.epsilon(rounds_done)

@@ -112,3 +112,26 @@ def test_natural_regression_same_bits_on_1_and_3_ranks(tmp_path):
     with h5py.File(tmp_path / "one.h5") as a, h5py.File(tmp_path / "three.h5") as b:
         for k in ("final/params", "metrics/test_loss", "clients/loss"):
             np.testing.assert_array_equal(a[k][:], b[k][:])
+
+
+def test_regression_logs_train_loss(tmp_path):
+    """#38 item 6: with ``classes: 0`` and ``evaluation.train`` (the default) no train_loss was
+    logged; it is the MSE of the model on the training samples (no train_acc: no classes)."""
+    from fedmpi.runner import Runner
+    from fedmpi.runtime import World
+
+    cfg = config.from_dict(_config(tmp_path, regression=True))
+    out = str(tmp_path / "r.h5")
+    Runner(cfg, World(), out, quiet=True).run()
+    with h5py.File(out) as f:
+        assert "train_acc" not in f["metrics"] and "test_acc" not in f["metrics"]
+        train_loss, w = f["metrics/train_loss"][:], f["final/params"][:]
+    train = json.load(open(tmp_path / "train.json"))["user_data"]
+    x = np.concatenate([np.array(train[u]["x"]) for u in train])
+    y = np.concatenate([np.array(train[u]["y"]) for u in train])
+    assert train_loss[-1] == pytest.approx(np.mean((x @ w[:3] + w[3] - y) ** 2), rel=1e-4)
+    assert train_loss[-1] < train_loss[0] / 2
+    off = config.from_dict({**_config(tmp_path, regression=True), "evaluation": {"train": False}})
+    Runner(off, World(), str(tmp_path / "off.h5"), quiet=True).run()
+    with h5py.File(tmp_path / "off.h5") as f:
+        assert "train_loss" not in f["metrics"]
