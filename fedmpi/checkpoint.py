@@ -37,6 +37,7 @@ import torch
 from . import __version__, yamlio
 from .config import differing_keys
 from .errors import InputError, WriteFailed
+from .inputs import open_input
 from .runtime import World
 from .state import State
 
@@ -84,7 +85,7 @@ def _atomic_write(path: str, write) -> None:
 
 def _sha256(path: str) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with open_input(path, "checkpoint shard") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()

@@ -34,6 +34,7 @@ from typing import Callable, Iterable
 
 from . import provenance
 from .errors import InputError, Interrupted
+from .inputs import check_regular
 
 ENV = "FEDMPI_PLUGINS"
 GROUP = "fedmpi.plugins"
@@ -113,8 +114,9 @@ def import_spec(spec: str) -> ModuleType:
                 raise InputError(f"{spec}: a module named {name!r} is already imported (from {where or 'built-in'}); "
                                  f"rename the plug-in folder")
             return module
-        if not os.path.isfile(path):
+        if not os.path.exists(path):
             raise InputError(f"{spec}: no such plug-in file or folder")
+        check_regular(path, "plug-in (a .py file or a package folder)")
         return _import_file(path)
     if spec in sys.modules and spec not in _modules:  # e.g. --plugin json: imported long ago, registers nothing
         raise InputError(f"{spec}: this module was imported before the plug-ins were loaded (from "

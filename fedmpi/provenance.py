@@ -22,6 +22,8 @@ import json
 import os
 from typing import Any, Iterable, Mapping
 
+from .inputs import open_input
+
 FULL_HASH_BYTES = 64 << 20
 BLOCK, SAMPLES = 1 << 20, 16
 
@@ -32,7 +34,7 @@ _plugins: dict[str, dict] = {}  # plug-ins loaded in this process (note_plugin)
 def _content_hash(path: str, size: int) -> str:
     """Read every time: a file rewritten with the same size and time still hashes anew."""
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
+    with open_input(path, "input file") as fh:
         if size <= FULL_HASH_BYTES:
             for block in iter(lambda: fh.read(BLOCK), b""):
                 h.update(block)

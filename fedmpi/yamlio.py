@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from typing import Any, Iterator
 
@@ -32,6 +31,7 @@ import numpy as np
 import yaml
 
 from .errors import InputError
+from .inputs import read_input
 
 MAX_DEPTH = 64  # nested collections (a config needs 4: root > availability > schedule > row)
 MAX_NODES = 1_000_000  # values after alias expansion
@@ -276,14 +276,10 @@ def loads(text: str | bytes, source: str) -> Any:
 
 
 def read_text(path: str, what: str, limit: int = MAX_FILE_BYTES) -> bytes:
-    """The bytes of ``path`` (at most ``limit``); InputError naming the file otherwise."""
+    """The bytes of ``path`` (at most ``limit``; a special file is refused unopened,
+    ``fedmpi.inputs``); InputError naming the file otherwise."""
     try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size > limit:
-                raise InputError(f"{path}: {what} of {size / 2**20:.0f} MiB is larger than the "
-                                 f"{limit / 2**20:.0f} MiB allowed")
-            return fh.read(limit + 1)
+        return read_input(path, what, limit=limit)
     except FileNotFoundError:
         raise InputError(f"{path}: {what} not found") from None
     except IsADirectoryError:

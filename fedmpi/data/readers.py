@@ -36,6 +36,7 @@ import psutil
 
 from .. import provenance, safepickle
 from ..errors import InputError
+from ..inputs import check_regular, open_input
 from .arrays import DataArrays
 
 CACHE_VERSION = 1
@@ -131,7 +132,7 @@ def _fingerprint(dataset: str, root: str, sources: list[str]) -> str:
 def _read_cache(path: str, fingerprint: str, keys: tuple[str, ...] = _ARRAYS) -> dict | None:
     """The cached arrays, or None when absent, stale or unreadable (then it is rebuilt)."""
     try:
-        with np.load(path, allow_pickle=False) as z:
+        with open_input(path, "cache file") as fh, np.load(fh, allow_pickle=False) as z:
             if str(z["fingerprint"]) != fingerprint:
                 return None
             return {k: z[k] for k in keys}
@@ -164,7 +165,7 @@ def _opened(path: str, layout: str) -> Iterator[tuple[BinaryIO, BinaryIO, bool]]
     """(reader, raw file, whether gzip): gunzipped on the fly when the file is gzip (detected by
     its magic bytes; GzipFile inflates only what is read). Read errors become InputError."""
     try:
-        with open(path, "rb") as raw:
+        with open_input(path, f"dataset file ({layout})") as raw:
             gz = raw.read(2) == b"\x1f\x8b"
             raw.seek(0)
             with (gzip.GzipFile(fileobj=raw) if gz else raw) as fh:
@@ -190,9 +191,18 @@ def _read_bytes(path: str, layout: str, limit: int | Callable[[bytes], int], hea
     return data
 
 
+def _present(path: str, layout: str) -> bool:
+    """Whether the dataset file ``path`` is there; one that is there but is no regular file (a
+    FIFO, a device) is refused, not taken as missing (``fedmpi.inputs``)."""
+    if not os.path.exists(path):
+        return False
+    check_regular(path, f"dataset file ({layout})")
+    return True
+
+
 def _require(paths: list[str], layout: str) -> list[str]:
     for p in paths:
-        if not os.path.isfile(p):
+        if not _present(p, layout):
             raise DatasetMissing(f"{p}: missing ({layout})")
     return paths
 
@@ -215,9 +225,9 @@ def _idx_sources(root: str) -> list[str]:
     out = []
     for name in _IDX_FILES:
         p = os.path.join(root, name)
-        if os.path.isfile(p + ".gz"):
+        if _present(p + ".gz", _IDX_LAYOUT):
             p += ".gz"
-        elif not os.path.isfile(p):
+        elif not _present(p, _IDX_LAYOUT):
             raise DatasetMissing(f"{p}.gz: missing ({_IDX_LAYOUT})")
         out.append(p)
     return out
@@ -374,7 +384,10 @@ def _svhn_split(path: str) -> tuple[np.ndarray, np.ndarray]:
     except ImportError:
         raise InputError("task.dataset: svhn needs scipy: pip install 'fedmpi[data]'") from None
     try:
-        mat = scipy.io.loadmat(path, variable_names=["X", "y"])
+        with open_input(path, f"dataset file ({_SVHN_LAYOUT})") as fh:
+            mat = scipy.io.loadmat(fh, variable_names=["X", "y"])
+    except InputError:
+        raise
     except Exception as e:  # MatReadError, ValueError, NotImplementedError (v7.3), OSError, ...
         raise InputError(f"{path}: unreadable .mat file ({e.__class__.__name__}; {_SVHN_LAYOUT})") from None
     x, y = mat.get("X"), mat.get("y")
@@ -428,7 +441,7 @@ def _read_cinic(root: str, sources: list[str]) -> dict:
 
     def decode(path: str) -> np.ndarray:
         try:
-            with Image.open(path) as im:
+            with open_input(path, f"image ({_CINIC_LAYOUT})") as fh, Image.open(fh) as im:
                 return np.asarray(im.convert("RGB"), dtype=np.uint8)
         except Exception as e:  # UnidentifiedImageError, OSError (truncated), ...
             raise InputError(f"{path}: unreadable image ({e.__class__.__name__}; {_CINIC_LAYOUT})") from None

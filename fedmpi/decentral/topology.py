@@ -38,6 +38,7 @@ import torch
 
 from .. import rng
 from ..errors import InputError
+from ..inputs import open_input
 from ..schema import opt
 
 
@@ -138,8 +139,10 @@ def _read_edge_list(path: str | None, m: int) -> Graph:
     if not path:
         raise InputError("topology.file: required when topology.kind is 'file'")
     try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
+        with open_input(path, "graph file (edge list)", "topology.file") as f:
+            lines = f.read().decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise InputError(f"topology.file: {path}: not UTF-8 text (byte {e.start})") from None
     except OSError as e:
         raise InputError(f"topology.file: cannot read {path}: {e.strerror or e}") from None
     seen: dict[tuple[int, int], int] = {}

@@ -46,6 +46,7 @@ import numpy as np
 
 from .. import safepickle, yamlio
 from ..errors import InputError
+from ..inputs import open_input
 from ..schema import opt
 from .base import AvailabilityParams, ClientInfo, Participation, register
 
@@ -205,7 +206,7 @@ def _guess(path: str, data: bytes, m: int) -> str:
 def load_trace(path: str, fmt: str, m: int, seed: int = 0) -> Trace:
     """Read and validate a trace file; InputError ``availability.trace: <path>: ...`` on any problem."""
     try:
-        with open(path, "rb") as fh:
+        with open_input(path, "trace", _KEY) as fh:
             npy = fh.read(6) == b"\x93NUMPY" or path.lower().endswith(".npy")
             size = os.fstat(fh.fileno()).st_size
             if size > MAX_TRACE_BYTES and not npy:
