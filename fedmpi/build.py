@@ -53,6 +53,7 @@ def build_components(cfg: Config, world: World, participation: Participation | N
     if participation is None and cls.needs_participation:
         participation = build_participation(cfg.availability, task.client_info(cfg.seed, cfg.rounds))
     check_memory(cfg, world, task.m, trainer.spec.dim, task, trainer.path)
+    check_step_inputs(cfg, world, trainer)
     components = Components(cfg, world, task, trainer, participation)
     components.algorithm = cls(Context(cfg, world, task, trainer, participation))
     return components
@@ -78,6 +79,23 @@ def check_memory(cfg: Config, world: World, m: int, d: int, task: Task | None = 
         raise InputError(f"{key}: a local step of {min(guards.STEP_CLIENTS, hi - lo)} clients x {batch} samples needs "
                          f"{step / 2**30:.1f} GiB, more than the {free / 2**30:.1f} GiB {where} available"
                          + (f" besides {need / 2**30:.1f} GiB of per-client state" if need else ""))
+
+
+def check_step_inputs(cfg: Config, world: World, trainer: LocalTrainer) -> None:
+    """Refuse up front, with the estimate, a round whose local steps cannot have their inputs drawn
+    (``guards.step_inputs_bytes``): the key that sets the most steps is named."""
+    lo, hi = world.shard(cfg.task.clients)
+    clients = min(trainer.chunk_size(), max(hi - lo, 1))
+    steps, tr = trainer.most_steps(), cfg.train
+    batch = int(trainer.task.sizes.max()) if tr.full_gradient else tr.batch_size
+    need = guards.step_inputs_bytes(steps, clients, batch, bool(tr.augment), tr.full_gradient)
+    free, where = world.free_memory()
+    if need > 0.5 * free:
+        key = ("train.local_steps_file" if tr.local_steps_file is not None else
+               "train.local_epochs" if tr.local_epochs is not None else "train.local_steps")
+        raise InputError(f"{key}: {steps} local steps of a block of {clients} clients x {batch} samples need "
+                         f"{need / 2**30:.1f} GiB of minibatch ids, more than half the {free / 2**30:.1f} GiB "
+                         f"{where} available")
 
 
 def build_task(cfg: Config, device: torch.device) -> Task:

@@ -3,6 +3,9 @@
 - ``step_bytes``: the working set of one local step (minibatch x model), estimated before the
   first round so that, e.g., ``train.batch_size: 2000000000`` is refused at once (exit 2)
   instead of dying in an allocation minutes later.
+- ``step_inputs_bytes``: a block's minibatch ids (and augmentation draws) are drawn for all its
+  local steps of a round at once (``engine.local.StepInputs``), so ``train.local_steps``,
+  ``train.local_epochs`` or a steps file can make them huge; counted in the same check.
 - ``nonfinite`` / ``stop_if_diverged``: a loss or model that became NaN or infinite ends the
   run on every rank with ``Diverged`` (exit 4, status ``diverged``). The runner checks the
   evaluated models and losses at every evaluation and the whole state before every
@@ -50,6 +53,22 @@ def step_bytes(task, batch: int, local_clients: int, path: str = "batched") -> i
         saved = max(_saved_bytes(task, 2) - _saved_bytes(task, 1), 0)
     together = 1 if path == "sequential" else clients
     return batch * (clients * (4 * task.train_x[0].numel() + 8 + 12) + together * saved)
+
+
+#: bytes per client, step and minibatch sample of a block's inputs: the int64 ids (device) and,
+#: on the host while they are drawn, the float64 uniforms and two int64 index arrays
+_ID_BYTES = 8 + 3 * 8
+_AUGMENT_BYTES = 3 * 4  # float32 crop/flip uniforms per sample and step
+_MASK_BYTES = 1 + 8  # per client and step: still-stepping flag, dropout key
+
+
+def step_inputs_bytes(steps: int, clients: int, batch: int, augment: bool, full_gradient: bool) -> int:
+    """The memory one block's ``StepInputs`` take: ``steps`` (the most a client does in a round) x
+    ``clients`` (the block) x ``batch`` samples of ids (full_gradient: one row of ids for every
+    step) and augmentation draws, and per-step masks and dropout keys."""
+    per_step = clients * (_MASK_BYTES + batch * (_AUGMENT_BYTES if augment else 0))
+    ids = clients * batch * _ID_BYTES * (1 if full_gradient else steps)
+    return steps * per_step + ids
 
 
 # ----------------------------------------------------------------------------- divergence

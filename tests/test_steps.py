@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import typing
+import warnings
 
 import h5py
 import numpy as np
@@ -13,12 +14,13 @@ import pytest
 import torch
 
 from conftest import fedmpi, synthetic_config, write_config
-from fedmpi import config
-from fedmpi.build import build_task
+from fedmpi import config, guards
+from fedmpi.build import build_components, build_task
 from fedmpi.engine.local import LocalTrainer
 from fedmpi.engine.local_step import TrainConfig
 from fedmpi.engine.steps import DRAWS, StepCounts
 from fedmpi.errors import InputError
+from fedmpi.runtime import World
 
 M = 200_000  # clients: a mean of counts <= 10 is then known to about 0.01
 
@@ -118,6 +120,43 @@ def test_bad_draw_exits_2_on_the_cli(tmp_path):
     cfg = write_config(tmp_path / "c.yaml", synthetic_config())
     p = fedmpi(["run", cfg, "--quiet", "--set", "train.local_steps_draw=poisson"], check=False)
     assert p.returncode == 2 and "train.local_steps_draw" in p.stderr and "lognormal" in p.stderr
+
+
+@pytest.mark.parametrize("train, text, needle", [
+    ({"local_epochs": 1e300}, None, r"^train\.local_epochs: 1e\+300 epochs of client \d+'s \d+ samples at batch_size 8 "
+                                     r"are [0-9.e+]+ local steps per round, more than the 2147483647 allowed$"),
+    ({"local_epochs": 1e308}, None, r"^train\.local_epochs: .* are inf local steps per round"),
+    ({}, b"1 " * 11 + b"100000000000000000000000", r"^train\.local_steps_file: .*client 11's count "
+                                                    r"100000000000000000000000 is more than the 2147483647"),
+    ({}, b"1 2 \x00\xff\xfe 3" * 4, r"^train\.local_steps_file: .* must hold integers only \(byte 5 is not text\)"),
+    ({}, b"1 2 3e4" + b" 1" * 9, r"^train\.local_steps_file: .* must hold integers only, got '3e4'"),
+])
+def test_huge_or_binary_step_counts_are_one_line(tmp_path, train, text, needle):
+    """#38 item 13: local_epochs 1e300 and a steps file holding 10^23 or binary bytes gave
+    tracebacks (OverflowError, UnicodeDecodeError) and leaked numpy's cast warnings."""
+    if text is not None:
+        (tmp_path / "steps.txt").write_bytes(text)
+        train = {"local_steps_file": str(tmp_path / "steps.txt")}
+    cfg = config.from_dict(synthetic_config(**{f"train__{k}": v for k, v in train.items()}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(InputError, match=needle):
+            build_components(cfg, World())
+
+
+def test_more_step_inputs_than_memory_are_refused_up_front(tmp_path, monkeypatch):
+    """A block's minibatch ids are drawn for all of a round's steps at once: local_steps: 10^8 tried
+    to allocate ~300 GB in the first round; local_epochs 10^12 ran a round for ever."""
+    for key, value in (("local_steps", 10**8), ("local_epochs", 10**6)):
+        cfg = config.from_dict(synthetic_config(**{f"train__{key}": value}))
+        with pytest.raises(InputError, match=rf"^train\.{key}: \d+ local steps of a block of 12 clients x 8 samples "
+                                             r"need [0-9.]+ GiB of minibatch ids, more than half the"):
+            build_components(cfg, World())
+    assert guards.step_inputs_bytes(10, 4, 8, False, False) == 10 * 4 * (9 + 8 * 32)
+    assert guards.step_inputs_bytes(10, 4, 8, True, True) == 10 * 4 * (9 + 8 * 12) + 4 * 8 * 32
+    p = fedmpi(["run", write_config(tmp_path / "c.yaml", synthetic_config()), "--quiet", "--set",
+                "train.local_steps=100000000"], check=False)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "train.local_steps: 100000000 local steps" in p.stderr
 
 
 @pytest.mark.mpi

@@ -240,6 +240,10 @@ class LocalTrainer:
         """Local steps (n,) of ``clients`` in round t (``engine.steps.StepCounts.of``)."""
         return self._step_counts.of(clients, t)
 
+    def most_steps(self) -> int:
+        """The most local steps any client can do in a round (``StepCounts.most``)."""
+        return self._step_counts.most()
+
     def train(self, start: torch.Tensor, clients: np.ndarray, t: int, lr_scale: torch.Tensor | None = None,
               steps: int | np.ndarray | None = None, terms: Sequence[StepTerm] = (),
               stats: LocalStats | None = None) -> torch.Tensor:

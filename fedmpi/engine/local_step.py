@@ -31,7 +31,7 @@ from ..schema import opt
 
 @dataclass
 class TrainConfig:
-    local_steps: int = opt(5, "s: local SGD steps per round", ge=1)
+    local_steps: int = opt(5, "s: local SGD steps per round", ge=1, le=2**31 - 1)
     local_epochs: Optional[float] = opt(
         None, "E: client i does ceil(n_i E / batch_size) steps instead of s; null = off", gt=0)
     local_steps_file: Optional[str] = opt(

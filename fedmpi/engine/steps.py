@@ -31,24 +31,56 @@ import numpy as np
 
 from .. import rng
 from ..errors import InputError
+from ..inputs import read_input
 from .local_step import TrainConfig
 
 
+#: The most local steps one client may be given for one round (by ``local_steps``, ``local_epochs``
+#: or the file): a bound of the representation (int32 step counters). The memory check
+#: (``fedmpi.guards.step_inputs_bytes``) refuses far fewer on most machines: a block's minibatch
+#: ids are drawn for all its steps at once.
+MAX_STEPS = 2**31 - 1
+MAX_FILE_BYTES = 64 * 2**20  # a steps file: m counts of at most 10 digits each
+_KEY = "train.local_steps_file"
+
+
 def read_steps(path: str, m: int) -> np.ndarray:
-    """Client i's local steps from a text file of m whitespace-separated integers >= 1."""
+    """Client i's local steps from a text file of m whitespace-separated integers in 1..MAX_STEPS
+    (read through ``fedmpi.inputs``: a special file is refused unopened, a big one unread)."""
     try:
-        with open(path) as fh:
-            words = fh.read().split()
+        data = read_input(path, "steps file", _KEY, MAX_FILE_BYTES)
     except OSError as e:
-        raise InputError(f"train.local_steps_file: cannot read {path!r} ({e.strerror})") from None
+        raise InputError(f"{_KEY}: cannot read {path!r} ({e.strerror or type(e).__name__})") from None
     try:
-        steps = np.array([int(w) for w in words], dtype=np.int64)
-    except ValueError:
-        raise InputError(f"train.local_steps_file: {path!r} must hold integers only") from None
+        words = data.decode("ascii").split()
+    except UnicodeDecodeError as e:
+        raise InputError(f"{_KEY}: {path!r} must hold integers only (byte {e.start} is not text)") from None
+    bad = next((w for w in words if not w.lstrip("+").isdigit()), None)
+    if bad is not None:
+        raise InputError(f"{_KEY}: {path!r} must hold integers only, got {bad[:40]!r}")
+    big = next((i for i, w in enumerate(words) if len(w.lstrip("+0")) > 10 or int(w) > MAX_STEPS), None)
+    if big is not None:
+        raise InputError(f"{_KEY}: {path!r}: client {big}'s count {words[big][:40]} is more than the {MAX_STEPS} "
+                         f"local steps a round allows")
+    steps = np.array([int(w) for w in words], dtype=np.int64)
     if len(steps) != m or (steps < 1).any():
-        raise InputError(f"train.local_steps_file: {path!r} must hold one integer >= 1 per client ({m}), "
+        raise InputError(f"{_KEY}: {path!r} must hold one integer >= 1 per client ({m}), "
                          f"got {len(steps)} numbers, smallest {steps.min() if len(steps) else '-'}")
     return steps
+
+
+def epoch_steps(sizes: np.ndarray, epochs: float, batch: int) -> np.ndarray:
+    """ceil(n_i E / B) (at least 1) for every client; InputError naming ``train.local_epochs`` when
+    the largest is beyond ``MAX_STEPS`` (computed in float64 first: 1e300 epochs neither overflow
+    int64 nor warn)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        need = np.ceil(np.asarray(sizes, dtype=np.int64) * epochs / batch - 1e-9)  # the order of the counts so far
+    most = int(np.argmax(need)) if len(need) else 0
+    if len(need) and not need[most] <= MAX_STEPS:
+        raise InputError(f"train.local_epochs: {epochs:g} epochs of client {most}'s {int(sizes[most])} samples at "
+                         f"batch_size {batch} are {need[most]:.3g} local steps per round, more than the "
+                         f"{MAX_STEPS} allowed")
+    return np.maximum(need, 1).astype(np.int64)
 
 
 class StepCounts:
@@ -61,16 +93,22 @@ class StepCounts:
         self.seed = seed
         self.sizes = np.asarray(sizes, dtype=np.int64)
         self.file = None if cfg.local_steps_file is None else read_steps(cfg.local_steps_file, len(self.sizes))
+        self.epochs = None if cfg.local_epochs is None else epoch_steps(self.sizes, cfg.local_epochs, cfg.batch_size)
         self._draw: Callable[[np.ndarray, int, np.ndarray], np.ndarray] = getattr(self, f"_{cfg.local_steps_draw}")
 
     def nominal(self, clients: np.ndarray) -> np.ndarray:
         """c_i (n,): s, ceil(n_i E / B) or the file's count."""
-        if self.file is not None:
-            return self.file[clients]
-        if self.cfg.local_epochs is None:
-            return np.full(len(clients), self.cfg.local_steps, dtype=np.int64)
-        need = self.sizes[clients] * self.cfg.local_epochs / self.cfg.batch_size
-        return np.maximum(np.ceil(need - 1e-9), 1).astype(np.int64)
+        for per_client in (self.file, self.epochs):
+            if per_client is not None:
+                return per_client[clients]
+        return np.full(len(clients), self.cfg.local_steps, dtype=np.int64)
+
+    def most(self) -> int:
+        """The largest c_i of any client: the most steps a block of clients can run in a round."""
+        for per_client in (self.file, self.epochs):
+            if per_client is not None:
+                return int(per_client.max(initial=1))
+        return int(self.cfg.local_steps)
 
     def of(self, clients: np.ndarray, t: int) -> np.ndarray:
         """Local steps (n,) of ``clients`` (global ids) in 0-based round t, each in 1..c_i."""
