@@ -14,6 +14,7 @@ from conftest import fedmpi, synthetic_config, write_config
 from fedmpi import config
 from fedmpi.build import build_task
 from fedmpi.data.partition import natural_parts
+from fedmpi.errors import InputError
 from fedmpi.models.losses import mse
 
 SIZES = [30, 20, 10, 25]
@@ -135,3 +136,21 @@ def test_regression_logs_train_loss(tmp_path):
     Runner(off, World(), str(tmp_path / "off.h5"), quiet=True).run()
     with h5py.File(tmp_path / "off.h5") as f:
         assert "train_loss" not in f["metrics"]
+
+
+@pytest.mark.parametrize("doc, needle", [
+    ("[" * 100_000 + "]" * 100_000, r"train\.json: JSON nested 100000 levels deep, more than the 64 allowed$"),
+    (json.dumps({"users": ["a", "b"], "num_samples": [2, 1],
+                 "user_data": {"a": {"x": [[], []], "y": [0, 1]}, "b": {"x": [[]], "y": [1]}}}),
+     r"^task\.leaf\.train: every sample must be a flat list of at least one number, got empty lists$"),
+    (json.dumps({"users": ["a"], "num_samples": [2], "user_data": {"a": {"x": [[[1.0]], [[2.0]]], "y": [0, 1]}}}),
+     r"^task\.leaf\.train: every sample must be a flat list of at least one number, got nested 2 levels deep$"),
+    ('{"users": ["a"], "users": ["b"]}', r"train\.json: duplicate key 'users'$"),
+], ids=["deep", "no-features", "nested-x", "duplicate-key"])
+def test_hostile_leaf_files_are_one_line(tmp_path, doc, needle):
+    """#38 item 14: a 10^5-deep JSON raised RecursionError, samples without features
+    ZeroDivisionError; the reader now counts the nesting before parsing and wants a feature."""
+    cfg = _config(tmp_path, regression=False)
+    (tmp_path / "train.json").write_text(doc)
+    with pytest.raises(InputError, match=needle):
+        build_task(config.from_dict(cfg), torch.device("cpu"))

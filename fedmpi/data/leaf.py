@@ -17,12 +17,14 @@ the dataset and declares its keys).
 
 from __future__ import annotations
 
-import json
 import os
-import numpy as np
 
-from .. import provenance
+import numpy as np
+import psutil
+
+from .. import provenance, yamlio
 from ..errors import InputError
+from ..inputs import read_input
 from .arrays import DataArrays
 
 
@@ -35,7 +37,7 @@ def _files(path: str, key: str) -> list[str]:
         if not files:
             raise InputError(f"{path}: no .json files in this folder ({key}, LEAF layout)")
         return files
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise InputError(f"{path}: no such LEAF file or folder ({key})")
     return [path]
 
@@ -44,10 +46,8 @@ def read_split(path: str, key: str) -> tuple[list[str], list, list]:
     """(user of each sample, x rows, y values) of every file of one split, in file order."""
     users, xs, ys = [], [], []
     for f in _files(path, key):
+        doc = _read_json(f)
         try:
-            provenance.note_input(f)
-            with open(f, encoding="utf-8") as fh:
-                doc = json.load(fh)
             for u in doc["users"]:
                 data = doc["user_data"][u]
                 if len(data["x"]) != len(data["y"]):
@@ -63,12 +63,33 @@ def read_split(path: str, key: str) -> tuple[list[str], list, list]:
     return users, xs, ys
 
 
+#: JSON text becomes Python lists about this many times its size before it is an array
+PARSED_PER_BYTE = 8
+
+
+def _read_json(path: str) -> object:
+    """One LEAF file, read through ``fedmpi.inputs`` (a special file is refused unopened) and
+    parsed with ``yamlio.loads_json`` (its nesting is counted before parsing: a 10^5-deep file
+    is one line, not a RecursionError); refused unread when its parse would not fit in memory."""
+    limit = max(psutil.virtual_memory().available // PARSED_PER_BYTE, 1 << 20)
+    try:
+        data = read_input(path, "LEAF json file", limit=limit)  # the limit: 1/8 of the available memory
+    except OSError as e:
+        raise InputError(f"{path}: cannot read ({e.strerror or type(e).__name__}; LEAF layout)") from None
+    provenance.note_input(path)
+    return yamlio.loads_json(data, path)
+
+
 def _matrix(rows: list, what: str) -> np.ndarray:
     try:
         a = np.asarray(rows, dtype=np.float32)
     except (ValueError, TypeError):
         raise InputError(f"{what}: every sample must be a flat list of numbers of one length") from None
-    return a if a.ndim > 1 else a[:, None]
+    a = a if a.ndim > 1 else a[:, None]
+    if a.ndim != 2 or a.shape[1] == 0:
+        got = "empty lists" if a.ndim == 2 else f"nested {a.ndim - 1} levels deep"
+        raise InputError(f"{what}: every sample must be a flat list of at least one number, got {got}")
+    return a
 
 
 def load(cfg) -> DataArrays:
