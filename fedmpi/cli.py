@@ -124,9 +124,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         check_figure(args.plot, "--plot", [args.config])
     error = None
     try:  # on every rank: the plug-ins before the config is checked against the registries
-        plugins.load(args.plugins)
-        cfg = config.load(args.config, args.overrides, world_size=launched_size())
-    except InputError as e:
+        with signals.interruptible("before the run started; nothing was run"):
+            plugins.load(args.plugins)
+            cfg = config.load(args.config, args.overrides, world_size=launched_size())
+    except (InputError, Interrupted) as e:
         error = e
     agree_before_the_world(error)  # a rank's own error (a plug-in missing on its node) stops all
     if args.out is not None:  # --out may use {dotted.key} placeholders, as the output key does

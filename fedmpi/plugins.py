@@ -81,6 +81,8 @@ def _once(key: str, what: str, do: Callable[[], object]) -> None:
         raise InputError(f"{what}: plug-in called sys.exit({e.code!r}) while loading") from None
     except KeyboardInterrupt:
         raise Interrupted(f"{what}: interrupted while the plug-in was loading") from None
+    except Interrupted:  # a stop signal while it loaded (``signals.interruptible``)
+        raise
     except Exception as e:  # the plug-in's own error: one line, with where it happened
         frames = traceback.extract_tb(e.__traceback__)
         where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""

@@ -29,7 +29,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from . import checkpoint, guards, provenance
+from . import checkpoint, guards, provenance, signals
 from .build import Components, build_components
 from .checkpointer import Checkpointer
 from .config import Config
@@ -43,15 +43,18 @@ from .runtime.launcher import agree_on_error, restart_count
 Callback = Callable[[Components, int], None]  # (run, t) at round t, on every rank
 EvalCallback = Callable[[Components, int, dict], "str | None"]  # (run, rounds_done, row) -> reason to stop
 WHEN = ("round_start", "round_end", "evaluated")
+SETUP_STOPPED = "during set-up; no round was run, run the same command again to start (or continue)"
 
 
 def agree(world: World, fn: Callable[[], object]) -> object:
-    """Run ``fn`` on every rank; if it raised InputError anywhere, raise on every rank
-    (``agree_on_error``: a rank's own error keeps its type, the others name the failing rank)."""
+    """Run ``fn`` on every rank; if it raised InputError anywhere, or a stop signal came during it
+    (``signals.interruptible``), raise on every rank (``agree_on_error``: a rank's own error keeps
+    its type, the others name the failing rank)."""
     err, out = None, None
     try:
-        out = fn()
-    except InputError as e:
+        with signals.interruptible(SETUP_STOPPED):  # set-up: a stop signal ends it at once, on every rank
+            out = fn()
+    except (InputError, Interrupted) as e:
         err = e
     agree_on_error(world.allgather_obj, err)
     return out
@@ -79,10 +82,10 @@ class Runner:
             job = os.environ.get("SLURM_JOB_ID", "?")
             logging.getLogger(__name__).info(f"--overwrite ignored: this is restart {restart_count()} of SLURM "
                                              f"job {job}, which resumes")
-        agree(world, lambda: self._claim_output(overwrite, inputs))
         try:
+            agree(world, lambda: self._claim_output(overwrite, inputs))
             agree(world, lambda: self._setup(resume, fresh=overwrite))
-        except BaseException:  # set-up failed (here or on another rank): let go of the file
+        except BaseException:  # set-up failed or was stopped (here or on another rank): let go of the file
             if self.writer is not None:
                 self.writer.finish("failed")
             elif self.claim is not None:
@@ -98,9 +101,12 @@ class Runner:
         if self.world.rank == 0:
             from .results.hdf5 import claim
 
-            self.claim = claim(self.out_path, self.cfg.resume_digest(), inputs, overwrite, cfg=self.cfg)
+            with signals.deferred():  # a signal meanwhile stops set-up once the claim can be released
+                self.claim = claim(self.out_path, self.cfg.resume_digest(), inputs, overwrite, cfg=self.cfg)
 
     def _setup(self, resume: bool, fresh: bool) -> None:
+        """Everything before the round loop (a stop signal ends it at once, ``agree``), except
+        rank 0's writing of the result file: a signal then stops the loop before its first round."""
         provenance.reset_inputs()  # what this run reads, not an earlier run of the process
         self.components = build_components(self.cfg, self.world)
         self.evaluator = Evaluator(self.components)
@@ -111,7 +117,8 @@ class Runner:
         self.checkpointer = Checkpointer(self.components, self.out_path, required=resume, flush=self._flush,
                                          fresh=fresh)
         if self.world.rank == 0:
-            self._open_results()
+            with signals.shielded():
+                self._open_results()
 
     def _open_results(self) -> None:
         """Rank 0: the result file (continued after a checkpoint, else new with its static groups)."""

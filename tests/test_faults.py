@@ -53,7 +53,8 @@ def test_signal_to_launcher_exits_3_and_resumes(tmp_path, sig):
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 3, err
-    assert "fedmpi: interrupted: signal SIGUSR1" in err and "Traceback" not in err
+    # #35: the signal is named as sent, though the launcher passes it on as SIGUSR1
+    assert f"fedmpi: interrupted: signal {sig.name}" in err and "Traceback" not in err
     assert _status(out) == "interrupted"
     with h5py.File(out, "r") as f:
         stopped = int(f.attrs["rounds_done"])
@@ -121,6 +122,83 @@ def test_signal_at_any_moment_of_start_up_exits_3(tmp_path, delay):
         assert done == 0 or json.load(open(f"{out}.ckpt/manifest.json"))["round"] == done
 
 
+_SLOW_DATA = """
+import time
+from fedmpi.data.datasets import register_dataset
+
+
+@register_dataset("slow_data")
+def slow(cfg):
+    open(cfg.output + ".loading", "w").close()
+    time.sleep(600)  # a data set on a file system that hangs
+"""
+
+
+@pytest.mark.parametrize("ranks", [0, pytest.param(2, marks=pytest.mark.mpi)])
+def test_a_signal_in_set_up_ends_the_run_at_once(tmp_path, ranks):
+    """#38 item 7: a set-up that blocks (then: a FIFO input) swallowed SIGTERM for 10 minutes; a
+    stop signal in set-up now ends the run at once with exit 3 and the signal named, on every rank."""
+    plugin = tmp_path / "slow.py"
+    plugin.write_text(_SLOW_DATA)
+    out = tmp_path / "r.h5"
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(output=str(out), task__dataset="slow_data"))
+    cmd = ([LAUNCH, "-n", str(ranks)] if ranks else [sys.executable, "-m", "fedmpi", "run"])
+    proc = subprocess.Popen(cmd + [cfg, "--quiet", "--plugin", str(plugin)], cwd=tmp_path, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not os.path.exists(f"{out}.loading") and time.time() < deadline:
+            time.sleep(0.1)
+        start = time.time()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()  # (a run that swallowed the signal must not outlive the test)
+    assert proc.returncode == 3, err
+    assert time.time() - start < 30 and "Traceback" not in err
+    said = [ln for ln in err.splitlines() if ln.startswith("fedmpi:")]  # (Open MPI may add its banner)
+    assert len(said) == 1 and said[0].startswith("fedmpi: interrupted: signal SIGTERM during set-up; no round was run")
+    assert not os.path.exists(out)  # the claimed, still empty result file was let go
+
+
+def test_signals_interruptible_shielded_and_deferred():
+    with signals.trapped():
+        with signals.interruptible("in the test"):
+            with signals.shielded():
+                os.kill(os.getpid(), signal.SIGHUP)
+                time.sleep(0.01)  # remembered, not raised
+            with pytest.raises(Interrupted, match="^signal SIGHUP in the test$"):
+                with signals.deferred():
+                    pass
+        with pytest.raises(Interrupted, match="^signal SIGHUP before$"):  # one received before the block
+            with signals.interruptible("before"):
+                pass
+    with signals.trapped():
+        with pytest.raises(Interrupted, match="^signal SIGUSR1 now$"):
+            with signals.interruptible("now"):
+                os.kill(os.getpid(), signal.SIGUSR1)
+                time.sleep(5)
+
+
+def test_the_launchers_stop_file_names_the_signal(tmp_path, monkeypatch):
+    """#35: a SIGTERM to launch/fedmpi-launch was reported as SIGUSR1, the signal it passes on."""
+    stop = tmp_path / "stop"
+    monkeypatch.setenv("FEDMPI_STOP_FILE", str(stop))
+    with signals.trapped():
+        assert signals.received() == ""
+        stop.write_text("SIGTERM\n")
+        assert signals.received() == "SIGTERM"
+        os.kill(os.getpid(), signal.SIGUSR1)  # the launcher's SIGUSR1 arrives as well
+        time.sleep(0.01)
+        assert signals.received() == "SIGTERM"
+        stop.write_text("")  # an older launcher: an empty file
+        assert signals.received() == "SIGUSR1"
+    with signals.trapped():
+        os.kill(os.getpid(), signal.SIGINT)  # a signal of its own wins
+        time.sleep(0.01)
+        assert signals.received() == "SIGINT"
+
+
 def test_trap_remembers_its_signals_and_gives_the_handlers_back():
     """fedmpi.signals: the one trap of the round loop and the sweeps (in-process: for the block)."""
     before = signal.getsignal(signal.SIGUSR1)
@@ -143,15 +221,15 @@ def _plugin(tmp_path, body: str) -> str:
 
 
 def test_signal_while_starting_stops_cleanly_and_the_same_command_starts_again(tmp_path):
-    """A signal before the first round (here: while plug-ins load) is exit 3 with nothing lost."""
+    """A signal before the first round (here: while plug-ins load) is exit 3 with nothing lost; it
+    ends the run at once (#38 item 7), before the result file is made."""
     cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=4))
     out = str(tmp_path / "r.h5")
     early = _plugin(tmp_path, "os.kill(os.getpid(), signal.SIGTERM)")
     p = fedmpi(["run", cfg, "--out", out, "--plugin", early], check=False)
     assert p.returncode == 3, p.stderr
-    assert p.stderr.strip().endswith("fedmpi: interrupted: signal SIGTERM before round 1; no round was run, "
-                                     "run the same command again to continue")
-    assert _status(out) == "interrupted"
+    assert p.stderr.strip() == "fedmpi: interrupted: signal SIGTERM before the run started; nothing was run"
+    assert not os.path.exists(out)
     assert fedmpi(["run", cfg, "--out", out, "--quiet"]).returncode == 0
     assert _status(out) == "completed"
 

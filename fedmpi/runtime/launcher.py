@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from ..errors import InputError
+from ..errors import InputError, Interrupted
 
 RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
 SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS")
@@ -68,18 +68,20 @@ def wants_mpi() -> bool:
 def agree_on_error(allgather: Callable[[Any], list], error: Exception | None) -> None:
     """Collective: every rank gives its own error (or None) to ``allgather`` (the world's, or
     mpi4py's before the world exists); if any rank has one, every rank raises: its own error (its
-    type kept), or, without one, ``InputError`` with the first failing rank's message, prefixed
+    type kept), or, without one, ``InputError`` (``Interrupted`` when that rank was stopped by a
+    signal) with the first failing rank's message, prefixed
     ``rank K:`` when K is not 0. So rank 0's one line is its own error or names the rank that met
     one (a plug-in file missing on its node), and every rank stops with an exit code."""
-    texts = allgather(None if error is None else str(error))
+    said = allgather(None if error is None else (isinstance(error, Interrupted), str(error)))
     if error is not None:
         raise error
-    for rank, text in enumerate(texts):
-        if text is not None:
-            raise InputError(text if rank == 0 else f"rank {rank}: {text}")
+    for rank, item in enumerate(said):
+        if item is not None:
+            stopped, text = item  # a stop signal (``signals.interruptible``) stops every rank as Interrupted
+            raise (Interrupted if stopped else InputError)(text if rank == 0 else f"rank {rank}: {text}")
 
 
-def agree_before_the_world(error: InputError | None) -> None:
+def agree_before_the_world(error: Exception | None) -> None:
     """``agree_on_error`` over the launched ranks, before the process world exists (mpi4py's
     allgather; alone, this rank's own error): an error that only one rank met is exit 2
     everywhere, not a silent rank and the others waiting until the launcher kills them."""
