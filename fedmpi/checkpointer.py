@@ -92,10 +92,16 @@ class Checkpointer:
         if self.every and rounds_done % self.every == 0:
             self.save(rounds_done, wall_time)
 
-    def discard(self) -> None:
-        """Delete the checkpoints of a completed run (rank 0)."""
-        if self.run.world.rank == 0:
-            shutil.rmtree(self.folder, ignore_errors=True)
+    def keep_final(self, rounds_done: int, wall_time: float) -> None:
+        """Collective, after the last round of a completed run: its final state becomes the one
+        checkpoint kept, so that running it again with a larger ``rounds`` continues it (the
+        same bits as a run of that many rounds); ``runtime.keep_final: false`` deletes it (rank 0)."""
+        if not self.run.cfg.runtime.keep_final:
+            if self.run.world.rank == 0:
+                shutil.rmtree(self.folder, ignore_errors=True)
+            return
+        if self.last_saved != rounds_done:
+            self.save(rounds_done, wall_time)
 
     # ------------------------------------------------------------------ stop signals
     def _signalled(self) -> bool:

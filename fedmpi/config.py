@@ -44,6 +44,7 @@ from .decentral.sporadicity import ProbDistConfig, SporadicityConfig  # noqa: F4
 from .decentral.topology import TopologyConfig
 from .engine.local_step import TrainConfig
 from .errors import InputError
+from .log import muted
 from .evaluator import EvaluationConfig
 from .metrics import StopAtConfig, StopAtParams  # noqa: F401  (public names)
 from .models import ModelParams  # noqa: F401
@@ -124,6 +125,49 @@ class Config:
         # old digests stay valid: eta_g is hashed where it was declared before (1.0 without a server)
         keep["train"]["global_lr"] = keep["algorithm"].pop("global_lr", 1.0)
         return keep
+
+    def rounds_readers(self) -> list[str]:
+        """The keys of the components that read ``rounds`` before the last round, so that its
+        value changes what happens in every round (then a resume, or the extension of a completed
+        run, must keep ``rounds``); each with why. The one list of them, until each component
+        declares the keys it reads:
+
+        - ``privacy.epsilon``: the noise multiplier is calibrated to spend epsilon over all rounds;
+        - ``availability.kind`` under ``privacy``, for the kinds whose p_i^t change with t
+          (``privacy/sampling.py``): the expected cohort that scales every update, and the
+          accounting, average p_i^t over all rounds;
+        - ``availability.kind`` of a plug-in: it is given ``rounds`` (``ClientInfo.rounds``).
+
+        No built-in algorithm, schedule or participation kind reads it otherwise (the trace
+        kind only checks its length against it)."""
+        out = []
+        kind = self.availability.kind
+        if self.privacy.mechanism != "none":
+            if self.privacy.epsilon is not None:
+                out.append("privacy.epsilon (the noise is calibrated to all rounds)")
+            if kind not in ("always", "cohort", "markov", "stationary", "cyclic"):
+                out.append(f"availability.kind {kind} under privacy (the expected cohort averages p_i^t over "
+                           f"all rounds)")
+        if not registry.AVAILABILITY.get(kind).builtin:
+            out.append(f"availability.kind {kind} (a plug-in, given rounds)")
+        return out
+
+    def resume_refusal(self, old: "Config") -> str | None:
+        """Why this config cannot continue a run of ``old`` (the same experiment by
+        ``resume_digest``), or None: ``rounds`` may change (e.g. to extend a run) unless a
+        component reads it (``rounds_readers``)."""
+        readers = self.rounds_readers()
+        if old.rounds != self.rounds and readers:
+            return (f"rounds: {old.rounds} in the run being continued, {self.rounds} now, but {'; '.join(readers)} "
+                    f"read(s) rounds, so the rounds run so far belong to the other value; keep rounds: "
+                    f"{old.rounds}, or start afresh with --overwrite")
+        return None
+
+    def changes_since(self, old: "Config") -> dict[str, list[str]]:
+        """{dotted key: [old value, new value]} of every key that differs from ``old`` (as shown by
+        ``repr``), for the record of a resumed run."""
+        a, b = _flat(old.to_dict()), _flat(self.to_dict())
+        return {k: [a.get(k, "-"), b.get(k, "-")] for k in dict.fromkeys([*a, *b]) if a.get(k, "-") != b.get(k, "-")}
 
     def components(self) -> list[registry.Entry]:
         """The registry entries this config selects (dataset, model, algorithm, availability kind)."""
@@ -414,6 +458,16 @@ def load(path: str | None = None, overrides: list[str] | None = None, world_size
     cfg = _build(Config, data, "")
     validate(cfg, world_size)
     return cfg
+
+
+def from_stored(config_yaml: str) -> Config | None:
+    """The config a result file stores (``config`` attribute), or None when it is no longer a valid
+    config. The text comes from a file: it is read with the input limits (yamlio), silently."""
+    try:
+        with muted():
+            return from_dict(yamlio.loads(config_yaml, "config") or {})
+    except (InputError, TypeError, ValueError, AttributeError):
+        return None
 
 
 def from_dict(data: dict, world_size: int = 1) -> Config:

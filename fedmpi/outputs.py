@@ -17,9 +17,11 @@ from .schema import opt
 
 @dataclass
 class CheckpointParams:
-    """Read by ``fedmpi.checkpointer.Checkpointer`` (when to save)."""
+    """Read by ``fedmpi.checkpointer.Checkpointer`` (when to save, what to keep)."""
 
     checkpoint_every: int = opt(0, "rounds between checkpoints; 0 = off", ge=0)
+    keep_final: bool = opt(True, "a completed run keeps its final state as its checkpoint (RUN.h5.ckpt), so that "
+                                 "a larger rounds extends it; false deletes it")
 
 
 @dataclass

@@ -20,7 +20,7 @@ import functools
 import hashlib
 import json
 import os
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from .inputs import open_input
 
@@ -130,11 +130,39 @@ def named_files(data: Any, folders: bool = False) -> list[str]:
     return out
 
 
+def changed_inputs(recorded: str | None, config: dict) -> list[str]:
+    """The input files of a run's recorded ``inputs`` attribute (JSON, ``record``) that no longer
+    hold what was recorded (missing: changed), each as ``KEY: PATH`` (the config key that names
+    it; a data file the dataset reader read: ``task.dataset``). Empty when nothing was recorded."""
+    try:
+        inputs = json.loads(recorded or "{}")
+    except (TypeError, ValueError):
+        return []
+    named = _named(config, os.path.exists)
+
+    def key(path: str) -> str:  # the key naming the file, or a folder it lies in
+        return next((k for k, p in named if path == p or path.startswith(p + os.sep)), "task.dataset")
+
+    return [f"{key(path)}: {path}" for path, fp in sorted(inputs.items())
+            if isinstance(fp, dict) and file_changed(path, fp)]
+
+
+def _named(data: Any, exists: Callable[[str], bool] = os.path.isfile, prefix: str = "") -> list[tuple[str, str]]:
+    """(dotted key, absolute path) of every string value of ``data`` that names a path for which
+    ``exists`` holds (by default: an existing file)."""
+    if isinstance(data, dict):
+        return [kp for k, v in data.items() for kp in _named(v, exists, f"{prefix}{k}.")]
+    if isinstance(data, list):
+        return [kp for i, v in enumerate(data) for kp in _named(v, exists, f"{prefix.rstrip('.')}[{i}].")]
+    path = os.path.abspath(os.path.expanduser(data)) if isinstance(data, str) and data else ""
+    return [(prefix.rstrip("."), path)] if path and exists(path) else []
+
+
 def record(config: dict, skip: Iterable[str] = ()) -> dict[str, str]:
     """The provenance attributes of a run of ``config``: after its set-up (the data was read)."""
     skip = {os.path.abspath(p) for p in skip}
     inputs = dict(_inputs)
-    for p in named_files(config):
+    for _, p in _named(config):
         if p not in skip and p not in inputs:
             inputs[p] = fingerprint(p)
     return {"fedmpi_source": fedmpi_source(), "plugins": json.dumps(_plugins, sort_keys=True),

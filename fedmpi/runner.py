@@ -18,6 +18,7 @@ callback; the file's ``callbacks`` attribute lists those that ran.
 from __future__ import annotations
 
 import faulthandler
+import json
 import logging
 import os
 import shutil
@@ -126,15 +127,24 @@ class Runner:
         from .results.hdf5 import ResultWriter
 
         cfg, run = self.cfg, self.components
-        extra = sidecars.build(cfg.runtime, self.out_path, replace=self.claim.owns_sidecars)
         resume_at = self.checkpointer.rounds_done or None
         notes = {"callbacks": "; ".join(f"{w}: {', '.join(_name(f) for f in fns)}"
                                         for w, fns in self.callbacks.items() if fns),
                  **provenance.record(cfg.to_dict(), skip=(self.out_path,))}
+        rows_through = None
+        if resume_at is not None:
+            notes.update(self._continued(resume_at))
+            if self.claim.previous == "completed" and resume_at % cfg.eval_every:
+                rows_through = resume_at - 1  # its last round's row: a run of more rounds has none there
+        elif self.claim.previous == "completed" and not self.claim.overwrite:  # an extension without its final state
+            raise InputError(f"{self.out_path}: holds a completed run whose final state was not kept "
+                             f"({checkpoint.folder_for(self.out_path)} is missing), so it cannot be extended; "
+                             f"use --overwrite to run {cfg.rounds} rounds afresh")
+        extra = sidecars.build(cfg.runtime, self.out_path, replace=self.claim.owns_sidecars)
         writer = ResultWriter(self.out_path, cfg.to_yaml(), cfg.seed, self.world.size, self.evaluator.names,
                               run.m, cfg.runtime.log_availability, resume_at=resume_at,
                               claim_=self.claim, flush_s=cfg.runtime.flush_s,
-                              client_arrays=self.evaluator.client_arrays, notes=notes)
+                              client_arrays=self.evaluator.client_arrays, notes=notes, rows_through=rows_through)
         self.writer = writer  # set before anything else: a failure below still finishes the file
         writer.add_sidecars(extra)
         if resume_at is None:
@@ -143,6 +153,37 @@ class Runner:
                                              **({"label_hist": hist} if hist is not None else {})})
             for name, arrays in run.algorithm.static_groups().items():
                 writer.write_group(name, arrays)
+
+    def _continued(self, rounds_done: int) -> dict[str, str]:
+        """Rank 0, before continuing the result file after round ``rounds_done``: refuse what would
+        mix two experiments in it -- an input file that changed since the run started
+        (``provenance.changed_inputs``), a ``rounds`` that a component reads
+        (``Config.resume_refusal``) -- and return the record of what else changed: the root
+        attribute ``config_changes``, a JSON list of ``{"round": R, "changed": {key: [old, new]}}``,
+        one entry per start that changed the config (the ``config`` attribute is the latest)."""
+        from .config import from_stored
+        from .results.hdf5 import peek
+
+        attrs = peek(self.out_path)[1]
+        changed = provenance.changed_inputs(attrs.get("inputs"), self.cfg.to_dict())
+        if changed:
+            more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+            raise InputError(f"{changed[0]}{more}: changed since this run started; continuing it after round "
+                             f"{rounds_done} would mix two inputs in one result: restore the file, or start afresh "
+                             f"with --overwrite")
+        old = from_stored(str(attrs.get("config", "")))
+        if old is None:
+            return {}
+        why = self.cfg.resume_refusal(old)
+        if why is not None:
+            raise InputError(why)
+        try:
+            history = list(json.loads(attrs.get("config_changes") or "[]"))
+        except (TypeError, ValueError):
+            history = []
+        diff = self.cfg.changes_since(old)
+        history += [{"round": rounds_done, "changed": diff}] if diff else []
+        return {"config_changes": json.dumps(history)} if history else {}
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> int:
@@ -241,10 +282,10 @@ class Runner:
         if status == "completed":
             final = self.components.algorithm.final_params()  # collective
             final = final.detach().float().cpu().numpy()
+        if status == "completed":  # its final state is kept: a larger rounds extends the run
+            self.checkpointer.keep_final(rounds_done, self._wall_time())
         if self.writer is not None:
             self.writer.finish(status, final, rounds_done)
-        if status == "completed":
-            self.checkpointer.discard()
 
 
 def _by_moment(cfg: Config, extra: Iterable[Callback | tuple[str, Callable]]) -> dict[str, list[Callable]]:

@@ -105,15 +105,10 @@ def peek(path: str) -> tuple[str, dict[str, Any]]:
 
 
 def _stored_config(config_yaml: str) -> Any:
-    """A stored config (None when it is no longer a valid config). The text comes from a file:
-    it is read with the input limits (yamlio), like every other reader's."""
-    from .. import config, log, yamlio
+    """A stored config (None when it is no longer a valid config; ``config.from_stored``)."""
+    from .. import config
 
-    try:
-        with log.muted():
-            return config.from_dict(yamlio.loads(config_yaml, "config") or {})
-    except (InputError, TypeError, ValueError, AttributeError):
-        return None
+    return config.from_stored(config_yaml)
 
 
 def _stored_digest(config_yaml: str) -> str | None:
@@ -129,6 +124,17 @@ def _another_experiment(config_yaml: str, cfg: Any) -> str:
         return ""
     keys = stored.resume_differences(cfg)
     return f" (differs in {', '.join(keys[:6])}{', ...' if len(keys) > 6 else ''})" if keys else ""
+
+
+def _extends(attrs: dict[str, Any], digest: str, cfg: Any) -> bool:
+    """Whether a run of ``cfg`` extends the completed run of ``attrs``: the same experiment, more
+    ``rounds``, and the stored run ran all of its own rounds (not ended early by ``stop_at`` or
+    the algorithm). What else may change is the resume's rule (``Config.resume_refusal``)."""
+    stored = _stored_config(str(attrs.get("config", "")))
+    if stored is None or cfg is None or stored.resume_digest() != digest or attrs.get("stopped_early"):
+        return False
+    done = int(attrs.get("rounds_done", -1))
+    return done == stored.rounds < cfg.rounds
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -232,8 +238,9 @@ def claim(path: str, digest: str, inputs: Iterable[str] = (), overwrite: bool = 
     why = None
     if previous in ("missing", "empty") or overwrite:
         pass
-    elif previous == "completed":
-        why = "holds a completed run; use --overwrite to replace it, or another output path"
+    elif previous == "completed" and not _extends(attrs, digest, cfg):
+        why = ("holds a completed run; use --overwrite to replace it, or another output path (a larger rounds "
+               "extends it)")
     elif previous == "foreign":
         why = "exists and is not a fedmpi result file; refusing to overwrite it (--overwrite to replace it)"
     elif _stored_digest(str(attrs.get("config", ""))) != digest:
@@ -301,7 +308,10 @@ class ResultWriter:
 
     def __init__(self, path: str, config_yaml: str, seed: int, world_size: int, metrics: list[str],
                  m: int, log_mask: bool, resume_at: int | None = None, claim_: Claim | None = None,
-                 flush_s: float = 0.0, client_arrays: Iterable[str] = (), notes: dict[str, Any] | None = None):
+                 flush_s: float = 0.0, client_arrays: Iterable[str] = (), notes: dict[str, Any] | None = None,
+                 rows_through: int | None = None):
+        """``resume_at``: continue the file after a checkpoint of that round (rows after
+        ``rows_through``, default ``resume_at``, are dropped), with this run's config stored."""
         self.path = path
         self.notes = dict(notes or {})  # root attributes, written at every flush
         self.claim = claim_
@@ -314,7 +324,8 @@ class ResultWriter:
         self.sidecars: list = []
         self._broken = False  # a write failed inside HDF5: the file is not touched again
         if resume_at is not None:
-            self._reopen(resume_at, world_size)
+            self._reopen(resume_at, world_size, resume_at if rows_through is None else rows_through)
+            self._resumed_as(config_yaml, metrics, m, client_arrays, log_mask)
             return
         try:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -336,8 +347,8 @@ class ResultWriter:
             g.create_dataset(n, shape=(0,), maxshape=(None,), chunks=(1024,),
                              dtype=np.int64 if n == "round" else np.float64)
         for n in client_arrays:
-            self.f.create_dataset(f"clients/{n}", shape=(0, m), maxshape=(None, m),
-                                  chunks=(max(1, min(64, 2**17 // max(m, 1))), min(m, 2**17)), dtype=np.float64)
+            self.f.create_dataset(f"clients/{n}", shape=(0, m), maxshape=(None, m), chunks=_client_chunks(m),
+                                  dtype=np.float64)
         self.mask = None
         if log_mask:
             self.mask = self.f.create_dataset("availability/mask", shape=(0, m), maxshape=(None, m),
@@ -345,15 +356,15 @@ class ResultWriter:
                                               dtype=np.uint8, compression="gzip", compression_opts=1)
         self.f.flush()
 
-    def _reopen(self, rounds_done: int, world_size: int) -> None:
-        """Continue a file after a checkpoint: drop rows written after ``rounds_done``."""
+    def _reopen(self, rounds_done: int, world_size: int, rows_through: int) -> None:
+        """Continue a file after a checkpoint: drop rows of rounds after ``rows_through``."""
         try:
             self._fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
             reserve(self._fd, 2 * _CLOSE_MARGIN)
             self.f = h5py.File(self.path, "a", locking=False)
             g = self.f["metrics"]
             self.names = ["round"] + [n for n in g if n != "round"]
-            keep = int(np.searchsorted(g["round"][:], rounds_done, side="right"))
+            keep = int(np.searchsorted(g["round"][:], rows_through, side="right"))
         except (OSError, KeyError, RuntimeError) as e:
             raise InputError(f"{self.path}: cannot continue this result file ({_short(e)}); free space, "
                              f"or start afresh with --overwrite") from None
@@ -384,6 +395,30 @@ class ResultWriter:
         self.f.attrs["status"] = "running"
         self.f.attrs["rounds_done"] = rounds_done
         self.f.attrs["world_size"] = world_size
+        self.f.flush()
+
+    def _resumed_as(self, config_yaml: str, metrics: list[str], m: int, client_arrays: Iterable[str],
+                    log_mask: bool) -> None:
+        """A continued file takes the resumed run's config (what takes effect from now on), and its
+        metrics and per-client arrays that the file lacks, NaN in the rows before (not evaluated
+        then). The participation mask cannot be made up for the rounds run: it must be logged
+        from round 1 on or not at all (InputError naming runtime.log_availability)."""
+        rounds = int(self.f.attrs.get("rounds_done", 0))
+        if log_mask != (self.mask is not None):
+            now, then = ("asks for", "has none") if log_mask else ("does not ask for", "holds one")
+            raise InputError(f"runtime.log_availability: this run {now} the participation mask, but the result "
+                             f"file it continues (after round {rounds}) {then}; keep the setting of its first "
+                             f"start, or start afresh with --overwrite")
+        g, n = self.f["metrics"], self.f["metrics/round"].shape[0]
+        for name in metrics:
+            if name not in g:
+                g.create_dataset(name, data=np.full(n, np.nan), maxshape=(None,), chunks=(1024,))
+                self.names.append(name)
+        for name in client_arrays:
+            if f"clients/{name}" not in self.f:
+                self.f.create_dataset(f"clients/{name}", data=np.full((n, m), np.nan), maxshape=(None, m),
+                                      chunks=_client_chunks(m))
+        self.f.attrs["config"] = config_yaml
         self.f.flush()
 
     def _client_sets(self) -> list[h5py.Dataset]:
@@ -542,6 +577,11 @@ def _short(e: BaseException) -> str:
     """An OSError's reason, or the first line of an HDF5 error (they run over several lines)."""
     text = getattr(e, "strerror", None) or str(e) or type(e).__name__
     return text.splitlines()[0][:160]
+
+
+def _client_chunks(m: int) -> tuple[int, int]:
+    """Chunks of a (evaluations x m) ``/clients`` array: at most 2^17 values of a row, 64 rows."""
+    return max(1, min(64, 2**17 // max(m, 1))), min(m, 2**17)
 
 
 def _first_unreadable_row(ds: h5py.Dataset, stop: int) -> int | None:
