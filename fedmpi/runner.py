@@ -37,7 +37,7 @@ from .config import Config
 from .errors import Diverged, InputError, Interrupted, WriteFailed
 from .evaluator import Evaluator
 from .metrics import stop_at
-from .registry import CALLBACKS
+from .registry import CALLBACKS, METRICS
 from .runtime import World
 from .runtime.launcher import agree_on_error, restart_count
 
@@ -75,7 +75,8 @@ class Runner:
                  overwrite: bool = False, inputs: tuple[str, ...] = (), label: str = "",
                  callbacks: Iterable[Callback | tuple[str, Callable]] = ()):
         self.cfg, self.world, self.out_path, self.quiet, self.label = cfg, world, out_path, quiet, label
-        self.callbacks = _by_moment(cfg, callbacks)
+        self.callbacks = agree(world, lambda: _by_moment(cfg, callbacks))
+        agree(world, lambda: _same_on_every_rank(world, callbacks))
         self.writer = None
         self.claim = None
         if overwrite and restart_count() > 0:  # a requeued SLURM job continues what its first start began
@@ -301,6 +302,24 @@ def _by_moment(cfg: Config, extra: Iterable[Callback | tuple[str, Callable]]) ->
             raise InputError(f"plug-in: callback {_name(fn)}: when must be one of {', '.join(WHEN)}, got {when!r}")
         out[when].append(fn)
     return out
+
+
+def _same_on_every_rank(world: World, extra: Iterable[Callback | tuple[str, Callable]]) -> None:
+    """Collective, at set-up: the registered callbacks and metrics, and the run's ``extra``
+    callbacks, are the same on every rank, else InputError on every rank. They run on every rank,
+    some in collectives (an ``evaluated`` callback's row and reason; per-client metrics), so one
+    registered on rank 0 only (under a rank check in a plug-in) would stall the job at its first
+    use until ``runtime.timeout_s``."""
+    mine = {f"callback {e.name}" for e in CALLBACKS} | {f"metric {name}" for name in METRICS.names()}
+    mine |= {f"callback {_name(c[1] if isinstance(c, tuple) else c)}" for c in extra}
+    every = world.allgather_obj(sorted(mine))
+    for rank, theirs in enumerate(every):
+        odd = sorted(set(theirs) ^ set(every[0]))
+        if odd:
+            where = (0, rank) if odd[0] in every[0] else (rank, 0)
+            raise InputError(f"plug-in: {odd[0]} is registered on rank {where[0]} but not on rank {where[1]}; "
+                             f"callbacks and metrics run on every rank and must be registered on every rank "
+                             f"(not under a rank check)")
 
 
 def _name(fn: Callable) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import fedmpi, synthetic_config, write_config
-from fedmpi.errors import InputError
+from fedmpi.errors import InputError, Interrupted
 
 FORGED = '''
 from fedmpi.algorithms import register
@@ -54,6 +54,38 @@ def test_a_plugin_failing_on_one_rank_only_stops_every_rank_with_one_line(tmp_pa
     assert len(ours) == 1 and ours[0].startswith("fedmpi: error: rank 1: --plugin") and "not on this node" in ours[0]
 
 
+_ON_RANK_0 = """
+import os
+from fedmpi.metrics import register_metric
+from fedmpi.registry import CALLBACKS
+
+if os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK")) == "0":
+    if "{when}" == "metric":
+        register_metric("only_here", lambda m: 1.0)
+    else:
+        CALLBACKS.register("watch", lambda run, t, *rest: None, when="{when}")
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("when", ["evaluated", "round_start", "metric"])
+def test_a_callback_or_metric_registered_on_rank_0_only_is_refused_at_set_up(tmp_path, when):
+    """#38 item 8: a callback registered on rank 0 only stalled the job for runtime.timeout_s (300 s),
+    then exit 1 ("lost contact with another rank") and a result file left ``running``."""
+    plugin = tmp_path / "rank0.py"
+    plugin.write_text(_ON_RANK_0.format(when=when))
+    out = tmp_path / "r.h5"
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(output=str(out), rounds=2,
+                                                             runtime={"timeout_s": 100, "progress": False}))
+    p = fedmpi(["run", cfg, "--plugin", str(plugin), "--quiet"], ranks=2, check=False, timeout=90)
+    ours = [ln for ln in p.stderr.splitlines() if ln.startswith("fedmpi")]
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert len(ours) == 1 and ours[0].startswith("fedmpi: error: plug-in: ") and \
+        "is registered on rank 0 but not on rank 1; callbacks and metrics run on every rank" in ours[0], ours
+    assert ("plug-in: metric only_here is" if when == "metric" else "plug-in: callback watch is") in ours[0]
+    assert not out.exists()
+
+
 def test_a_plugin_that_would_load_nothing_is_refused(tmp_path):
     """``--plugin json`` (a module imported long before) and a plug-in folder named like an
     imported module (Python hands back that module) loaded nothing, silently (#24 item 24)."""
@@ -78,6 +110,9 @@ class _Failed(InputError):
     (["a: bad", "b: bad", None], 0, (InputError, "a: bad")),  # rank 0's own: no prefix
     (["a: bad", "b: bad", None], 2, (InputError, "a: bad")),  # the first failing rank is rank 0
     ([None, "a: bad", _Failed("mine")], 2, (_Failed, "mine")),  # its own error, its own type
+    ([Interrupted("signal SIGTERM during set-up"), None], 1,  # a stop signal stops every rank as such
+     (Interrupted, "signal SIGTERM during set-up")),
+    ([None, Interrupted("signal SIGTERM during set-up")], 0, (Interrupted, "rank 1: signal SIGTERM during set-up")),
 ])
 def test_one_agreement_on_errors_before_and_after_the_world(errors, me, expect):
     """``agree_on_error`` serves the launcher (before the world) and the runner's set-up (after):
@@ -85,13 +120,13 @@ def test_one_agreement_on_errors_before_and_after_the_world(errors, me, expect):
     from fedmpi.runner import agree
     from fedmpi.runtime.launcher import agree_on_error
 
-    texts = [None if e is None else str(e) for e in errors]
+    said = [None if e is None else (isinstance(e, Interrupted), str(e)) for e in errors]
     mine = errors[me] if isinstance(errors[me], Exception) else (InputError(errors[me]) if errors[me] else None)
 
     class World:  # the world's allgather, as seen by rank ``me``
         def allgather_obj(self, obj):
-            assert obj == texts[me]
-            return texts
+            assert obj == said[me]
+            return said
 
     def setup():
         if mine is not None:
