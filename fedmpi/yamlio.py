@@ -245,8 +245,8 @@ class _Builder:
             self.add(value, line, size, height)
 
 
-def _events(text: str) -> Iterator[yaml.Event]:
-    loader = _Loader(text)
+def _events(text: str, loader_class: type = _Loader) -> Iterator[yaml.Event]:
+    loader = loader_class(text)
     try:
         while loader.check_event():
             yield loader.get_event()
@@ -261,18 +261,34 @@ def loads(text: str | bytes, source: str) -> Any:
             text = text.decode("utf-8-sig")
         except UnicodeDecodeError as e:
             raise InputError(f"{source}: not UTF-8 text (byte {e.start})") from None
+    loaders = [_Loader] if _Loader is yaml.SafeLoader else [_Loader, yaml.SafeLoader]
+    for loader in loaders:
+        try:
+            return _build(text, loader)
+        except _Refuse as e:
+            raise InputError(f"{source}: {e}") from None
+        except yaml.YAMLError as e:
+            # libyaml refuses some documents before their events reach the builder (PyYAML >= 6.0.4's
+            # nesting limit, met while it scans ahead): parsed again by the pure-Python parser, which
+            # has no such limit, the builder's own checks run first and name the key path
+            if loader is loaders[-1]:
+                raise _malformed(source, e) from None
+    raise AssertionError("unreachable")
+
+
+def _build(text: str, loader_class: type) -> Any:
     b = _Builder()
-    try:
-        for ev in _events(text):
-            b.event(ev)
-    except _Refuse as e:
-        raise InputError(f"{source}: {e}") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None)
-        raise InputError(f"{source}: malformed YAML{where}" + (f" ({problem})" if problem else "")) from None
+    for ev in _events(text, loader_class):
+        b.event(ev)
     return b.result
+
+
+def _malformed(source: str, e: yaml.YAMLError) -> InputError:
+    """A parser's error as one line naming ``source``, the line and the problem."""
+    mark = getattr(e, "problem_mark", None)
+    where = f" at line {mark.line + 1}" if mark is not None else ""
+    problem = getattr(e, "problem", None)
+    return InputError(f"{source}: malformed YAML{where}" + (f" ({problem})" if problem else ""))
 
 
 def read_text(path: str, what: str, limit: int = MAX_FILE_BYTES) -> bytes:

@@ -136,3 +136,23 @@ def test_files_too_big_or_missing(tmp_path):
         config.load(str(tmp_path / "nope.yaml"))
     with pytest.raises(InputError, match="too long"):
         yamlio.loads("a: " + "9" * 5000, "t")
+
+
+def test_a_parser_that_stops_deep_nesting_itself_still_gets_fedmpis_message(monkeypatch):
+    """#38: PyYAML 6.0.4's libyaml stops deep flow nesting while it scans ahead, before the builder
+    sees an event ("malformed YAML at line 2 (exceeded maximum nesting depth)", no key path). A
+    document that libyaml refuses is parsed again by the pure-Python parser, so fedmpi's own check
+    names the key path with any PyYAML."""
+
+    class Strict(yaml.SafeLoader):  # libyaml 6.0.4 as seen from Python
+        def check_event(self, *choices):
+            if "[" * 1000 in self.buffer:
+                raise yaml.scanner.ScannerError(None, None, "exceeded maximum nesting depth", self.get_mark())
+            return super().check_event(*choices)
+
+    monkeypatch.setattr(yamlio, "_Loader", Strict)
+    with pytest.raises(InputError, match=r"^c\.yaml: nested deeper than 64 levels \(at a\.b\[0\]\[0\]"):
+        yamlio.loads("a:\n  b: " + "[" * 5000 + "]" * 5000 + "\n", "c.yaml")
+    with pytest.raises(InputError, match=r"^c\.yaml: malformed YAML at line 2"):  # a genuine error stays one
+        yamlio.loads("a: [1, 2\n", "c.yaml")
+    assert yamlio.loads("a: [[1]]\n", "c.yaml") == {"a": [[1]]}
