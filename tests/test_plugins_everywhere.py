@@ -3,6 +3,7 @@ when a name is unknown, and a sweep file's own ``plugins:``."""
 
 from __future__ import annotations
 
+import glob
 import os
 
 import pytest
@@ -53,7 +54,7 @@ def test_a_sweep_file_carries_its_own_plugins(tmp_path):
     (exp / "s.sweep.yaml").write_text(yaml.safe_dump(
         {"base": "base.yaml", "out": "res", "plugins": ["scaled.py"], "grid": {"seed": [0, 1]}}))
     fedmpi(["sweep", "exp/s.sweep.yaml", "-j", "2", "--quiet"])
-    assert sorted(os.listdir(exp / "res")) == ["seed=0.h5", "seed=1.h5"]
+    assert sorted(glob.glob("*.h5", root_dir=exp / "res")) == ["seed=0.h5", "seed=1.h5"]
     os.chdir(exp)
     assert "2 cells: 2 done" in fedmpi(["sweep", "s.sweep.yaml", "--status"]).stdout
     assert fedmpi(["table", "s.sweep.yaml", "--format", "csv"]).stdout.count("\n") == 2

@@ -32,7 +32,7 @@ def test_quadratic_fedavg_layout(tmp_path):
         assert yaml.safe_load(f.attrs["config"])["task"]["u"] == [0.0, 100.0]
         m = f["metrics"]
         assert list(m["round"][:]) == [0, 10, 20, 30] and m["round"].dtype == np.int64
-        assert set(m) == {"round", "test_loss", "x", "n_active", "wall_time", "peak_rss_mb"}
+        assert set(m) == {"round", "test_loss", "train_loss", "x", "n_active", "wall_time", "peak_rss_mb"}
         assert m["x"][-1] == pytest.approx(50.0, abs=1e-3)  # full participation: the true optimum
         assert m["test_loss"][-1] == pytest.approx(1250.0, rel=1e-5)  # F(50) = (50^2 + 50^2) / 4
         assert f["final/params"].dtype == np.float32 and f["final/params"][0] == pytest.approx(50.0, abs=1e-3)

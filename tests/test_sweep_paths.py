@@ -37,7 +37,7 @@ def test_sweep_status_and_table_work_from_any_directory(tmp_path, capsys):
     os.makedirs(tmp_path / "a" / "b")
     os.chdir(tmp_path / "a" / "b")
     assert main(["sweep", "../../exp/s.sweep.yaml", "--quiet"]) == 0
-    assert sorted(os.listdir(tmp_path / "exp" / "res")) == ["seed=0.h5", "seed=1.h5"]
+    assert sorted(glob.glob("*.h5", root_dir=tmp_path / "exp" / "res")) == ["seed=0.h5", "seed=1.h5"]
     assert not glob.glob(str(tmp_path / "a" / "**" / "*.h5"), recursive=True)
     os.chdir(tmp_path)
     capsys.readouterr()
