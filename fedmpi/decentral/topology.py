@@ -139,7 +139,7 @@ def _read_edge_list(path: str | None, m: int) -> Graph:
     if not path:
         raise InputError("topology.file: required when topology.kind is 'file'")
     try:
-        with open_input(path, "graph file (edge list)", "topology.file") as f:
+        with open_input(path, "graph file (edge list)", "topology.file", limit=1 << 30) as f:
             lines = f.read().decode("utf-8").splitlines()
     except UnicodeDecodeError as e:
         raise InputError(f"topology.file: {path}: not UTF-8 text (byte {e.start})") from None
