@@ -55,12 +55,12 @@ def read_steps(path: str, m: int) -> np.ndarray:
         words = data.decode("ascii").split()
     except UnicodeDecodeError as e:
         raise InputError(f"{_KEY}: {path!r} must hold integers only (byte {e.start} is not text)") from None
-    bad = next((w for w in words if not w.lstrip("+").isdigit()), None)
+    bad = next((w for w in words if not w.lstrip("+-").isdigit()), None)
     if bad is not None:
         raise InputError(f"{_KEY}: {path!r} must hold integers only, got {bad[:40]!r}")
-    big = next((i for i, w in enumerate(words) if len(w.lstrip("+0")) > 10 or int(w) > MAX_STEPS), None)
+    big = next((i for i, w in enumerate(words) if len(w.lstrip("+-0")) > 10 or int(w) > MAX_STEPS), None)
     if big is not None:
-        raise InputError(f"{_KEY}: {path!r}: client {big}'s count {words[big][:40]} is more than the {MAX_STEPS} "
+        raise InputError(f"{_KEY}: {path!r}: client {big}'s count {words[big][:40]} is outside 1..{MAX_STEPS}, the "
                          f"local steps a round allows")
     steps = np.array([int(w) for w in words], dtype=np.int64)
     if len(steps) != m or (steps < 1).any():
