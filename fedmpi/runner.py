@@ -75,6 +75,7 @@ class Runner:
                  overwrite: bool = False, inputs: tuple[str, ...] = (), label: str = "",
                  callbacks: Iterable[Callback | tuple[str, Callable]] = ()):
         self.cfg, self.world, self.out_path, self.quiet, self.label = cfg, world, out_path, quiet, label
+        callbacks = list(callbacks)
         self.callbacks = agree(world, lambda: _by_moment(cfg, callbacks))
         agree(world, lambda: _same_on_every_rank(world, callbacks))
         self.writer = None
@@ -284,7 +285,12 @@ class Runner:
             final = self.components.algorithm.final_params()  # collective
             final = final.detach().float().cpu().numpy()
         if status == "completed":  # its final state is kept: a larger rounds extends the run
-            self.checkpointer.keep_final(rounds_done, self._wall_time())
+            try:
+                self.checkpointer.keep_final(rounds_done, self._wall_time())  # collective
+            except BaseException as e:  # (disk full, a state that is not finite): the file says so
+                if self.writer is not None:
+                    self.writer.finish("diverged" if isinstance(e, Diverged) else "failed")
+                raise
         if self.writer is not None:
             self.writer.finish(status, final, rounds_done)
 
