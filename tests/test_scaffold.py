@@ -97,6 +97,7 @@ def test_memory_of_the_client_controls_is_checked_up_front(name, tmp_path, monke
 
     monkeypatch.setattr(World, "free_memory", lambda self: (10, "host memory per rank"))
     monkeypatch.setattr(runner.guards, "step_bytes", lambda *args: 0)
+    monkeypatch.setattr(runner.guards, "step_inputs_bytes", lambda *args: 0)
     cfg = quadratic_cfg(name, U, X0)
     cfg.rounds = 1
     if name == "fedavg_active":
