@@ -1,7 +1,7 @@
 """The HDF5 result file (INTERFACES.md): written by rank 0 only, readable at any moment.
 
 Layout: root attributes ``config`` (resolved YAML), ``fedmpi_version``, ``world_size``,
-``seed``, ``status`` (running | completed | interrupted | failed), ``rounds_done``;
+``seed``, ``status`` (one of ``STATUSES``), ``rounds_done``;
 ``/metrics/<name>`` 1-D chunked resizable datasets aligned with ``/metrics/round``;
 ``/availability/mask`` (rounds x m uint8) when requested; ``/clients/<name>`` (evaluations x m
 float64, rows aligned with ``/metrics/round``) for per-client metrics when requested; ``notes``

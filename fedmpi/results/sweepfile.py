@@ -300,12 +300,6 @@ def why_outdated(cell: Cell) -> str | None:
     return _why(cell, attrs) if status == "completed" else None
 
 
-def peek_config(path: str) -> str:
-    from .hdf5 import peek
-
-    return str(peek(path)[1].get("config", ""))
-
-
 def status_text(sweep: Sweep) -> str:
     """The ``--status`` listing: one line per cell, then the counts."""
     counts = dict.fromkeys(STATES, 0)
