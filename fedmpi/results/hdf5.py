@@ -40,6 +40,8 @@ from .. import __version__
 from ..errors import InputError, WriteFailed
 
 STATUSES = ("running", "completed", "interrupted", "failed", "diverged")
+#: What h5py raises on a damaged file, from any call (opening, a membership test, a read).
+READ_ERRORS = (OSError, RuntimeError, KeyError, ValueError, TypeError)
 _MASK_BUFFER_BYTES = 64 << 20  # flush early rather than hold more participation rows than this
 _CLOSE_MARGIN = 64 << 10  # kept reserved beyond the file's end: status attribute and close
 _FLUSH_BASE = 32 << 10  # what any flush may add (metadata), besides the chunks its rows need
@@ -86,6 +88,8 @@ def is_locked(path: str) -> bool:
 def peek(path: str) -> tuple[str, dict[str, Any]]:
     """What a path holds: ('missing' | 'empty' | 'foreign' | a status, root attributes).
 
+    'foreign' also stands for a file whose structure HDF5 cannot read or whose status is none of
+    ``STATUSES`` (damaged, or not written by fedmpi): nothing may replace it without --overwrite.
     Reads without any lock, so it works while a run writes the file."""
     try:
         if os.path.getsize(path) == 0:
@@ -98,10 +102,12 @@ def peek(path: str) -> tuple[str, dict[str, Any]]:
         with h5py.File(path, "r", locking=False) as f:
             if "metrics" not in f or "status" not in f.attrs:
                 return "foreign", {}
-            attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
-    except (OSError, KeyError, ValueError):
+            attrs = {k: _attr(v) for k, v in f.attrs.items()}
+    except READ_ERRORS:
         return "foreign", {}
-    return str(attrs["status"]), attrs
+    if attrs["status"] not in STATUSES:
+        return "foreign", {}
+    return attrs["status"], attrs
 
 
 def _stored_config(config_yaml: str) -> Any:
@@ -205,6 +211,9 @@ def claim(path: str, digest: str, inputs: Iterable[str] = (), overwrite: bool = 
         raise InputError("--out: empty result path")
     if os.path.isdir(path):
         raise InputError(f"{path}: is a directory, expected a result file path")
+    if os.path.islink(path) and not os.path.exists(path):  # O_EXCL would fail on it forever
+        raise InputError(f"{path}: is a symbolic link to {os.path.realpath(path)}, which does not exist; "
+                         f"remove the link or create its target's folder and file")
     if os.path.exists(path) and not os.path.isfile(path):  # /dev/null, a FIFO, a device: results would be lost
         raise InputError(f"{path}: is not a regular file; choose a result file path")
     for inp in inputs:
@@ -569,21 +578,33 @@ def open_result(path: str) -> h5py.File:
         try:
             f = h5py.File(path, "r", locking=False)
             break
-        except OSError:
+        except READ_ERRORS:
             if attempt == 2:
                 raise InputError(f"{path}: not a readable HDF5 result file") from None
             time.sleep(0.2)
-    if "metrics" not in f or "status" not in f.attrs or "round" not in f["metrics"]:
+    try:
+        ours = "metrics" in f and "status" in f.attrs and "round" in f["metrics"]
+    except READ_ERRORS as e:
+        f.close()
+        raise damaged(path, "/metrics", e) from None
+    if not ours:
         f.close()
         raise InputError(f"{path}: not a fedmpi result file (no /metrics or status)")
     return f
 
 
+def damaged(path: str, part: str, e: BaseException | None = None) -> InputError:
+    """The one-line error of a result file whose ``part`` cannot be read."""
+    why = f": {e.__class__.__name__}: {_short(e)[:80]}" if e is not None else ""
+    return InputError(f"{path}: damaged result file ({part}{why})")
+
+
 def read_metrics(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """All metric arrays (cut to the length of ``round``) and the root attributes.
 
-    A damaged file (unreadable blocks, a metric that is not a 1-D numeric dataset, odd
-    attributes) is an ``InputError`` naming the file and the part, never a traceback."""
+    A damaged file (unreadable blocks, a metric that is not a 1-D numeric dataset, rounds that
+    are not integers, odd attributes) is an ``InputError`` naming the file and the part, never
+    a traceback."""
     with open_result(path) as f:
         try:
             g = f["metrics"]
@@ -593,18 +614,52 @@ def read_metrics(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
                 ds = g[k]
                 if not isinstance(ds, h5py.Dataset) or ds.ndim != 1 or ds.dtype.kind not in "iuf":
                     raise InputError(f"{path}: damaged result file (/metrics/{k} is not a 1-D numeric dataset)")
+            if g["round"].dtype.kind not in "iu":
+                raise InputError(f"{path}: damaged result file (/metrics/round does not hold integers)")
             n = g["round"].shape[0]
             metrics = {k: g[k][: n] for k in g if g[k].shape[0] >= n}
             attrs = {k: _attr(v) for k, v in f.attrs.items()}
-        except (OSError, KeyError, ValueError, TypeError, RuntimeError) as e:
-            raise InputError(f"{path}: damaged result file ({e.__class__.__name__}: {str(e)[:80]})") from None
+        except READ_ERRORS as e:
+            raise damaged(path, "/metrics", e) from None
     return metrics, attrs
+
+
+def read_arrays(path: str, group: str) -> dict[str, np.ndarray]:
+    """Every dataset below ``/group`` of a result file (dotted sub-paths for nested groups), read
+    whole; {} when the file has no such group. Damage is an InputError naming the dataset."""
+    out: dict[str, np.ndarray] = {}
+    with open_result(path) as f:
+        try:
+            g = f.get(group)
+        except READ_ERRORS as e:
+            raise damaged(path, f"/{group}", e) from None
+        if g is None:
+            return out
+        if isinstance(g, h5py.Dataset):
+            raise InputError(f"{path}: damaged result file (/{group} is a dataset, expected a group)")
+        names: list[str] = []
+        try:
+            g.visit(names.append)
+        except READ_ERRORS as e:
+            raise damaged(path, f"/{group}", e) from None
+        for name in names:
+            try:
+                ds = g[name]
+                if isinstance(ds, h5py.Dataset):
+                    if ds.dtype.kind not in "biuf":
+                        raise InputError(f"{path}: damaged result file (/{group}/{name} is not numeric)")
+                    out[name.replace("/", ".")] = ds[()]
+            except READ_ERRORS as e:
+                raise damaged(path, f"/{group}/{name}", e) from None
+    return out
 
 
 def _attr(v: Any) -> Any:
     """An attribute as text or a Python scalar (bytes decoded; odd values shown, not trusted)."""
     if isinstance(v, bytes):
         return v.decode("utf-8", errors="replace")
+    if isinstance(v, str):  # h5py hands undecodable bytes over as surrogates, which no encoder takes
+        return v.encode("utf-8", errors="surrogateescape").decode("utf-8", errors="replace")
     if isinstance(v, np.generic):
         return v.item() if not isinstance(v, np.void) else repr(v)[:80]
-    return v if isinstance(v, (str, int, float)) else repr(v)[:80]
+    return v if isinstance(v, (int, float)) else repr(v)[:80]
