@@ -28,3 +28,28 @@ def test_variant_labels_with_one_file_name_ask_for_labels(tmp_path):
     with pytest.raises(InputError, match=r"cells 0 and 1 get the same file name 'fed_avg'; give the variants "
                                          r"distinct labels \('fed avg' and 'fed_avg' read the same as file names\)"):
         sweepfile.load(path, validate=False)
+
+
+def test_a_cell_with_damaged_provenance_is_outdated_not_a_traceback(tmp_path, capsys):
+    """#38.15: provenance attributes of the wrong shape (a list where a mapping belongs) made
+    the cell's state a traceback in fedmpi sweep --status and fedmpi table."""
+    import h5py
+    import numpy as np
+
+    from fedmpi.cli import main
+    from fedmpi.results.hdf5 import ResultWriter, claim
+
+    path = _sweep(tmp_path, grid={"seed": [0]})
+    sweep = sweepfile.load(path)
+    cell = sweep.cells[0]
+    cfg = sweep.config(cell)
+    w = ResultWriter(cell.path, cfg.to_yaml(), cfg.seed, 1, ["test_acc"], cfg.task.clients, False,
+                     claim_=claim(cell.path, cfg.resume_digest()))
+    w.append({"round": 0, "test_acc": 0.5}, 0)
+    w.finish("completed", np.zeros(3), 0)
+    with h5py.File(cell.path, "a") as f:
+        f.attrs.update({"fedmpi_source": "x", "plugins": "[2]", "inputs": '{"a": 3}'})
+    assert sweepfile.cell_state(cell)[0] == "outdated"
+    assert "provenance attributes are unreadable" in sweepfile.why_outdated(cell)
+    assert main(["table", path]) == 2
+    assert "left out" in capsys.readouterr().err

@@ -352,7 +352,10 @@ def _why(cell: Cell, attrs: dict) -> str | None:
         return f"the sweep gives the cell a config that is not valid ({e})"
     if changed:
         return f"its config is no longer that of the sweep's cell ({changed})"
-    return provenance.outdated(attrs)
+    try:
+        return provenance.outdated(attrs)
+    except (AttributeError, TypeError, ValueError):  # provenance of the wrong shape: a damaged file
+        return "its provenance attributes are unreadable"
 
 
 def why_outdated(cell: Cell) -> str | None:
