@@ -3,16 +3,17 @@
 **Per-client metrics** (``evaluation.clients``). At an evaluation, the main model (label ``""``
 of ``evaluation_snapshot``; without one, the first model it offers, e.g. the decentralized
 average) is evaluated on each client's own data: its local test split when there is one
-(``task.partition.local_test``, a fraction held out of its training samples), else its training
-samples. Each rank evaluates the clients of its shard one by one (the same batches whatever the
-number of ranks, so the same bits) and rank 0 gathers the values in client order: ``loss`` and,
-for classification, ``acc`` (a client without evaluation samples is NaN and left out of the
-summaries). The summaries named by ``evaluation.clients.summaries`` are metrics of the row,
-``client_<name>_<summary>``: by default ``p10``, ``p50``, ``p90``, ``std`` (ddof 0) and
-``worst``, the mean over the worst ``evaluation.clients.worst`` fraction of clients (highest
-losses, lowest accuracies); the fairness summaries of the literature (``SUMMARY_DOCS``,
-docs/PLUGINS.md) on request. With ``evaluation.clients.arrays`` (which implies the evaluation)
-every value is also stored, one row per evaluation, in ``/clients/<name>`` of the result file.
+(``task.partition.local_test``: a fraction held out of its training samples, or ``dataset``: its
+own test samples, e.g. a LEAF user's), else its training samples. Each rank evaluates the
+clients of its shard one by one (the same batches whatever the number of ranks, so the same
+bits) and rank 0 gathers the values in client order: ``loss`` and, for classification, ``acc``
+(a client without evaluation samples is NaN and left out of the summaries). The summaries named
+by ``evaluation.clients.summaries`` are metrics of the row, ``client_<name>_<summary>``: by
+default ``p10``, ``p50``, ``p90``, ``std`` (ddof 0) and ``worst``, the mean over the worst
+``evaluation.clients.worst`` fraction of clients (highest losses, lowest accuracies); the
+fairness summaries of the literature (``SUMMARY_DOCS``, docs/PLUGINS.md) on request. With
+``evaluation.clients.arrays`` (which implies the evaluation) every value is also stored, one row
+per evaluation, in ``/clients/<name>`` of the result file.
 
 **Registered metrics** (``register_metric``, plug-ins too): a function of a ``MetricInput``
 (the row so far, the per-client values) returning one number. A run computes those its config
@@ -162,7 +163,8 @@ def client_data(task: Task, i: int) -> tuple[torch.Tensor, torch.Tensor]:
     if task.local_test_order is not None:
         off = task.local_test_offsets
         idx = task.local_test_order[int(off[i]):int(off[i + 1])]
-        return task.train_x[idx], task.train_y[idx]
+        return (task.test_x[idx], task.test_y[idx]) if task.local_test_source == "test" else \
+            (task.train_x[idx], task.train_y[idx])
     idx = task.order[int(task.offsets[i]):int(task.offsets[i + 1])]
     return task.train_x[idx], task.train_y[idx]
 
