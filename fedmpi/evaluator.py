@@ -91,11 +91,11 @@ class Evaluator:
         private = ["epsilon"] if cfg.privacy.mechanism != "none" else []  # privacy (#27): the accountant's
         clients = metrics.summary_names(task.classes, cfg.evaluation.clients.summaries) if self.per_client else []
         extra = clients + list(cfg.evaluation.metrics)
-        taken = set(names) | set(algo.metrics) | set(private) | set(RUN_METRICS)
-        clash = [n for n in extra if n in taken]
+        taken = set(names) | set(algo.metrics) | set(private) | set(RUN_METRICS) | set(clients)
+        clash = [n for n in cfg.evaluation.metrics if n in taken]
         if clash:
-            raise InputError(f"plug-in: metric {clash[0]!r} is already a metric of this run (algorithm "
-                             f"{cfg.algorithm.name}); register it under another name")
+            raise InputError(f"evaluation.metrics: {clash[0]!r} is already a metric of this run (algorithm "
+                             f"{cfg.algorithm.name}); register the plug-in's under another name")
         return list(dict.fromkeys(names + list(algo.metrics) + private + extra + list(RUN_METRICS)))
 
     def _train_eval_subset(self) -> torch.Tensor | None:

@@ -13,6 +13,7 @@ from fedmpi import config, log, metrics, plugins
 from fedmpi.build import build_task
 from fedmpi.cli import main
 from fedmpi.data.partition import split_local_test
+from fedmpi.errors import InputError
 from fedmpi.registry import METRICS
 from fedmpi.runner import Runner
 from fedmpi.runtime import World
@@ -191,6 +192,16 @@ def test_evaluation_choices_are_checked(tmp_path, evaluation, needle):
     p = fedmpi(["run", cfg, "--quiet"], check=False)
     assert p.returncode == 2 and needle in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_named_metric_may_not_shadow_one_of_the_run(tmp_path):
+    METRICS.register("client_acc_p10", lambda m: 0.0)
+    try:
+        with pytest.raises(InputError, match="evaluation.metrics: 'client_acc_p10' is already a metric of this run"):
+            _run(tmp_path, "clash", evaluation={"metrics": ["client_acc_p10"], "clients": {"enabled": True}})
+        _run(tmp_path, "fine", evaluation={"metrics": ["client_acc_p10"]}).close()  # no summaries: no clash
+    finally:
+        METRICS._entries.pop("client_acc_p10", None)
 
 
 def test_callbacks_at_three_moments_and_stopping_early(tmp_path):
