@@ -187,11 +187,17 @@ def test_which_client_summaries_run_is_the_configs_choice(tmp_path):
     ({"clients": {"summaries": ["p25"]}}, "evaluation.clients.summaries: unknown summary 'p25' (allowed: p10,"),
     ({"clients": {"summaries": ["var", "var"]}}, "evaluation.clients.summaries: 'var' is named twice"),
 ])
-def test_evaluation_choices_are_checked(tmp_path, evaluation, needle):
-    cfg = write_config(tmp_path / "bad.yaml", synthetic_config(evaluation=evaluation))
+def test_evaluation_choices_are_checked(evaluation, needle):
+    with pytest.raises(InputError) as e:
+        config.from_dict(synthetic_config(evaluation=evaluation))
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_an_unknown_metric_is_exit_2_in_one_line(tmp_path):
+    cfg = write_config(tmp_path / "bad.yaml", synthetic_config(evaluation={"metrics": ["acc_gapp"]}))
     p = fedmpi(["run", cfg, "--quiet"], check=False)
-    assert p.returncode == 2 and needle in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
-    assert not (tmp_path / "runs").exists()
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "evaluation.metrics: no registered metric 'acc_gapp'" in p.stderr and not (tmp_path / "runs").exists()
 
 
 def test_a_named_metric_may_not_shadow_one_of_the_run(tmp_path):
