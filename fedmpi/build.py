@@ -13,6 +13,7 @@ makes every rank agree on it).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +24,8 @@ from .algorithms.base import Algorithm, Context
 from .config import Config
 from .data.arrays import DataArrays
 from .data.datasets import checked_arrays, dataset_arrays
-from .data.partition import client_groups, label_histogram, natural_parts, partition, split_local_test
+from .data.partition import (client_groups, label_histogram, natural_parts, natural_test_parts, partition,
+                             split_local_test)
 from .engine.local import LocalTrainer
 from .errors import InputError
 from .models import build_model, loss_fn
@@ -34,6 +36,8 @@ from .participation import build as build_participation
 from .registry import ALGORITHMS
 from .runtime import World
 from .task import Task
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -95,11 +99,7 @@ def build_task(cfg: Config, device: torch.device) -> Task:
     if m > len(ytr):
         raise InputError(f"task.clients: {m} clients but only {len(ytr)} training samples")
     parts = _parts(data, m, cfg)
-    local = {}
-    if cfg.task.partition.local_test > 0:  # held out before anything counts the clients' samples
-        parts, held = split_local_test(parts, cfg.task.partition.local_test, rng.generator(cfg.seed, "local_test"))
-        test_order, test_offsets = _flat(held)
-        local = {"local_test_order": torch.from_numpy(test_order).to(device), "local_test_offsets": test_offsets}
+    parts, local = _local_test(data, parts, cfg, device)  # held out before anything counts the clients' samples
     order, offsets = _flat(parts)
     outputs = classes or ytr.shape[1]  # regression: one output per target
     model = build_model(cfg.task.model, tuple(xtr.shape[1:]), outputs, seed=cfg.seed, params=cfg.task)
@@ -126,6 +126,38 @@ def _parts(data: DataArrays, m: int, cfg: Config) -> list[np.ndarray]:
                          f"(classes 0) takes iid or natural")
     labels = data.y_train if data.classes else np.zeros(len(data.y_train), np.int64)
     return partition(labels, m, cfg.task.partition, rng.generator(cfg.seed, "partition"))
+
+
+def _local_test(data: DataArrays, parts: list[np.ndarray], cfg: Config,
+                device: torch.device) -> tuple[list[np.ndarray], dict]:
+    """The clients' training parts and the ``Task`` fields of their local test splits
+    (``task.partition.local_test``: a fraction held out of ``parts``, or the dataset's own)."""
+    p = cfg.task.partition
+    if p.local_test == "dataset":
+        if p.kind != "natural":
+            raise InputError(f"task.partition.local_test: dataset (each client's own test samples) needs "
+                             f"task.partition.kind: natural, got {p.kind}")
+        if data.client_test is None:
+            raise InputError(f"task.partition.local_test: dataset needs a dataset that gives each test sample's "
+                             f"client (DataArrays.client_test); {cfg.task.dataset!r} gives none: hold out a "
+                             f"fraction of the training samples instead (e.g. local_test: 0.2)")
+        held, source = natural_test_parts(data.client_train, data.client_test, len(parts)), "test"
+        empty = sum(h.size == 0 for h in held)
+        if empty == len(held):
+            raise InputError(f"task.partition.local_test: dataset, but no test sample of {cfg.task.dataset!r} "
+                             f"belongs to one of the {len(held)} clients (its test users are not its training "
+                             f"users?): hold out a fraction of the training samples instead (e.g. local_test: 0.2)")
+        if empty:
+            log.info("task.partition.local_test: %d of %d clients have no test samples (NaN in the per-client "
+                     "values, left out of their summaries)", empty, len(held))
+    elif p.local_test > 0:
+        parts, held = split_local_test(parts, p.local_test, rng.generator(cfg.seed, "local_test"))
+        source = "train"
+    else:
+        return parts, {}
+    order, offsets = _flat(held)
+    return parts, {"local_test_order": torch.from_numpy(order).to(device), "local_test_offsets": offsets,
+                   "local_test_source": source}
 
 
 def _flat(parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

@@ -46,6 +46,7 @@ from .engine.local_step import TrainConfig
 from .errors import InputError
 from .evaluator import EvaluationConfig
 from .metrics import StopAtConfig, StopAtParams  # noqa: F401  (public names)
+from .metrics import check as check_metrics
 from .models import ModelParams  # noqa: F401
 from .outputs import CheckpointParams, ResultFileParams, SidecarParams
 from .participation.base import AvailabilityParams
@@ -434,6 +435,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         if entry.check is not None:
             entry.check(cfg)
     check_privacy(cfg)
+    check_metrics(cfg)
 
 
 def reference(cls: type = Config, prefix: str = "", who: str = "") -> list[tuple[str, str]]:
