@@ -33,8 +33,9 @@ from .models.losses import mse
 from .participation import ClientInfo
 from .participation import Participation
 from .participation import build as build_participation
-from .registry import ALGORITHMS
+from .registry import ALGORITHMS, MECHANISMS
 from .runtime import World
+from .state import undeclared
 from .task import Task
 
 log = logging.getLogger(__name__)
@@ -59,13 +60,28 @@ def build_components(cfg: Config, world: World, participation: Participation | N
     check_memory(cfg, world, task.m, trainer.spec.dim, task, trainer.path)
     components = Components(cfg, world, task, trainer, participation)
     components.algorithm = cls(Context(cfg, world, task, trainer, participation))
+    check_state(components)
     return components
+
+
+def check_state(run: Components) -> None:
+    """Refuse an algorithm or availability model holding an array or tensor attribute that is
+    neither declared state nor ``derived`` (``fedmpi.state.undeclared``): a checkpoint would not
+    save it, and a resumed run would silently differ. Called after set-up and after the first round."""
+    for key, name, component in (("algorithm.name", run.cfg.algorithm.name, run.algorithm),
+                                  ("availability.kind", run.cfg.availability.kind, run.participation)):
+        found = undeclared(component) if component is not None else []
+        if found:
+            raise InputError(f"{key}: {name} keeps {found[0]!r} ({type(component).__name__}), an array or tensor "
+                             f"that is neither declared state nor derived, so a checkpoint would lose it: list it "
+                             f"in shared_state or client_state, or in derived if it is recomputed (docs/PLUGINS.md)")
 
 
 def check_memory(cfg: Config, world: World, m: int, d: int, task: Task | None = None,
                  path: str = "batched") -> None:
-    """Refuse up front, with the estimate, an O(m d) algorithm state that cannot fit, and (with
-    ``task``) a local step (batch x model, ``guards.step_bytes``) that cannot fit beside it."""
+    """Refuse up front, with the estimate, an O(m d) algorithm state or a privacy mechanism's state
+    (banded MF's noise history) that cannot fit, and (with ``task``) a local step (batch x model,
+    ``guards.step_bytes``) that cannot fit beside them."""
     lo, hi = world.shard(m)
     need = int(ALGORITHMS.get(cfg.algorithm.name).obj.client_rows) * (hi - lo) * d * 4
     free, where = world.free_memory()  # a GPU shared by several ranks: its share
@@ -73,6 +89,13 @@ def check_memory(cfg: Config, world: World, m: int, d: int, task: Task | None = 
         raise InputError(f"algorithm.name: {cfg.algorithm.name} keeps {need / 2**30:.1f} GiB of per-client state "
                          f"per rank ({hi - lo} clients x {d} parameters), more than the {free / 2**30:.1f} GiB "
                          f"{where} available; use more ranks or fewer clients")
+    mechanism = MECHANISMS.get(cfg.privacy.mechanism).obj
+    noise = mechanism.state_bytes(cfg.privacy, d)
+    if need + noise > 0.9 * free:
+        raise InputError(f"{mechanism.state_key}: {cfg.privacy.mechanism} keeps {noise / 2**30:.1f} GiB of noise "
+                         f"state on every rank ({d} parameters), more than the {free / 2**30:.1f} GiB {where} "
+                         f"available" + (f" besides {need / 2**30:.1f} GiB of per-client state" if need else ""))
+    need += noise
     if task is None:
         return
     batch = int(task.sizes.max()) if cfg.train.full_gradient else cfg.train.batch_size

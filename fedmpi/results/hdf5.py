@@ -3,8 +3,9 @@
 Layout: root attributes ``config`` (resolved YAML), ``fedmpi_version``, ``world_size``,
 ``seed``, ``status`` (one of ``STATUSES``), ``rounds_done``;
 ``/metrics/<name>`` 1-D chunked resizable datasets aligned with ``/metrics/round``;
-``/availability/mask`` (rounds x m uint8) when requested; ``/clients/<name>`` (evaluations x m
-float64, rows aligned with ``/metrics/round``) for per-client metrics when requested; ``notes``
+``/availability/mask`` (rounds x m uint8) when requested; per-round numbers the algorithm reports
+(``round_series``, one float64 per round run: ``/privacy/noise_multiplier``); ``/clients/<name>``
+(evaluations x m float64, rows aligned with ``/metrics/round``) for per-client metrics when requested; ``notes``
 attributes (e.g. ``stopped_early``) set by the run; ``/final/params``; extra groups
 (``/partition``, ``/topology``) written once.
 
@@ -310,7 +311,8 @@ class ResultWriter:
 
     def __init__(self, path: str, config_yaml: str, seed: int, world_size: int, metrics: list[str],
                  m: int, log_mask: bool, resume_at: int | None = None, claim_: Claim | None = None,
-                 flush_s: float = 0.0, client_arrays: Iterable[str] = (), notes: dict[str, Any] | None = None):
+                 flush_s: float = 0.0, client_arrays: Iterable[str] = (), notes: dict[str, Any] | None = None,
+                 round_series: Iterable[str] = ()):
         self.path = path
         self.notes = dict(notes or {})  # root attributes, written at every flush
         self.claim = claim_
@@ -318,6 +320,7 @@ class ResultWriter:
         self._rows: list[dict[str, float]] = []
         self._mask_rows: list[np.ndarray] = []
         self._client_rows: list[dict[str, np.ndarray]] = []
+        self._series = {name: [] for name in round_series}  # per-round numbers (/privacy/noise_multiplier)
         self._rounds_done = resume_at or 0
         self._last_flush = time.monotonic()
         self.sidecars: list = []
@@ -347,6 +350,8 @@ class ResultWriter:
         for n in client_arrays:
             self.f.create_dataset(f"clients/{n}", shape=(0, m), maxshape=(None, m),
                                   chunks=(max(1, min(64, 2**17 // max(m, 1))), min(m, 2**17)), dtype=np.float64)
+        for name in self._series:
+            self.f.create_dataset(name, shape=(0,), maxshape=(None,), chunks=(1024,), dtype=np.float64)
         self.mask = None
         if log_mask:
             self.mask = self.f.create_dataset("availability/mask", shape=(0, m), maxshape=(None, m),
@@ -374,6 +379,14 @@ class ResultWriter:
         except (OSError, RuntimeError, ValueError) as e:
             raise InputError(f"{self.path}: /metrics is damaged ({_short(e)}); this file cannot be continued: "
                              f"--overwrite starts afresh") from None
+        for name in self._series:  # one value per round run: those after the checkpoint go
+            ds = self.f.get(name)
+            if ds is None:  # a file from before the series existed: its rounds were not recorded
+                ds = self.f.create_dataset(name, data=np.full(rounds_done, np.nan), maxshape=(None,), chunks=(1024,))
+            if ds.shape[0] < rounds_done:
+                raise InputError(f"{self.path}: holds {ds.shape[0]} rows of /{name}, fewer than the checkpoint's "
+                                 f"{rounds_done} rounds; --overwrite starts afresh")
+            ds.resize((rounds_done,))
         self.mask = self.f.get("availability/mask")
         if self.mask is not None:
             if self.mask.shape[0] < rounds_done:
@@ -435,6 +448,11 @@ class ResultWriter:
         else:
             self._maybe_flush()
 
+    def append_round(self, values: dict[str, float]) -> None:
+        """Add one round's value to each per-round dataset (``round_series``)."""
+        for name, value in values.items():
+            self._series[name].append(value)
+
     def _maybe_flush(self) -> None:
         if time.monotonic() - self._last_flush >= self.flush_s:
             self.flush()
@@ -450,6 +468,7 @@ class ResultWriter:
             need += len(self.names) * new_chunks * 8 * 1024
             need += sum(2 * ds.chunks[0] * ds.chunks[1] * 8 + len(self._rows) * ds.shape[1] * 8
                         for ds in self._client_sets())
+        need += sum(2 * 8 * 1024 for rows in self._series.values() if rows)  # a new chunk each
         if self._mask_rows:
             (rows, cols), n = self.mask.chunks, self.mask.shape[0]
             touched = -(-(n + len(self._mask_rows)) // rows) - n // rows
@@ -494,6 +513,13 @@ class ResultWriter:
             ds.resize((n + len(self._client_rows), ds.shape[1]))
             ds[n:] = np.stack([r[k] for r in self._client_rows])
         self._client_rows.clear()
+        for name, rows in self._series.items():
+            if rows:
+                ds = self.f[name]
+                n = ds.shape[0]
+                ds.resize((n + len(rows),))
+                ds[n:] = np.asarray(rows, dtype=np.float64)
+                rows.clear()
         if self._mask_rows:
             n, k = self.mask.shape[0], len(self._mask_rows)
             self.mask.resize((n + k, self.mask.shape[1]))
