@@ -47,6 +47,7 @@ from .errors import InputError
 from .log import muted
 from .evaluator import EvaluationConfig
 from .metrics import StopAtConfig, StopAtParams  # noqa: F401  (public names)
+from .metrics import check as check_metrics
 from .models import ModelParams  # noqa: F401
 from .outputs import CheckpointParams, ResultFileParams, SidecarParams
 from .participation.base import AvailabilityParams
@@ -111,6 +112,9 @@ class Config:
         d = self.to_dict()
         keep = {k: d[k] for k in ("seed", "task", "train", "algorithm", "availability", "topology", "sporadicity")}
         keep.update({"privacy": d["privacy"]} if self.privacy.mechanism != "none" else {})  # old digests stay valid
+        if "privacy" in keep:  # band moved to banded_mf's own keys; 1 before: old digests stay valid
+            keep["privacy"].setdefault("band", 1)
+        keep.update(self.reads_outside_digest())  # e.g. rounds, when the noise is calibrated to them
         if not self.task.partition.local_test:  # old digests stay valid
             del keep["task"]["partition"]["local_test"]
         draw = keep["train"].get("local_steps_draw")  # each draw's own parameter only: old digests stay valid
@@ -126,42 +130,20 @@ class Config:
         keep["train"]["global_lr"] = keep["algorithm"].pop("global_lr", 1.0)
         return keep
 
-    def rounds_readers(self) -> list[str]:
-        """The keys of the components that read ``rounds`` before the last round, so that its
-        value changes what happens in every round (then a resume, or the extension of a completed
-        run, must keep ``rounds``); each with why. The one list of them, until each component
-        declares the keys it reads:
-
-        - ``privacy.epsilon``: the noise multiplier is calibrated to spend epsilon over all rounds;
-        - ``availability.kind`` under ``privacy``, for the kinds whose p_i^t change with t
-          (``privacy/sampling.py``): the expected cohort that scales every update, and the
-          accounting, average p_i^t over all rounds;
-        - ``availability.kind`` of a plug-in: it is given ``rounds`` (``ClientInfo.rounds``).
-
-        No built-in algorithm, schedule or participation kind reads it otherwise (the trace
-        kind only checks its length against it)."""
-        out = []
-        kind = self.availability.kind
-        if self.privacy.mechanism != "none":
-            if self.privacy.epsilon is not None:
-                out.append("privacy.epsilon (the noise is calibrated to all rounds)")
-            if kind not in ("always", "cohort", "markov", "stationary", "cyclic"):
-                out.append(f"availability.kind {kind} under privacy (the expected cohort averages p_i^t over "
-                           f"all rounds)")
-        if not registry.AVAILABILITY.get(kind).builtin:
-            out.append(f"availability.kind {kind} (a plug-in, given rounds)")
-        return out
-
-    def resume_refusal(self, old: "Config") -> str | None:
-        """Why this config cannot continue a run of ``old`` (the same experiment by
-        ``resume_digest``), or None: ``rounds`` may change (e.g. to extend a run) unless a
-        component reads it (``rounds_readers``)."""
-        readers = self.rounds_readers()
-        if old.rounds != self.rounds and readers:
-            return (f"rounds: {old.rounds} in the run being continued, {self.rounds} now, but {'; '.join(readers)} "
-                    f"read(s) rounds, so the rounds run so far belong to the other value; keep rounds: "
-                    f"{old.rounds}, or start afresh with --overwrite")
-        return None
+    def reads_changed(self, old: "Config", where: str = "the run being continued") -> str | None:
+        """Why this config cannot continue (resume, or extend) a run of ``old`` when the two differ,
+        of what ``resume_digest`` covers, only in keys a component reads from outside the digest's
+        sections (``reads_outside_digest``; e.g. ``rounds`` under ``privacy.epsilon``): one line
+        naming the key, both values and its readers. None when they differ nowhere, or elsewhere
+        too (another experiment)."""
+        differ = old.resume_differences(self)
+        now, then = self.reads_outside_digest(), old.reads_outside_digest()
+        if not differ or any(k not in now and k not in then for k in differ):
+            return None
+        key = differ[0]
+        who = " and ".join(dict.fromkeys(f"{w} {r.why}" for w, r in [*self.reads(), *old.reads()] if r.key == key))
+        return (f"{key}: {then.get(key)} in {where}, {now.get(key)} now, but {who}, so the rounds run so far "
+                f"belong to the other value; keep {key}: {then.get(key)}, or start afresh with --overwrite")
 
     def changes_since(self, old: "Config") -> dict[str, list[str]]:
         """{dotted key: [old value, new value]} of every key that differs from ``old`` (as shown by
@@ -170,13 +152,34 @@ class Config:
         return {k: [a.get(k, "-"), b.get(k, "-")] for k in dict.fromkeys([*a, *b]) if a.get(k, "-") != b.get(k, "-")}
 
     def components(self) -> list[registry.Entry]:
-        """The registry entries this config selects (dataset, model, algorithm, availability kind)."""
+        """The registry entries this config selects (dataset, model, algorithm, availability kind,
+        privacy mechanism)."""
+        return [entry for _, entry in self._selected()]
+
+    def _selected(self) -> list[tuple[Registry, registry.Entry]]:
         out = []
         for f in dataclasses.fields(self):
             block = getattr(self, f.name)
             if dataclasses.is_dataclass(block):
-                out += [reg.get(getattr(block, name)) for name, reg in _selectors(type(block)).items()]
+                out += [(reg, reg.get(getattr(block, name))) for name, reg in _selectors(type(block)).items()]
         return out
+
+    def reads(self) -> list[tuple[str, schema.Reads]]:
+        """The keys of other sections that the selected components declare they read and read with
+        this config ((who, ``Reads``), who as ``algorithm.name scaffold``)."""
+        return [(f"{reg.key} {entry.name}", r) for reg, entry in self._selected()
+                for r in entry.options.get("reads", ()) if r.applies(self)]
+
+    def reads_outside_digest(self) -> dict[str, Any]:
+        """{dotted key: value} of the keys a selected component reads that ``resume_digest`` would
+        not otherwise cover (under ``privacy.epsilon``: ``rounds``, which the noise is calibrated
+        to). They join the digest, so that a resume, or a completed run extended, with another value
+        is refused naming the key: ask this before letting such a key change."""
+        return {r.key: r.value(self) for _, r in self.reads() if r.key.split(".")[0] not in _DIGESTED}
+
+
+#: the top-level keys and sections ``Config.resume_digest`` covers (privacy when it is on)
+_DIGESTED = ("seed", "task", "train", "algorithm", "availability", "topology", "sporadicity", "privacy")
 
 
 def differing_keys(a: dict[str, str], b: dict[str, str]) -> list[str]:
@@ -493,7 +496,12 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     for entry in cfg.components():
         if entry.check is not None:
             entry.check(cfg)
+    for who, r in cfg.reads():  # what a component reads of another section, and supports
+        value = r.value(cfg)
+        if r.supports is not None and not r.supports(value):
+            raise InputError(f"{r.key}: {who} {r.why}; it needs {r.expect}, got {_show(value)}")
     check_privacy(cfg)
+    check_metrics(cfg)
 
 
 def reference(cls: type = Config, prefix: str = "", who: str = "") -> list[tuple[str, str]]:

@@ -31,7 +31,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from . import checkpoint, guards, provenance, signals
-from .build import Components, build_components
+from .build import Components, build_components, check_state
 from .checkpointer import Checkpointer
 from .config import Config
 from .errors import Diverged, InputError, Interrupted, WriteFailed
@@ -47,13 +47,14 @@ WHEN = ("round_start", "round_end", "evaluated")
 SETUP_STOPPED = "during set-up; no round was run, run the same command again to start (or continue)"
 
 
-def agree(world: World, fn: Callable[[], object]) -> object:
-    """Run ``fn`` on every rank; if it raised InputError anywhere, or a stop signal came during it
-    (``signals.interruptible``), raise on every rank (``agree_on_error``: a rank's own error keeps
-    its type, the others name the failing rank)."""
+def agree(world: World, fn: Callable[[], object], setup: bool = True) -> object:
+    """Run ``fn`` on every rank; if it raised InputError anywhere, or (``setup``) a stop signal came
+    during it (``signals.interruptible``), raise on every rank (``agree_on_error``: a rank's own
+    error keeps its type, the others name the failing rank). In the round loop (``setup=False``)
+    a signal waits for the round boundary, where the run checkpoints."""
     err, out = None, None
     try:
-        with signals.interruptible(SETUP_STOPPED):  # set-up: a stop signal ends it at once, on every rank
+        with signals.interruptible(SETUP_STOPPED) if setup else signals.shielded():
             out = fn()
     except (InputError, Interrupted) as e:
         err = e
@@ -146,7 +147,8 @@ class Runner:
         writer = ResultWriter(self.out_path, cfg.to_yaml(), cfg.seed, self.world.size, self.evaluator.names,
                               run.m, cfg.runtime.log_availability, resume_at=resume_at,
                               claim_=self.claim, flush_s=cfg.runtime.flush_s,
-                              client_arrays=self.evaluator.client_arrays, notes=notes, rows_through=rows_through)
+                              client_arrays=self.evaluator.client_arrays, notes=notes, rows_through=rows_through,
+                              round_series=tuple(run.algorithm.round_record()))
         self.writer = writer  # set before anything else: a failure below still finishes the file
         writer.add_sidecars(extra)
         if resume_at is None:
@@ -159,10 +161,11 @@ class Runner:
     def _continued(self, rounds_done: int) -> dict[str, str]:
         """Rank 0, before continuing the result file after round ``rounds_done``: refuse what would
         mix two experiments in it -- an input file that changed since the run started
-        (``provenance.changed_inputs``), a ``rounds`` that a component reads
-        (``Config.resume_refusal``) -- and return the record of what else changed: the root
-        attribute ``config_changes``, a JSON list of ``{"round": R, "changed": {key: [old, new]}}``,
-        one entry per start that changed the config (the ``config`` attribute is the latest)."""
+        (``provenance.changed_inputs``; a changed key that a component reads, such as ``rounds``
+        under ``privacy.epsilon``, is in the resume digest that ``claim`` compared) -- and return
+        the record of what else changed: the root attribute ``config_changes``, a JSON list of
+        ``{"round": R, "changed": {key: [old, new]}}``, one entry per start that changed the config
+        (the ``config`` attribute is the latest)."""
         from .config import from_stored
         from .results.hdf5 import peek
 
@@ -176,9 +179,6 @@ class Runner:
         old = from_stored(str(attrs.get("config", "")))
         if old is None:
             return {}
-        why = self.cfg.resume_refusal(old)
-        if why is not None:
-            raise InputError(why)
         try:
             history = list(json.loads(attrs.get("config_changes") or "[]"))
         except (TypeError, ValueError):
@@ -209,6 +209,10 @@ class Runner:
                         callback(self.components, t)
                     n_active = algo.round(t)
                     done = t + 1
+                    if t == start:  # state the first round made must be declared too (exit 2 on every rank)
+                        agree(self.world, lambda: check_state(self.components), setup=False)
+                    if self.writer is not None:
+                        self.writer.append_round(algo.round_record())
                     for callback in self.callbacks["round_end"]:
                         callback(self.components, t)
                     if self.writer is not None and self.cfg.runtime.log_availability:
@@ -358,7 +362,7 @@ def run(cfg: Config, world: World, out_path: str, quiet: bool = False, resume: b
     runner = Runner(cfg, world, out_path, quiet, resume, overwrite, inputs, label)
     try:
         return runner.run()
-    except (Interrupted, Diverged):  # agreed by every rank: exit 3 or 4, reported by the caller
+    except (Interrupted, Diverged, InputError):  # agreed by every rank: exit 3, 4 or 2, reported by the caller
         world.barrier()  # rank 0 has marked the file: now every rank may exit (srun --kill-on-bad-exit)
         raise
     except Exception as e:  # a failure on one rank must end the whole job, reported once

@@ -20,7 +20,7 @@ import fault_plugin
 import fedmpi.runner as runner_module
 from conftest import ROOT, fedmpi, synthetic_config, wait_for_rows, write_config
 from fedmpi import signals
-from fedmpi.config import Config
+from fedmpi.config import Config, from_dict
 from fedmpi.errors import InputError, Interrupted
 from fedmpi.runner import Runner
 from fedmpi.runtime import World
@@ -279,6 +279,22 @@ def _interrupted_run(tmp_path) -> tuple[Config, str]:
         Runner(cfg, World(), out, quiet=True, callbacks=[fault_plugin.inject("0:2:usr1")]).run()
     assert json.load(open(f"{out}.ckpt/manifest.json"))["round"] == 3
     return cfg, out
+
+
+def test_a_signal_in_the_first_round_checkpoints_at_its_end(tmp_path):
+    """The first round's state check (after it, on every rank) is no set-up: a signal that came in
+    that round stops the run at the round boundary with a checkpoint, not as "during set-up; no
+    round was run" (which lost the round), and the resume gives the bits of a straight run."""
+    cfg = from_dict(synthetic_config(rounds=4, runtime={"checkpoint_every": 2, "progress": False}))
+    out, ref = str(tmp_path / "r.h5"), str(tmp_path / "ref.h5")
+    with pytest.raises(Interrupted, match=r"SIGUSR1") as stop:
+        Runner(cfg, World(), out, quiet=True, callbacks=[fault_plugin.inject("0:0:usr1")]).run()
+    assert "set-up" not in str(stop.value)
+    assert json.load(open(f"{out}.ckpt/manifest.json"))["round"] == 1
+    Runner(cfg, World(), out, quiet=True).run()
+    Runner(cfg, World(), ref, quiet=True).run()
+    with h5py.File(out) as a, h5py.File(ref) as b:
+        np.testing.assert_array_equal(a["final/params"][:], b["final/params"][:])
 
 
 def test_refused_overwrite_keeps_the_old_checkpoint(tmp_path, monkeypatch):

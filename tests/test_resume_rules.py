@@ -180,17 +180,24 @@ def test_a_completed_run_extends_to_the_bits_of_a_longer_run(tmp_path, ranks):
         Runner(config.from_dict({**data, "rounds": 9}), World(), short, quiet=True)
 
 
+PRIVATE = {"mechanism": "gaussian", "clip": 1.0, "noise_multiplier": 0.5}
+#: every client once in rounds 0-2, client 0 twice in a row after: over 6 rounds a client's
+#: participations are more, and closer, than over 3 (the accountant's epsilon of round 2 differs)
+SCHEDULE = [[1, 2, 3], [4, 5, 6], [7, 8, 9], [0, 10], [0, 11], [2, 3]]
+
+
 def test_extending_is_refused_where_rounds_is_read_or_the_state_is_gone(tmp_path):
-    private = {"mechanism": "gaussian", "clip": 1.0, "noise_multiplier": 0.5}
+    """A trace under privacy reads rounds: the accountant counts each client's participations over
+    the run's rounds, so a run of 3 rounds reports epsilon 11.69 at round 2 where a run of 6 reports
+    17.86; extending it would keep the rows of the other value."""
     data = synthetic_config(rounds=3, runtime={"progress": False}, algorithm={"name": "fedswe", "max_echo": 2},
-                            privacy=private,
-                            availability={"kind": "sine", "period": 4, "base": {"kind": "fixed", "values": [0.5]}})
+                            privacy=PRIVATE, availability={"kind": "trace", "schedule": SCHEDULE})
     out = str(tmp_path / "r.h5")
     Runner(config.from_dict(data), World(), out, quiet=True).run()
-    with pytest.raises(InputError, match=r"^rounds: 3 in the run being continued, 6 now, but availability\.kind sine "
-                                         r"under privacy \(the expected cohort averages p_i\^t over all rounds\) "
-                                         r"read\(s\) rounds, so the rounds run so far belong to the other value; "
-                                         r"keep rounds: 3, or start afresh with --overwrite$"):
+    with pytest.raises(InputError, match=r"^rounds: 3 in the run .*r\.h5 holds, 6 now, but availability\.kind trace "
+                                         r"counts each client's participations in its replay of the run's rounds "
+                                         r"for the privacy accountant, so the rounds run so far belong to the other "
+                                         r"value; keep rounds: 3, or start afresh with --overwrite$"):
         Runner(config.from_dict({**data, "rounds": 6}), World(), out, quiet=True)
     plain = {k: v for k, v in data.items() if k != "privacy"}
     Runner(config.from_dict(plain), World(), out, quiet=True, overwrite=True).run()
@@ -202,15 +209,48 @@ def test_extending_is_refused_where_rounds_is_read_or_the_state_is_gone(tmp_path
     assert not os.path.exists(tmp_path / "k.h5.ckpt")
 
 
-def test_rounds_readers():
-    """The one list of what reads rounds (Config.rounds_readers), until components declare it."""
-    calibrated = synthetic_config(rounds=3, algorithm={"name": "fedavg_active"},
-                                  availability={"kind": "cohort", "size": 4},
+def test_a_periodic_kind_under_privacy_extends_to_the_bits_of_a_longer_run(tmp_path):
+    """A Bernoulli kind describes its sampling over one period, not the run's rounds: nothing reads
+    rounds, so the extension holds the bits (epsilon rows included) of a run of that many rounds."""
+    data = synthetic_config(rounds=3, eval_every=1, runtime={"progress": False}, privacy=PRIVATE,
+                            algorithm={"name": "fedswe", "max_echo": 2},
+                            availability={"kind": "sine", "period": 4, "base": {"kind": "fixed", "values": [0.5]}})
+    short, ref = str(tmp_path / "short.h5"), str(tmp_path / "ref.h5")
+    Runner(config.from_dict(data), World(), short, quiet=True).run()
+    Runner(config.from_dict({**data, "rounds": 6}), World(), short, quiet=True).run()
+    Runner(config.from_dict({**data, "rounds": 6}), World(), ref, quiet=True).run()
+    _same(short, ref)
+    with h5py.File(short) as f:
+        assert f["metrics/epsilon"].shape == (7,) and f["privacy/noise_multiplier"].shape == (6,)
+
+
+def test_who_reads_rounds_is_named_by_the_refusal():
+    """The readers come from the components' declarations (schema.Reads): privacy under a target
+    epsilon, the trace kind under privacy, a plug-in availability kind (given ClientInfo.rounds);
+    nothing else, so rounds may change for the rest."""
+    from fedmpi import participation
+    from fedmpi.registry import AVAILABILITY
+
+    def refusal(data: dict) -> str | None:
+        return config.from_dict({**data, "rounds": 6}).reads_changed(config.from_dict({**data, "rounds": 3}))
+
+    calibrated = synthetic_config(algorithm={"name": "fedavg_active"}, availability={"kind": "cohort", "size": 4},
                                   privacy={"mechanism": "gaussian", "clip": 1.0, "epsilon": 8.0, "delta": 1e-5})
-    old, new = config.from_dict(calibrated), config.from_dict({**calibrated, "rounds": 6})
-    assert new.rounds_readers() == ["privacy.epsilon (the noise is calibrated to all rounds)"]
-    assert new.resume_refusal(old).startswith("rounds: 3 in the run being continued, 6 now, but privacy.epsilon")
-    assert old.resume_refusal(old) is None  # the same rounds: nothing to refuse
-    assert config.from_dict(synthetic_config()).rounds_readers() == []
-    plain = config.from_dict(synthetic_config(rounds=3))
-    assert config.from_dict(synthetic_config(rounds=6)).resume_refusal(plain) is None
+    assert refusal(calibrated) == ("rounds: 3 in the run being continued, 6 now, but privacy.mechanism gaussian "
+                                   "calibrates the noise to privacy.epsilon over the run's rounds, so the rounds run "
+                                   "so far belong to the other value; keep rounds: 3, or start afresh with "
+                                   "--overwrite")
+    trace = {"kind": "trace", "schedule": SCHEDULE}
+    assert "availability.kind trace counts each" in refusal(synthetic_config(availability=trace, privacy=PRIVATE,
+                                                                         algorithm={"name": "fedswe", "max_echo": 2}))
+    assert refusal(synthetic_config(availability=trace)) is None  # no accountant: the trace only replays
+    assert refusal(synthetic_config()) is None
+    other = config.from_dict({**calibrated, "seed": 4})  # another experiment too: not the readers' refusal
+    assert config.from_dict(calibrated).reads_changed(other) is None
+
+    participation.register("halves")(lambda params, info: participation.Participation(info.m, info.seed))
+    try:
+        assert "availability.kind halves is a plug-in kind, given the run's rounds (ClientInfo.rounds), so" \
+            in refusal(synthetic_config(availability={"kind": "halves"}))
+    finally:
+        AVAILABILITY._entries.pop("halves", None)
