@@ -15,6 +15,7 @@ A sweep file::
     grid:                             # every combination of these values, for every variant
       seed: [0, 1, 2]
     table: {...}                      # what ``fedmpi table SWEEP.yaml`` prints (results/table.py)
+    pack: 8                           # cells trained together in one process (fedmpi.packed; default 1)
 
 Cells are variants x grid, in that order (variant outer); cell ``i`` is the same on every
 machine, so ``--index i`` (a SLURM array task) names one cell. A cell's result file is
@@ -41,7 +42,7 @@ from .. import log, provenance, yamlio
 from ..errors import InputError
 from .paths import assignments, value_text
 
-_TOP_KEYS = ("base", "out", "plugins", "set", "variants", "grid", "table")
+_TOP_KEYS = ("base", "out", "plugins", "set", "variants", "grid", "table", "pack")
 MAX_CELLS = 100_000  # checked before any cell is made (a SLURM array is at most this long, too)
 STATES = ("done", "running", "interrupted", "failed", "not started", "outdated")
 _NOT_COMPARED = ("output", "runtime")  # a cell's file may differ from the sweep in these keys only
@@ -84,6 +85,7 @@ class Sweep:
     variants: list[str]
     table: dict = field(default_factory=dict)
     plugins: list[str] = field(default_factory=list)  # the sweep file's plug-ins (paths made relative to here)
+    pack: int = 1  # cells that pack trained together, at most (``--pack`` overrides it)
 
     def config(self, cell: Cell, world_size: int = 1, threads: int | None = None):
         """The validated Config of ``cell`` (``threads`` fills runtime.threads when the config
@@ -169,8 +171,11 @@ def load(path: str, out: str | None = None, validate: bool = True) -> Sweep:
     table = data.get("table") or {}
     if not isinstance(table, dict):
         raise InputError(f"{path}: table: must be a mapping (see fedmpi table --help)")
+    pack = data.get("pack", 1)
+    if isinstance(pack, bool) or not isinstance(pack, int) or pack < 1:
+        raise InputError(f"{path}: pack: must be a whole number >= 1 (cells trained together), got {pack!r}")
     sweep = Sweep(path, base, folder, cells, list(grid), [v[0] for v in variants if v[1] is not None], table,
-                  _plugins(path, data.get("plugins")))
+                  _plugins(path, data.get("plugins")), pack)
     for c in cells:
         c.sweep = sweep
     if validate:  # every cell's config is valid before anything runs; each distinct notice is said once
