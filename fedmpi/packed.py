@@ -44,7 +44,7 @@ from typing import Callable, Iterator, Sequence
 
 from .algorithms.base import ServerAlgorithm, TrainingRequest
 from .config import Config
-from .engine.packed import PackedTrainer, incompatibility, step_rule
+from .engine.packed import PackedTrainer, SharedData, incompatibility, step_rule
 from .errors import Diverged, InputError, Interrupted, exit_code
 from .registry import ALGORITHMS
 from .runner import Runner, end_job
@@ -132,6 +132,7 @@ class _Group:
     def __init__(self, world: World):
         self.world = world
         self.members: list[_Member] = []
+        self.data = SharedData()
 
     def add(self, cfg: Config, out: str, label: str, inputs: tuple[str, ...], quiet: bool) -> None:
         """Set up one run (collective); bad input ends that run alone (exit 2)."""
@@ -145,6 +146,7 @@ class _Group:
         except InputError as e:
             self.members.append(_Member(None, label, outcome=Outcome(2, str(e))))
             return
+        self.data.share(runner.components.task)  # before the next run loads its copy
         self.members.append(_Member(runner, label))
 
     def run(self) -> None:

@@ -9,7 +9,8 @@ from . import log
 from .errors import InputError
 from .results.paths import assignments
 from .results.sweepfile import STATES, cell_state, load, status_text, why_outdated
-from .sweeprun import group_code, plan_groups, report_errors, run_group, run_parallel, run_sequential, say, serve
+from .sweeprun import (group_code, plan_groups, report_errors, run_cell, run_group, run_parallel, run_sequential, say,
+                       serve)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -94,8 +95,8 @@ def _run(args: argparse.Namespace) -> int:
     say(args.quiet, f"{len(sweep.cells)} cells in {sweep.folder}: {len(sweep.cells) - len(todo)} done, "
                      f"{len(todo)} to run" + (f" with {args.jobs} processes" if args.jobs > 1 and todo else ""))
     groups = plan_groups(sweep, todo, pack, args.jobs, args.quiet)
-    if pack > 1 and todo:
-        packed = [g for g in groups if len(g) > 1]
+    packed = [g for g in groups if len(g) > 1]
+    if packed:
         say(args.quiet, f"packed: {sum(map(len, packed))} cells in {len(packed)} "
                         f"{'group' if len(packed) == 1 else 'groups'} of up to {pack}")
     if args.jobs > 1 and len(groups) > 1:
@@ -109,8 +110,6 @@ def _run(args: argparse.Namespace) -> int:
 
 def _run_index(sweep, args: argparse.Namespace, pack: int, size: int, rank: int) -> int:
     """``--index I``: cell I, or packed group I (groups of every cell: the same on every machine)."""
-    from .sweeprun import run_cell
-
     groups = plan_groups(sweep, sweep.cells, pack, quiet=True)
     what = "packed groups" if pack > 1 else "cells"
     if not 0 <= args.index < len(groups):

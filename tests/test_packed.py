@@ -299,3 +299,28 @@ def test_one_cell_that_fails_leaves_the_others(tmp_path, capsys, reference):
         _same(reference[c.name], c.path)
     with h5py.File(sweepfile.load(path).cells[10].path, "r") as f:
         assert f.attrs["status"] == "diverged"
+
+
+def test_slurm_array_task_runs_a_packed_group(tmp_path, reference):
+    """slurm/sweep_array.sbatch SWEEP --pack 8: array task 0 runs packed group 0 (through
+    slurm/job.sh and launch/fedmpi-launch, with srun shimmed as in tests/test_sweep.py)."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    from test_sweep import _shim
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _shim(bin_dir, "srun", 'while [[ "$1" == --* ]]; do shift; done\nexec "$@"\n')
+    path = _sweep(tmp_path)
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.path.dirname(sys.executable)}{os.pathsep}"
+               f"{os.environ['PATH']}", SLURM_JOB_ID="77", SLURM_ARRAY_JOB_ID="70", SLURM_ARRAY_TASK_ID="0",
+               SLURM_SUBMIT_DIR=ROOT, PYTHONPATH=ROOT)
+    p = subprocess.run(["bash", os.path.join(ROOT, "slurm", "sweep_array.sbatch"), path, "--pack", "8"], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    cells = sweepfile.load(path).cells
+    assert [sweepfile.cell_state(c)[0] for c in cells] == ["done"] * 8 + ["not started"] * 2
+    for c in cells[:8]:
+        _same(reference[c.name], c.path)

@@ -23,7 +23,7 @@ from the seed) are stacked after it, and their minibatch ids shifted to their ro
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
@@ -32,6 +32,9 @@ from .local import LocalTrainer, StepInputs, Training
 from .local_step import LocalStep, StepTerm, TrainConfig
 from .shapes import pad_rows
 from .threads import one_thread
+
+if TYPE_CHECKING:
+    from ..task import Task
 
 #: CPU blocks of a packed group hold about this many bytes of client steps (``client_bytes``).
 #: Blocks of one run are at most 64 MB (``chunk_size``), but a group fills them: for the anchor
@@ -75,6 +78,27 @@ def _same(x: torch.Tensor | None, y: torch.Tensor | None) -> bool:
     if x is None or y is None:
         return x is y
     return x is y or (x.shape == y.shape and x.dtype == y.dtype and bool(torch.equal(x, y)))
+
+
+class SharedData:
+    """One copy of each distinct data tensor of several runs' tasks: ``share(task)`` replaces a
+    task's training and test tensors by equal ones of a task shared before (the same values,
+    so the same bits). A packed group shares each run's right after its set-up, so that one
+    dataset in memory serves every run (8 Fashion-MNIST runs: 55 MB instead of 440)."""
+
+    FIELDS = ("train_x", "train_y", "test_x", "test_y")
+
+    def __init__(self) -> None:
+        self.tensors: list[torch.Tensor] = []
+
+    def share(self, task: Task) -> None:
+        for name in self.FIELDS:
+            mine = getattr(task, name)
+            seen = next((t for t in self.tensors if _same(t, mine)), None)
+            if seen is None:
+                self.tensors.append(mine)
+            else:
+                setattr(task, name, seen)
 
 
 class PackedStep(LocalStep):
