@@ -270,23 +270,25 @@ def test_interrupted_group_checkpoints_every_cell_and_resumes(tmp_path, referenc
 
 def test_one_cell_that_fails_leaves_the_others(tmp_path, capsys, reference):
     """In one packed group: a cell that diverges ends diverged (exit 4), a cell with bad input at
-    set-up exit 2, a cell whose plug-in callback raises fails (exit 1); the others complete with
-    their unpacked bits."""
+    set-up exit 2, a cell whose plug-in callback raises fails (exit 1), a cell that a callback
+    stops early completes there; the others complete with their unpacked bits."""
     plugin = tmp_path / "raising.py"
     plugin.write_text("from fedmpi.registry import CALLBACKS\n"
                       "def boom(run, t):\n"
                       "    if run.cfg.algorithm.name == 'scaffold' and run.cfg.seed == 1 and t == 2:\n"
                       "        raise RuntimeError('boom')\n"
                       "CALLBACKS.register('boom', boom)\n")
-    path = _sweep(tmp_path, pack=12, plugins=[str(plugin)])
+    path = _sweep(tmp_path, pack=14, plugins=[str(plugin)])
     data = yaml.safe_load(open(path))
     data["variants"] += [{"label": "blowup", "algorithm.name": "fedavg_active", "train.lr": 1e39,
                           "train.grad_clip": None},
                          {"label": "badstop", "algorithm.name": "fedavg_active",
-                          "runtime.stop_at": {"metric": "no_such_metric"}}]
+                          "runtime.stop_at": {"metric": "no_such_metric"}},
+                         {"label": "early", "algorithm.name": "mifa", "runtime.stop_at": {"metric": "n_active",
+                                                                                          "value": 1}}]
     with open(path, "w") as fh:
         yaml.safe_dump(data, fh)
-    assert main(["sweep", path, "--list"]) == 0 and capsys.readouterr().out.count("group   0") == 12
+    assert main(["sweep", path, "--list"]) == 0 and capsys.readouterr().out.count("group   0") == 14
     assert main(["sweep", path, "--index", "0"]) == 1  # codes 1, 2 and 4 in one group: 1
     err = capsys.readouterr().err
     assert "runtime.stop_at.metric: this run logs no metric 'no_such_metric'" in err
@@ -297,8 +299,15 @@ def test_one_cell_that_fails_leaves_the_others(tmp_path, capsys, reference):
     assert states["badstop/seed=0"] == "not started"
     for c in sweepfile.load(path).cells[:7]:
         _same(reference[c.name], c.path)
-    with h5py.File(sweepfile.load(path).cells[10].path, "r") as f:
+    cells = sweepfile.load(path).cells
+    with h5py.File(cells[10].path, "r") as f:
         assert f.attrs["status"] == "diverged"
+    for c in cells[14:]:  # stopped early at round 2, as when run alone
+        with h5py.File(c.path, "r") as f:
+            assert f.attrs["status"] == "completed" and f.attrs["rounds_done"] == 2 and "stopped_early" in f.attrs
+        alone = str(tmp_path / "alone")
+        assert main(["sweep", path, "--pack", "1", "--index", str(c.index), "--out", alone, "--quiet"]) == 0
+        _same(os.path.join(alone, c.name + ".h5"), c.path)
 
 
 def test_slurm_array_task_runs_a_packed_group(tmp_path, reference):
