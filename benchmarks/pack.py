@@ -2,6 +2,7 @@
 
     python benchmarks/pack.py [--sweep anchor|sine|periodic|all] [--repeat 2] [--jobs 2] [--pack 4,8]
                               [--rounds R] [--device cpu|cuda] [--model cifar_cnn]
+    python benchmarks/pack.py --in-process [--cells 8] [--blocks 25,50,100,354]
 
 - ``anchor``: the anchor task of ``at1.py`` (Fashion-MNIST, 1000 IID clients, cohorts of 50, 6 steps
   of batch 10, logreg, FedAvg, 200 rounds) as an 8-seed sweep;
@@ -18,6 +19,12 @@ every packed run are compared with the unpacked ones bit for bit (final models a
 a difference is printed as an error. ``--rounds`` shortens every cell (a quick look; the
 issue's numbers use the sweeps' own rounds); ``--model`` trains another model in every cell
 (e.g. a FedSWE paper CNN, ``cifar_cnn``, on a GPU: ``benchmarks/device_check.sh``).
+
+``--in-process``: the rounds alone, in one process: ``--cells`` anchor cells (seeds 0..) round by
+round, each alone (``algorithm.round``) and all packed (``begin_round``, one ``PackedTrainer``
+call, ``finish_round``), alternating every 10 rounds, ms per cell and round both ways (start-up,
+set-up and evaluation excluded); with ``--blocks``, the packed training alone for each CPU block
+size (rows), alternating.
 """
 
 from __future__ import annotations
@@ -34,11 +41,11 @@ import h5py
 import numpy as np
 import yaml
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)), ROOT]  # this checkout's fedmpi, as the CLI runs get
 from at1 import FMNIST, anchor  # noqa: E402
 from common import machine  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SWEEPS = {"sine": "configs/unavailability/fmnist_sine.sweep.yaml",
           "periodic": "configs/unavailability/fmnist_periodic.sweep.yaml"}
 
@@ -128,6 +135,71 @@ def bench(name: str, args: argparse.Namespace, packs: list[int], tmp: str) -> No
               f"{', '.join(f'{r:.2f}' for r in ratios[n])})", flush=True)
 
 
+def in_process(args: argparse.Namespace) -> None:
+    """The rounds alone, unpacked against packed, and the packed training by block size."""
+    import torch
+
+    from fedmpi import config
+    from fedmpi.build import build_components
+    from fedmpi.engine.packed import PackedTrainer
+    from fedmpi.runtime import World
+
+    world = World()
+    base = anchor(200, args.device)
+    if args.model:
+        base["task"]["model"] = args.model
+
+    def cells() -> list:
+        return [build_components(config.from_dict({**base, "seed": s}), world) for s in range(args.cells)]
+
+    def packed_round(runs: list, packed: PackedTrainer, t: int) -> float:
+        requests = [r.algorithm.begin_round(t) for r in runs]
+        start = time.perf_counter()
+        ends = packed.train(list(enumerate(requests)))
+        took = time.perf_counter() - start
+        for r, q, e in zip(runs, requests, ends):
+            r.algorithm.finish_round(q, e)
+        return took
+
+    alone, together = cells(), cells()
+    packed = PackedTrainer([r.trainer for r in together])
+    print(f"\n## in one process: {args.cells} anchor cells, ms per cell and round (block {packed.block_rows()} rows)")
+    spent = {"alone": 0.0, "packed": 0.0}
+    t = 0
+    for rep in range(args.repeat * 3 + 1):
+        for _ in range(10):
+            a = time.perf_counter()
+            for r in alone:
+                r.algorithm.round(t)
+            b = time.perf_counter()
+            packed_round(together, packed, t)
+            if rep:  # the first 10 rounds warm up
+                spent["alone"] += b - a
+                spent["packed"] += time.perf_counter() - b
+            t += 1
+        if rep:
+            n = 10 * rep * args.cells
+            print(f"rounds {t:>4}: alone {1000 * spent['alone'] / n:6.2f} ms  packed {1000 * spent['packed'] / n:6.2f} "
+                  f"ms  {spent['alone'] / spent['packed']:.2f}x  ({loadavg()})", flush=True)
+    same = all(torch.equal(x.algorithm.x, y.algorithm.x) for x, y in zip(alone, together))
+    print("the same bits" if same else "ERROR: packed and alone differ", flush=True)
+    if not args.blocks:
+        return
+    sizes = [int(n) for n in args.blocks.split(",")]
+    train = {n: 0.0 for n in sizes}
+    print(f"\n## the packed training alone by block rows (CPU; {args.cells} cells), ms per cell and round")
+    for rep in range(args.repeat * 2 + 1):
+        for n in sizes:
+            packed.block_rows = lambda n=n: n
+            for _ in range(8):
+                took = packed_round(together, packed, t)
+                train[n] += took if rep else 0.0
+                t += 1
+        if rep:
+            print("  ".join(f"{n}: {1000 * train[n] / (8 * rep * args.cells):6.2f}" for n in sizes)
+                  + f"  ({loadavg()})", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sweep", default="anchor", choices=["anchor", "sine", "periodic", "all"])
@@ -137,11 +209,17 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, help="override every cell's rounds (quick look)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--model", help="task.model of every cell (default: the sweep's)")
+    ap.add_argument("--in-process", action="store_true", help="the rounds alone, in one process (see above)")
+    ap.add_argument("--cells", type=int, default=8, help="--in-process: anchor cells")
+    ap.add_argument("--blocks", help="--in-process: CPU block sizes (rows) to time the packed training with")
     args = ap.parse_args()
     if not os.path.exists(os.path.join(FMNIST, "train-images-idx3-ubyte.gz")):
         sys.exit(f"pack.py: Fashion-MNIST not found under {FMNIST} (Debian: apt install dataset-fashion-mnist)")
     packs = [int(n) for n in args.pack.split(",")]
     print(f"# pack on {machine()}, device {args.device}, {loadavg()}", flush=True)
+    if args.in_process:
+        in_process(args)
+        return
     names = ["anchor", "sine"] if args.sweep == "all" else [args.sweep]
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:

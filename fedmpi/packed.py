@@ -125,7 +125,8 @@ def run_group(cfgs: Sequence[Config], world: World, outs: Sequence[str], labels:
         end_job(world, e)  # reported once; ends the whole job on several ranks
     if world.size > 1:
         world.barrier()  # rank 0 has finished every file: now every rank may exit
-    return [m.outcome for m in group.members]
+    ended = [m.outcome or Outcome(1) for m in group.members]
+    return ended + [Outcome(1)] * (len(cfgs) - len(ended))  # runs not set up when the group failed
 
 
 class _Group:

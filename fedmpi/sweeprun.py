@@ -131,11 +131,16 @@ def _run_packed(sweep: Sweep, cells: list[Cell], quiet: bool, threads: int | Non
             runs.append((cell, sweep.config(cell, world_size, threads)))
         except InputError as e:
             out[cell.index] = (2, str(e))
+    if not runs:
+        return out
     labels = [f"[{c.index + 1}/{len(sweep.cells)} {c.name}]" for c, _ in runs]
     say(quiet, f"cells {index_ranges([c.index for c, _ in runs])} packed: {len(runs)} runs trained together")
     start = time.monotonic()
-    outcomes = execute_group([cfg for _, cfg in runs], [c.path for c, _ in runs], labels,
-                             [(sweep.file, *input_files(cfg, sweep.base)) for _, cfg in runs], quiet)
+    try:
+        outcomes = execute_group([cfg for _, cfg in runs], [c.path for c, _ in runs], labels,
+                                 [(sweep.file, *input_files(cfg, sweep.base)) for _, cfg in runs], quiet)
+    except InputError as e:  # the group's process world (e.g. runtime.device: cuda without a GPU)
+        return {**out, **{c.index: (2, str(e)) for c, _ in runs}}
     took = time.monotonic() - start
     for (cell, _), label, o in zip(runs, labels, outcomes):
         if o.busy:
