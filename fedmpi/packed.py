@@ -156,6 +156,7 @@ class _Group:
             for m in live:
                 m.runner.prepare_loop()
         trainers = self._trainers(live)
+        self.data = SharedData()  # the set-up's references: each task holds what it needs
         with contextlib.ExitStack() as stack:
             for m in live:
                 stack.enter_context(m.runner.checkpointer)  # stop signals trapped: checkpoint, then exit 3

@@ -86,6 +86,25 @@ def test_each_run_gets_its_own_bits(monkeypatch, model, blocks):
     assert not torch.equal(alone[0], alone[1])
 
 
+def test_runs_at_different_rounds_and_lengths():
+    """A group's runs need not be at the same round (a resumed cell, other checkpoints) nor end
+    together: each request trains at its own round, and a run that ended leaves the others."""
+    cfgs = [_cfg(seed, a, e) for seed, (a, e) in enumerate(RUNS[:3])]
+    world = World()
+    alone = _rounds([build_components(c, world) for c in cfgs], None, rounds=6)
+    runs = [build_components(c, world) for c in cfgs]
+    for t in range(2):  # run 1 is two rounds ahead (as if resumed from a later checkpoint)
+        runs[1].algorithm.round(t)
+    packed = PackedTrainer([r.trainer for r in runs])
+    next_round = [0, 2, 0]
+    while any(t < 6 for t in next_round):
+        jobs = [(k, runs[k].algorithm.begin_round(t)) for k, t in enumerate(next_round) if t < 6]
+        for (k, request), end in zip(jobs, packed.train(jobs)):
+            runs[k].algorithm.finish_round(request, end)
+            next_round[k] += 1
+    assert all(torch.equal(a, r.algorithm.final_params()) for a, r in zip(alone, runs))
+
+
 def test_one_dataset_is_shared_and_its_ids_are_not_shifted():
     """Runs with equal training data (here: one seed, two algorithms) share one copy."""
     cfgs = [_cfg(3, a, e) for a, e in RUNS[:2]]

@@ -138,26 +138,26 @@ class PackedTrainer:
                                   fixed_shape=first.fixed_shape, replay=first._graphs is not None)
 
     def _share_data(self) -> list[int]:
-        """One copy of each distinct training set (each run's task then holds that copy); the
-        first row of each run's data in the stacked tensors ``_x``, ``_y``."""
+        """The runs' distinct training sets stacked into ``_x``, ``_y``, and each run's first row
+        there; each run's task then holds its rows of them (equal values: one copy in memory)."""
         xs: list[torch.Tensor] = []
         ys: list[torch.Tensor] = []
-        base, first_row, rows = [], [], 0
+        which = []
         for tr in self.trainers:
-            task = tr.task
-            j = next((j for j, (x, y) in enumerate(zip(xs, ys)) if _same(x, task.train_x) and _same(y, task.train_y)),
-                     None)
+            x, y = tr.task.train_x, tr.task.train_y
+            j = next((j for j in range(len(xs)) if _same(xs[j], x) and _same(ys[j], y)), None)
             if j is None:
                 j = len(xs)
-                xs.append(task.train_x)
-                ys.append(task.train_y)
-                first_row.append(rows)
-                rows += task.train_x.shape[0]
-            task.train_x, task.train_y = xs[j], ys[j]  # equal values: one copy in memory
-            base.append(first_row[j])
+                xs.append(x)
+                ys.append(y)
+            which.append(j)
+        first = np.cumsum([0] + [x.shape[0] for x in xs])
         self._x = xs[0] if len(xs) == 1 else torch.cat(xs)
         self._y = ys[0] if len(ys) == 1 else torch.cat(ys)
-        return base
+        for tr, j in zip(self.trainers, which):
+            rows = slice(int(first[j]), int(first[j + 1]))
+            tr.task.train_x, tr.task.train_y = (xs[j], ys[j]) if len(xs) == 1 else (self._x[rows], self._y[rows])
+        return [int(first[j]) for j in which]
 
     def train(self, jobs: Sequence[tuple[int, Training]]) -> list[torch.Tensor]:
         """The end models (n_j, d) of each job (``trainers[k]``'s ``Training``), in order: the bits
