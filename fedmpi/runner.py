@@ -30,7 +30,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from . import checkpoint, guards, provenance
-from .build import Components, build_components
+from .build import Components, build_components, check_state
 from .checkpointer import Checkpointer
 from .config import Config
 from .errors import Diverged, InputError, Interrupted, WriteFailed
@@ -127,7 +127,8 @@ class Runner:
         writer = ResultWriter(self.out_path, cfg.to_yaml(), cfg.seed, self.world.size, self.evaluator.names,
                               run.m, cfg.runtime.log_availability, resume_at=resume_at,
                               claim_=self.claim, flush_s=cfg.runtime.flush_s,
-                              client_arrays=self.evaluator.client_arrays, notes=notes)
+                              client_arrays=self.evaluator.client_arrays, notes=notes,
+                              round_series=tuple(run.algorithm.round_record()))
         self.writer = writer  # set before anything else: a failure below still finishes the file
         writer.add_sidecars(extra)
         if resume_at is None:
@@ -175,7 +176,7 @@ class Runner:
         """Collective, inside the checkpointer's block, before the first round of this start: stop
         on a signal already received, evaluate the initial model of a fresh run; the first round
         to run, or None when none is (done, or stopped early by a callback)."""
-        start = self.checkpointer.rounds_done
+        self._start = start = self.checkpointer.rounds_done
         self.checkpointer.before_rounds()
         if start == 0:
             row = self._evaluate(0, 0)
@@ -196,6 +197,10 @@ class Runner:
         signal: then Interrupted); the next round, or None when the run ends after this one."""
         algo, rounds = self.components.algorithm, self.cfg.rounds
         self.done = done = t + 1
+        if t == self._start:  # state the first round made must be declared too (exit 2 on every rank)
+            agree(self.world, lambda: check_state(self.components))
+        if self.writer is not None:
+            self.writer.append_round(algo.round_record())
         for callback in self.callbacks["round_end"]:
             callback(self.components, t)
         if self.writer is not None and self.cfg.runtime.log_availability:
@@ -317,7 +322,7 @@ def run(cfg: Config, world: World, out_path: str, quiet: bool = False, resume: b
     runner = Runner(cfg, world, out_path, quiet, resume, overwrite, inputs, label)
     try:
         return runner.run()
-    except (Interrupted, Diverged):  # agreed by every rank: exit 3 or 4, reported by the caller
+    except (Interrupted, Diverged, InputError):  # agreed by every rank: exit 3, 4 or 2, reported by the caller
         world.barrier()  # rank 0 has marked the file: now every rank may exit (srun --kill-on-bad-exit)
         raise
     except Exception as e:  # a failure on one rank must end the whole job, reported once
