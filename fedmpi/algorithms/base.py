@@ -31,7 +31,7 @@ The runner calls (every "collective" method must be called on every rank, in the
 |---|---|---|---|
 | ``check_config(cfg)`` (classmethod) | every rank, before set-up | no | nothing |
 | ``__init__(ctx)`` | every rank | may be | everything |
-| ``round(t)``, t = start, ..., T-1 in order | every rank | yes | its state |
+| ``round(t)`` (or its phases, below), t = start, ..., T-1 in order | every rank | yes | its state |
 | ``done()`` after each round | every rank; must agree | no | nothing |
 | ``last_mask()`` after each round | rank 0 | no | nothing |
 | ``round_record()`` at set-up and after each round | every rank | no | nothing |
@@ -40,7 +40,25 @@ The runner calls (every "collective" method must be called on every rank, in the
 | ``static_groups()`` once, fresh runs only | rank 0 | no | nothing |
 | ``state_dict()`` / ``load_state_dict(state)`` | every rank | no | load: its state |
 
-``ServerAlgorithm`` is the centralized round (docs/DESIGN.md); inside ``round(t)``:
+``ServerAlgorithm`` is the centralized round (docs/DESIGN.md). Its ``round(t)`` is three phases,
+which a driver may call itself instead (``fedmpi.packed`` does, to train the clients of several
+runs of a sweep at once), in this order, once per round, with nothing else of the algorithm
+called in between; ``round(t)`` is exactly the three, so either way gives the same bits:
+
+| phase (steps below) | ranks | collective | may change |
+|---|---|---|---|
+| ``begin_round(t)`` -> ``TrainingRequest`` (1-2) | every rank | no | per-round state (``select``) |
+| training: ``local_phase(request)`` -> end models (3) | every rank | no (an override: may be) | client state |
+| ``finish_round(request, end)`` (3b-8) -> clients that trained | every rank | yes | its state |
+
+The request holds the round ``t``, ``active`` and the rank's ``clients`` (``local``) with their
+``start`` models; when the class keeps the default ``local_training`` (``trains_by_default()``)
+it also holds the trainer's other inputs (``lr_scale``, ``terms``, ``stats`` to fill), so that
+the training phase is ``ctx.trainer.run(request)``, which a driver may replace by any trainer that
+gives each client the same rows (``engine.packed.PackedTrainer`` does). ``end`` holds one row per
+client of ``request.clients``, in that order.
+
+Inside ``round(t)``:
 
 | step | ranks | what it may do |
 |---|---|---|
@@ -77,7 +95,7 @@ import numpy as np
 import torch
 
 from ..engine.local_step import StepTerm
-from ..engine.local import LocalStats
+from ..engine.local import LocalStats, Training
 from ..engine.reduce import client_sum, gather_clients, reproducible_sum_blocks
 from ..engine.threads import one_thread
 from ..errors import InputError
@@ -192,6 +210,20 @@ class ClientOutputs:
         return client_sum(values)
 
 
+@dataclass
+class TrainingRequest(Training):
+    """A round's local-training phase (``ServerAlgorithm.begin_round``): the trainer's inputs
+    (``engine.local.Training``: ``start``, ``clients``, ``t``, and ``lr_scale``, ``terms``,
+    ``stats`` when the class trains by default) and the round's active clients."""
+
+    active: np.ndarray | None = None  # A_t, the same on every rank
+
+    @property
+    def local(self) -> np.ndarray:
+        """The active clients this rank trains (``clients``)."""
+        return self.clients
+
+
 def local_work(steps: np.ndarray, momentum: float) -> np.ndarray:
     """||a_i||_1, how many steps' worth of gradient a client's change holds: its steps tau_i, or with
     local momentum rho (tau_i - rho (1 - rho^tau_i) / (1 - rho)) / (1 - rho), the sum of the weights
@@ -300,13 +332,41 @@ class ServerAlgorithm(Algorithm):
 
     # ---------------------------------------------------------------- the round
     def round(self, t: int) -> int:
+        """Round t: ``begin_round``, the local-training phase, ``finish_round`` (the phases'
+        contract is in the module docstring; a packed sweep runs the middle one for several runs
+        at once)."""
+        request = self.begin_round(t)
+        return self.finish_round(request, self.local_phase(request))
+
+    def begin_round(self, t: int) -> TrainingRequest:
+        """Steps 1-2 of round t (every rank): who trains, from which models and, with the default
+        training (``trains_by_default``), with which step sizes, terms and stats to fill."""
         available = self.ctx.participation.available(t)
         active = self.select(t, available)
         self.active = active
         local = self.assigned(active)
         start = self.start_models(local)
-        self.stats = LocalStats()  # filled by local_training
-        end = self.privacy.clip(t, start, self.local_training(t, local, start))  # privacy: ||Delta_i|| <= C
+        self.stats = LocalStats()  # filled by the local training
+        request = TrainingRequest(start, local, t, active=active)
+        if self.trains_by_default():  # the trainer's whole input: a packed sweep trains it with others'
+            wanted = self.client_outputs or self.delta_norms  # the losses cost ~6% of a round: only when read
+            request.lr_scale = self.lr_scale(t, local)
+            request.terms = tuple(self.local_terms(t, local, start))
+            request.stats = self.stats if wanted else None
+        return request
+
+    def local_phase(self, request: TrainingRequest) -> torch.Tensor:
+        """Step 3: the end models of ``request``'s clients (every rank, its clients): the trainer on
+        the request, or the class's own ``local_training``."""
+        if self.trains_by_default():
+            return self.ctx.trainer.run(request)
+        return self.local_training(request.t, request.local, request.start)
+
+    def finish_round(self, request: TrainingRequest, end: torch.Tensor) -> int:
+        """Steps 3b-8 of ``request``'s round from the end models ``end`` (collective); returns the
+        number of clients that trained (the same on every rank)."""
+        t, active, local, start = request.t, request.active, request.local, request.start
+        end = self.privacy.clip(t, start, end)  # privacy: ||Delta_i|| <= C
         if self.client_outputs or self.delta_norms:
             norms = self._delta_sq(start, end) if self.delta_norms else np.full(len(local), np.nan)
             self._outputs = ClientOutputs.gather(self.world, active, local, self.stats, norms, self._sizes)
@@ -320,6 +380,13 @@ class ServerAlgorithm(Algorithm):
         self.world.broadcast_(self.x)
         self.after_round(t, active, local, start, end)
         return len(active)
+
+    @classmethod
+    def trains_by_default(cls) -> bool:
+        """True when the class keeps the default ``local_training`` (the trainer with ``lr_scale``,
+        ``local_terms`` and ``stats``): then its training phase is fully described by the
+        ``TrainingRequest``, and a packed sweep may train it together with other runs'."""
+        return cls.local_training is ServerAlgorithm.local_training
 
     @staticmethod
     def _delta_sq(start: torch.Tensor, end: torch.Tensor) -> np.ndarray:

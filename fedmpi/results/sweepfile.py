@@ -19,6 +19,7 @@ A sweep file::
       variant: method                 # the variants' column
       train.local_steps: {name: local steps, values: {1: "one step"}}
     table: {...}                      # what ``fedmpi table SWEEP.yaml`` prints (results/table.py)
+    pack: 8                           # cells trained together in one process (fedmpi.packed; default 1)
 
 Cells are variants x grid, in that order (variant outer); cell ``i`` is the same on every
 machine, so ``--index i`` (a SLURM array task) names one cell. A cell's result file is
@@ -49,7 +50,7 @@ from ..errors import InputError
 from .names import KeyLabel, same_value
 from .paths import assignments, value_text
 
-_TOP_KEYS = ("base", "out", "plugins", "set", "variants", "grid", "labels", "table")
+_TOP_KEYS = ("base", "out", "plugins", "set", "variants", "grid", "labels", "table", "pack")
 MAX_CELLS = 100_000  # checked before any cell is made (a SLURM array is at most this long, too)
 STATES = ("done", "running", "interrupted", "failed", "not started", "outdated")
 _NOT_COMPARED = ("output", "runtime")  # a cell's file may differ from the sweep in these keys only
@@ -94,6 +95,7 @@ class Sweep:
     table: dict = field(default_factory=dict)
     plugins: list[str] = field(default_factory=list)  # the sweep file's plug-ins (paths made relative to here)
     labels: dict[str, KeyLabel] = field(default_factory=dict)  # readable names of keys and values
+    pack: int = 1  # cells that pack trained together, at most (``--pack`` overrides it)
 
     def config(self, cell: Cell, world_size: int = 1, threads: int | None = None):
         """The validated Config of ``cell`` (``threads`` fills runtime.threads when the config
@@ -177,8 +179,11 @@ def load(path: str, out: str | None = None, validate: bool = True) -> Sweep:
     table = data.get("table") or {}
     if not isinstance(table, dict):
         raise InputError(f"{path}: table: must be a mapping (see fedmpi table --help)")
+    pack = data.get("pack", 1)
+    if isinstance(pack, bool) or not isinstance(pack, int) or pack < 1:
+        raise InputError(f"{path}: pack: must be a whole number >= 1 (cells trained together), got {pack!r}")
     sweep = Sweep(path, base, folder, cells, list(grid), [v[0] for v in variants if v[2] is not None], table,
-                  _plugins(path, data.get("plugins")), _labels(path, data.get("labels"), grid, variants))
+                  _plugins(path, data.get("plugins")), _labels(path, data.get("labels"), grid, variants), pack)
     for c in cells:
         c.sweep = sweep
     if validate:  # every cell's config is valid before anything runs; each distinct notice is said once
