@@ -45,8 +45,9 @@ class Mechanism(Stateful):
         Reads("rounds", "calibrates the noise to privacy.epsilon over the run's rounds", lambda r: r >= 1,
               expect=">= 1", when=lambda cfg: cfg.privacy.epsilon is not None),)
 
-    def __init__(self, params: PrivacyParams, dim: int, seed: int, device: torch.device):
-        self.params, self.dim, self.seed, self.device = params, dim, seed, device
+    def __init__(self, params: PrivacyParams, dim: int, seed: int, device: torch.device, rounds: int = 0):
+        """``rounds``: the run's rounds (``cfg.rounds``; 0 where no run is meant, e.g. a table of docs)."""
+        self.params, self.dim, self.seed, self.device, self.rounds = params, dim, seed, device, rounds
 
     @classmethod
     def check_config(cls, cfg: Any) -> None:

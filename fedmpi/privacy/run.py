@@ -62,7 +62,7 @@ class Privacy(Stateful):
         self.sigma = np.float64(0.0)  # float64 in checkpoints (a Python float would be saved as float32)
         self.mechanism = None
         if self.on:
-            self.mechanism = MECHANISMS.get(params.mechanism).obj(params, dim, seed, world.device)
+            self.mechanism = MECHANISMS.get(params.mechanism).obj(params, dim, seed, world.device, rounds)
             accounting.check(self.mechanism, sampling, self.amplified, params.accountant)
             self.sigma = np.float64(params.noise_multiplier if params.epsilon is None else
                                     accounting.calibrate(self.mechanism, sampling, self.amplified, params.epsilon,
