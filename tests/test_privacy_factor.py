@@ -39,7 +39,7 @@ def dense_errors(c: np.ndarray, n: int) -> tuple[float, float, float]:
 @pytest.mark.parametrize("b", [2, 4, 8, 16])
 def test_the_optimized_factor_has_less_error_than_the_square_root(n, b):
     sqrt, opt = factors.errors(factors.sqrt_coefficients(b), n), factors.errors(factors.optimize(n, b), n)
-    assert opt["rmse"] < sqrt["rmse"]
+    assert opt["rmse"] < sqrt["rmse"] * (1 - 1e-3)  # measured gains: 0.2 % (N = 50, b = 16) to 14 %
     assert abs(opt["sensitivity"] - 1) < 1e-9  # the columns' bound: unit norm
 
 

@@ -10,9 +10,11 @@ values of y:
 
 Under b-min-separation (every client's participations >= b rounds apart) the columns one client
 touches are orthogonal, so its sensitivity is sqrt(k) C max_j ||C[:, j]|| = sqrt(k) C: the
-accountant composes k Gaussians of multiplier sigma. Without that separation the bound fails:
-refused. A factor of one's own replaces ``coefficients`` (a plug-in's:
-examples/fedmpi_examples/mechanism.py).
+accountant composes k Gaussians of multiplier sigma; where the kind also samples each client
+independently (Poisson, e.g. ``cyclic``) and the algorithm's release hides who took part, k
+Poisson-subsampled Gaussians (amplified banded MF, Choquette-Choo et al. 2023, Theorem 4;
+docs/PRIVACY.md). Without that separation the bound fails: refused. A factor of one's own
+replaces ``coefficients`` (a plug-in's: examples/fedmpi_examples/mechanism.py).
 """
 
 from __future__ import annotations
@@ -82,7 +84,16 @@ class BandedMF(Mechanism):
         self.history = torch.cat([y[None], self.history[:-1]])
         return y
 
+    def amplifies(self, sampling: Sampling) -> bool:
+        """Poisson sampling in rounds >= b apart (b-min-separation, e.g. ``cyclic`` with groups >= b)."""
+        return sampling.kind == "poisson" and sampling.separation >= self.params.band
+
     def event(self, sampling: Sampling, amplified: bool, sigma: float, rounds: int) -> Any:
+        """k x Gaussian(sigma); amplified (Poisson sampling, separation >= b): k x PoissonSampled(q,
+        Gaussian(sigma)), jax_privacy's ``amplified_bandmf_event`` (k = ceil(T / b) for cyclic, K = b)."""
         import dp_accounting as dp
 
-        return dp.SelfComposedDpEvent(dp.GaussianDpEvent(sigma), sampling.participations(rounds))
+        one = dp.GaussianDpEvent(sigma)
+        if amplified and self.amplifies(sampling):
+            one = dp.PoissonSampledDpEvent(sampling.q, one)
+        return dp.SelfComposedDpEvent(one, sampling.participations(rounds))

@@ -27,15 +27,16 @@ import logging
 import math
 import os
 import tempfile
-from typing import Iterator, Literal
+from typing import Literal
 
 import numpy as np
 
+from ..engine.threads import one_thread
 from ..errors import InputError
 
 Factor = Literal["sqrt", "optimized"]
 FACTORS: tuple[str, ...] = ("sqrt", "optimized")
-VERSION = 1  # of the optimisation: a cached factor of another version is not used
+VERSION = 2  # of the optimisation: a cached factor of another version is not used
 CACHE_ENV = "FEDMPI_CACHE"
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ def errors(c: np.ndarray, n: int) -> dict[str, float]:
     import torch
 
     c = np.asarray(c, dtype=np.float64)[:n]
-    with _one_thread():
+    with one_thread(torch.device("cpu")):  # one order of additions: the same factor on any rank
         s = torch.cumsum(_inverse(torch.from_numpy(c), n), 0)
         total = float(((n - torch.arange(n, dtype=torch.float64)) * s ** 2).sum())
         last = float((s ** 2).sum())
@@ -109,19 +110,6 @@ def errors(c: np.ndarray, n: int) -> dict[str, float]:
 
 
 # ----------------------------------------------------------------------------- optimisation
-
-@contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
-    """Torch on one thread (its reductions then add in one order: the same factor on any rank)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
 
 def optimize(n: int, b: int) -> np.ndarray:
     """The unit-norm c_0..c_{b-1} minimising ||A C^{-1}||_F^2 for n rounds (module docstring);
@@ -136,8 +124,8 @@ def optimize(n: int, b: int) -> np.ndarray:
     def closure():
         opt.zero_grad()
         loss = torch.log(_squared_error(v / v.norm(), n))
-        if not torch.isfinite(loss):  # an unstable C^{-1} on the way: not a step to take
-            loss = torch.nan_to_num(loss, nan=1e300, posinf=1e300)
+        if not torch.isfinite(loss):  # C^{-1} overflows (c(x) has a root in the unit disc): too far, says
+            loss = (v * 0).sum() + 1e10  # a large finite loss, so that the line search steps back
         loss.backward()
         return loss
 
@@ -145,7 +133,7 @@ def optimize(n: int, b: int) -> np.ndarray:
         with torch.no_grad():
             return float(_squared_error(v / v.norm(), n))
 
-    with _one_thread():
+    with one_thread(torch.device("cpu")):  # one order of additions: the same factor on any rank
         for _ in range(3):  # LBFGS restarts its memory: stop when a restart gains nothing
             before = value()
             opt.step(closure)

@@ -138,6 +138,9 @@ def privacy_line(r: Result) -> str | None:
     target = flat.get("privacy.epsilon")
     how = f"calibrated to epsilon {target:g} over {flat.get('rounds')} rounds" if isinstance(target, (int, float)) \
         else "given"
+    production = flat.get("privacy.noise_cohort_size")
+    if production:
+        how += f"; noise as for a cohort of {production}, epsilon that cohort's"
     return (f"{mechanism}, noise multiplier {noise_multiplier(r)} ({how}), delta {flat.get('privacy.delta', 1e-6):g}, "
             f"accountant {flat.get('privacy.accountant', 'rdp')}")
 
