@@ -39,6 +39,7 @@ _EXTENSIONS = [
     ("pi", ".participation.pi", "stationary participation distribution pi_R of the Markov sampler"),
     ("availability", ".participation.show", "print or plot the p_i^t trajectories of a config"),
     ("markov-plot", ".results.markov_plots", "Figure 1 study (pi_R vs R) and per-client participation shares"),
+    ("dp-factor", ".privacy.dpfactor", "error and sensitivity of banded_mf's factor for N rounds, B bands"),
 ]
 
 

@@ -67,19 +67,20 @@ def combinations_table() -> str:
     for e in MECHANISMS.entries(builtin_only=True):
         if e.name == "none":
             continue
-        mechanisms.append(f"| `{e.name}` | {'yes' if _amplifies(e.obj) else 'no'} | {e.obj.needs or '-'} |")
+        mechanisms.append(f"| `{e.name}` | {_amplifies(e.obj)} | {e.obj.needs or '-'} |")
     return "\n".join(rows) + "\n\n" + "\n".join(kinds) + "\n\n" + "\n".join(mechanisms)
 
 
-def _amplifies(cls: type) -> bool:
-    """Whether mechanism ``cls`` accounts Poisson sampling as amplification (its event differs)."""
+def _amplifies(cls: type) -> str:
+    """The samplings mechanism ``cls`` has an amplified analysis for (``Mechanism.amplifies``), or 'no'."""
     import torch
 
     from .participation import Sampling
 
     mechanism = cls(cls.Params(), 1, 0, torch.device("cpu"))
-    poisson = Sampling("poisson", 1.0, q=0.1)
-    return mechanism.event(poisson, True, 1.0, 10) != mechanism.event(poisson, False, 1.0, 10)
+    kinds = [text for kind, text in (("poisson", "Poisson sampling"), ("fixed_size", "a uniform sample of fixed size"))
+             if mechanism.amplifies(Sampling(kind, 1.0, q=0.1, m=10, size=1, separation=2**31))]
+    return ", ".join(kinds) or "no"
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
