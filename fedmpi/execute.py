@@ -26,7 +26,7 @@ def execute(cfg: Config, out: str, *, quiet: bool = False, resume: bool = False,
     from .runtime import World
 
     world = World.create(cfg.runtime.device, cfg.runtime.backend, cfg.runtime.timeout_s, cfg.runtime.threads,
-                         cfg.runtime.tf32, cfg.runtime.collectives)
+                         cfg.runtime.tf32, cfg.runtime.collectives, cfg.runtime.lost_after_s)
     from .runner import run
 
     finished = False
