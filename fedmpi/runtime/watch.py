@@ -43,7 +43,7 @@ from typing import Any
 from ..errors import RankLost
 
 BEAT_S = 1.0  # heartbeat period, both ways
-STUCK_S = 20.0  # a rank told of a loss that has not ended by then is stuck in a collective: it leaves (exit 5)
+STUCK_S = 60.0  # a rank told of a loss that has not ended by then is stuck in a collective: it leaves (exit 5)
 
 
 def advertised_host(all_local: bool) -> str:
