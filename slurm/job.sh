@@ -39,6 +39,7 @@ if [[ $code -eq 3 && -z "$cancelled" ]]; then
 elif [[ $code -eq 3 ]]; then
   echo "fedmpi stopped by scancel and checkpointed: $job; submit the same command again to continue"
 elif [[ $code -eq 5 && -z "$cancelled" ]]; then
+  echo "fedmpi lost a rank; asking every node of $job whether it answers"
   if ! timeout 60 srun --mpi=none --overlap --nodes="${SLURM_JOB_NUM_NODES:-1}" --ntasks-per-node=1 \
        --kill-on-bad-exit=1 true >/dev/null 2>&1; then
     wait_s=$(( $(scontrol show config | awk '$1 == "SlurmdTimeout" {print $3 + 0}') + 60 ))

@@ -50,15 +50,16 @@ write_config() {
   mem=$(( $(awk '/MemAvailable/ {print $2}' /proc/meminfo) / 1024 * 3 / 8 ))  # per node
   mkdir -p "$DIR"/etc "$DIR"/state
   for n in "${NODES[@]}"; do mkdir -p "$DIR/spool/$n" "$DIR/tmp-$n"; done
-  cat > "$DIR/etc/task_prolog.sh" <<'PROLOG'
+  # stdout "export NAME=VALUE" lines set the task's environment: a node-local TMPDIR per job. Stop
+  # signals are ignored at once: a signal sent to a job in its first moments must reach the job.
+  cat > "$DIR/etc/task_prolog.sh" <<PROLOG
 #!/bin/sh
-# stdout "export NAME=VALUE" lines set the task's environment: a node-local TMPDIR per job
-d="$(dirname "$(dirname "$0")")/tmp-$SLURMD_NODENAME/job-$SLURM_JOB_ID"
-mkdir -p "$d" && echo "export TMPDIR=$d"
+trap '' USR1 TERM INT HUP
+mkdir -p "$DIR/tmp-\$SLURMD_NODENAME/job-\$SLURM_JOB_ID" && echo "export TMPDIR=$DIR/tmp-\$SLURMD_NODENAME/job-\$SLURM_JOB_ID"
 PROLOG
-  cat > "$DIR/etc/epilog.sh" <<'EPILOG'
+  cat > "$DIR/etc/epilog.sh" <<EPILOG
 #!/bin/sh
-rm -rf "$(dirname "$(dirname "$0")")/tmp-$SLURMD_NODENAME/job-$SLURM_JOB_ID"
+rm -rf "$DIR/tmp-\$SLURMD_NODENAME/job-\$SLURM_JOB_ID"
 EPILOG
   chmod +x "$DIR/etc/task_prolog.sh" "$DIR/etc/epilog.sh"
   cat > "$CONF" <<CONF
@@ -138,7 +139,7 @@ up() {
   running "$DIR/slurmctld.pid" || slurmctld -f "$CONF" || fail "slurmctld did not start: $DIR/slurmctld.log"
   for n in "${NODES[@]}"; do start_slurmd "$n"; done
   for n in "${NODES[@]}"; do  # a node left DOWN by a crash of an earlier session's tests
-    node_state "$n" | grep -q "down\|drain" && scontrol update NodeName="$n" State=RESUME 2>/dev/null
+    if node_state "$n" | grep -q "down\|drain"; then scontrol update NodeName="$n" State=RESUME 2>/dev/null || true; fi
   done
   wait_usable "${NODES[@]}" && { say "up ($CONF)"; return; }
   fail "the nodes did not become idle; see $DIR/slurmctld.log and $DIR/slurmd-n*.log"
@@ -173,7 +174,7 @@ revive() {  # as after a reboot: what the node's steps left (PMIx sockets, step 
   if [[ -n "$pids" ]]; then kill -KILL $pids 2>/dev/null || true; sleep 0.5; fi
   rm -rf "$DIR/spool/$1"/stepd.* "$DIR/spool/$1/$1"_* "$DIR/spool/$1"/pmix.* "$DIR/tmp-$1"/*
   start_slurmd "$1"
-  node_state "$1" | grep -q "down\|drain" && scontrol update NodeName="$1" State=RESUME 2>/dev/null
+  if node_state "$1" | grep -q "down\|drain"; then scontrol update NodeName="$1" State=RESUME 2>/dev/null || true; fi
   wait_usable "$1" || fail "node $1 did not come back; see $DIR/slurmd-$1.log"
   say "revived $1"
 }
