@@ -39,9 +39,24 @@ def hub(tmp_path):
     h.close()
 
 
-def test_a_closed_connection_is_a_lost_rank_named_with_its_node(hub, tmp_path):
+@pytest.fixture
+def beat():
+    """Heartbeat(...) that is closed at the end of the test (a heartbeat told of a loss ends its
+    process STUCK_S later, as a rank stuck in a collective would)."""
+    made = []
+
+    def make(*args) -> Heartbeat:
+        made.append(Heartbeat(*args))
+        return made[-1]
+
+    yield make
+    for b in made:
+        b.close()
+
+
+def test_a_closed_connection_is_a_lost_rank_named_with_its_node(hub, beat, tmp_path):
     address = f"127.0.0.1:{hub.port}"
-    r0, r1, r2 = (Heartbeat(address, r, node, 30) for r, node in ((0, "n1"), (1, "n2"), (2, "n2")))
+    r0, r1, r2 = (beat(address, r, node, 30) for r, node in ((0, "n1"), (1, "n2"), (2, "n2")))
     r2.close()  # a goodbye: no loss
     time.sleep(0.5)
     assert r0.lost == r1.lost == ""
@@ -51,22 +66,20 @@ def test_a_closed_connection_is_a_lost_rank_named_with_its_node(hub, tmp_path):
                        f"(its process or node died)")
     state = json.loads((tmp_path / "state.json").read_text())
     assert state["lost_rank"] == 1 and state["lost_node"] == "n2"
-    r0.close()
 
 
-def test_a_silent_rank_is_lost_after_lost_after_s(hub):
-    r0 = Heartbeat(f"127.0.0.1:{hub.port}", 0, "n1", 3)
+def test_a_silent_rank_is_lost_after_lost_after_s(hub, beat):
+    r0 = beat(f"127.0.0.1:{hub.port}", 0, "n1", 3)
     mute = socket.create_connection(("127.0.0.1", hub.port))  # says hello, then nothing (a frozen node)
     mute.sendall(b"hello 1 n2 4242 3\n")
     waited = _until(lambda: r0.lost)
     assert r0.lost.startswith("lost rank 1 (node n2, pid 4242): no heartbeat for 3 s")
     assert waited >= 2.5
     mute.close()
-    r0.close()
 
 
-def test_a_rank_sees_the_hub_go(hub):
-    r1 = Heartbeat(f"127.0.0.1:{hub.port}", 1, "n2", 30)
+def test_a_rank_sees_the_hub_go(hub, beat):
+    r1 = beat(f"127.0.0.1:{hub.port}", 1, "n2", 30)
     hub._listen.close()
     for peer in list(hub._peers.values()):  # the hub's process dies: its connections close
         peer.sock.close()
