@@ -67,6 +67,16 @@ def _wait_status(path, status: str, timeout: float) -> dict:
     raise AssertionError(f"{path}: not {status} after {timeout} s: {_attrs(path)}")
 
 
+def _wait_idle(job: Jobs, timeout: float = 180) -> None:
+    """Until both nodes are idle (an earlier test's job may still be ending on one)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if job.run("sinfo", "-h", "-o", "%T %D").stdout.split() == ["idle", "2"]:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"the nodes are not both idle: {job.run('sinfo').stdout}")
+
+
 def _wait_restarts(job: Jobs, job_id: str, n: int, timeout: float = 180) -> None:
     deadline = time.time() + timeout
     while job.restarts(job_id) < n and time.time() < deadline:
@@ -124,6 +134,7 @@ def test_a_frozen_node_is_lost_by_heartbeat_and_the_rerun_takes_the_nodes_left(j
                                           "lost_after_s": 5})
     reference = _reference(job, cfg)
     out = job.repo / "runs" / "f.h5"
+    _wait_idle(job)  # a range takes what is free
     job_id = _submit_script(job, "flex", f'"$SLURM_SUBMIT_DIR/slurm/job.sh" {cfg} --out runs/f.h5 '
                                          f'--set runtime.device=cpu', "--nodes=1-2", round_s=0.2)
     wait_for_rows(out, 16, timeout=180)
