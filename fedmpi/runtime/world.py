@@ -12,7 +12,10 @@ same as a single process, under ``mpiexec`` (Open MPI, MPICH) and under ``srun``
   the requested one and the ranks and GPUs per node (NCCL when every rank has a GPU of its
   own, gloo with tensors staged through host memory when ranks share a GPU);
   ``torch.cuda.set_device`` happens before the first collective; every collective has
-  ``runtime.timeout_s``, so a dead rank ends the job instead of hanging it.
+  ``runtime.timeout_s``, so a dead rank ends the job instead of hanging it;
+- with several ranks every rank beats a heartbeat to the watch (``watch.py``), so a rank lost
+  with its process or node (on another node: no pid to look at, maybe no reset either) ends a
+  polled collective within ``runtime.lost_after_s`` with ``RankLost`` naming it and its node.
 
 Tensors move only through the methods below (collectives, ``send_recv_``, ``gather_to_server``).
 Collectives on tensors in host memory (CPU runs, and CUDA tensors staged through the host) go
