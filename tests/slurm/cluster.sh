@@ -174,9 +174,15 @@ revive() {  # as after a reboot: what the node's steps left (PMIx sockets, step 
   if [[ -n "$pids" ]]; then kill -KILL $pids 2>/dev/null || true; sleep 0.5; fi
   rm -rf "$DIR/spool/$1"/stepd.* "$DIR/spool/$1/$1"_* "$DIR/spool/$1"/pmix.* "$DIR/tmp-$1"/*
   start_slurmd "$1"
-  if node_state "$1" | grep -q "down\|drain"; then scontrol update NodeName="$1" State=RESUME 2>/dev/null || true; fi
-  wait_usable "$1" || fail "node $1 did not come back; see $DIR/slurmd-$1.log"
-  say "revived $1"
+  # a ping that the controller sent to the dead node may still time out after the node came back:
+  # usable means still usable one SlurmdTimeout later
+  for _ in 1 2 3; do
+    if node_state "$1" | grep -q "down\|drain"; then scontrol update NodeName="$1" State=RESUME 2>/dev/null || true; fi
+    wait_usable "$1" || fail "node $1 did not come back; see $DIR/slurmd-$1.log"
+    sleep 12
+    if wait_usable "$1" && ! node_state "$1" | grep -q '\*'; then say "revived $1"; return; fi
+  done
+  fail "node $1 does not stay responsive; see $DIR/slurmd-$1.log"
 }
 
 down() {
