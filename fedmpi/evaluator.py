@@ -4,12 +4,14 @@ Metric names follow from the task and the algorithm's declarations: for each lab
 ``algorithm.evaluated_models`` (``""`` -> no suffix) ``test_loss``, ``test_acc`` (classification),
 ``x`` (a scalar model), and ``train_loss``/``train_acc`` for the main model when
 ``evaluation.train``; then the algorithm's own ``metrics``; ``epsilon`` under ``privacy``; the
-per-client summaries and the registered metrics (``fedmpi.metrics``); then ``n_active``,
-``wall_time`` and ``peak_rss_mb``. The result-file contract is in docs/INTERFACES.md.
+per-client summaries (``evaluation.clients``) and the registered metrics the config names
+(``evaluation.metrics``; ``fedmpi.metrics``); then ``n_active``, ``wall_time`` and
+``peak_rss_mb``. The result-file contract is in docs/INTERFACES.md.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import resource
 from dataclasses import dataclass
@@ -22,6 +24,7 @@ import torch
 from . import metrics, rng
 from .engine.evaluate import evaluate
 from .errors import InputError
+from .registry import METRICS
 from .schema import opt
 
 if TYPE_CHECKING:
@@ -34,9 +37,14 @@ class EvaluationConfig:
     train_samples: Optional[int] = opt(None, "evaluate train metrics on a fixed subsample of this size", ge=1)
     batch_size: int = opt(2000, "evaluation batch size", ge=1)
     clients: metrics.ClientMetricsConfig = opt(metrics.ClientMetricsConfig(), "per-client metrics (fedmpi.metrics)")
+    metrics: list = opt([], "registered metrics (plug-ins: fedmpi.metrics.register_metric) computed at every "
+                            "evaluation, in this order; a loaded metric not named here is not computed and costs "
+                            "nothing; naming one that reads the clients' values turns evaluation.clients on")
 
 
 RUN_METRICS = ("n_active", "wall_time", "peak_rss_mb")
+
+log = logging.getLogger(__name__)
 
 
 _process: psutil.Process | None = None  # this process's handle, made once (not at every evaluation)
@@ -59,6 +67,10 @@ class Evaluator:
         self.run = run
         self.per_client = metrics.wants_clients(run.cfg)
         self.names = self._names()
+        idle = [n for n in METRICS.names() if n not in run.cfg.evaluation.metrics]
+        if idle:
+            log.info("registered metric%s %s not computed: this config does not name %s in evaluation.metrics",
+                     "s" if len(idle) > 1 else "", ", ".join(idle), "them" if len(idle) > 1 else "it")
         arrays = run.cfg.evaluation.clients.arrays
         self.client_arrays = metrics.client_names(run.task.classes) if arrays else []
         self._train_subset = self._train_eval_subset()
@@ -77,13 +89,13 @@ class Evaluator:
             if scalar:
                 names.append(f"x{sfx}")
         private = ["epsilon"] if cfg.privacy.mechanism != "none" else []  # privacy (#27): the accountant's
-        clients = metrics.summary_names(task.classes) if self.per_client else []
-        extra = clients + metrics.registered_names()
-        taken = set(names) | set(algo.metrics) | set(private) | set(RUN_METRICS)
-        clash = [n for n in extra if n in taken]
+        clients = metrics.summary_names(task.classes, cfg.evaluation.clients.summaries) if self.per_client else []
+        extra = clients + list(cfg.evaluation.metrics)
+        taken = set(names) | set(algo.metrics) | set(private) | set(RUN_METRICS) | set(clients)
+        clash = [n for n in cfg.evaluation.metrics if n in taken]
         if clash:
-            raise InputError(f"plug-in: metric {clash[0]!r} is already a metric of this run (algorithm "
-                             f"{cfg.algorithm.name}); register it under another name")
+            raise InputError(f"evaluation.metrics: {clash[0]!r} is already a metric of this run (algorithm "
+                             f"{cfg.algorithm.name}); register the plug-in's under another name")
         return list(dict.fromkeys(names + list(algo.metrics) + private + extra + list(RUN_METRICS)))
 
     def _train_eval_subset(self) -> torch.Tensor | None:
@@ -124,11 +136,12 @@ class Evaluator:
         row.update(snap.metrics)
         if "epsilon" in self.names:  # privacy (#27): epsilon at privacy.delta after rounds_done rounds
             row["epsilon"] = self.run.algorithm.privacy.epsilon(rounds_done)
-        cc = self.run.cfg.evaluation.clients
+        ev = self.run.cfg.evaluation
+        sizes = metrics.client_sizes(task)
         for name, values in self.last_clients.items():
-            row.update(metrics.summarize(name, values, cc.worst))
-        sizes = metrics.client_sizes(self.run)
-        row.update(metrics.registered(metrics.MetricInput(rounds_done, dict(row), self.last_clients, sizes,
-                                                          self.run.cfg)))
+            row.update(metrics.summarize(name, values, ev.clients.worst, ev.clients.summaries, sizes))
+        if ev.metrics:
+            inp = metrics.MetricInput(rounds_done, dict(row), self.last_clients, sizes, self.run.cfg)
+            row.update(metrics.registered(inp, ev.metrics))
         row.update(round=rounds_done, n_active=n_active, wall_time=wall_time, peak_rss_mb=rss)
         return row

@@ -1,15 +1,17 @@
 """One run in this process, as ``fedmpi run`` and each cell of ``fedmpi sweep`` make it: the
-world set up, the run, the world closed, the exit code. Every rank of the launched world calls
-``execute``; it is collective."""
+world set up, the run, the world closed, the exit code; or a packed group of a sweep's cells
+(``execute_group``). Every rank of the launched world calls them; they are collective."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from .errors import Diverged, Interrupted, exit_code
 
 if TYPE_CHECKING:
     from .config import Config
+    from .packed import Outcome
+    from .runtime import World
 
 
 def input_files(cfg: Config, config_path: str | None) -> tuple[str, ...]:
@@ -23,10 +25,7 @@ def execute(cfg: Config, out: str, *, quiet: bool = False, resume: bool = False,
             inputs: tuple[str, ...] = (), label: str = "") -> int:
     """One run of ``cfg`` into ``out`` in this process (all ranks of the launched world call it):
     the MPI/torch world is set up, the run made, the world closed. Returns the exit code."""
-    from .runtime import World
-
-    world = World.create(cfg.runtime.device, cfg.runtime.backend, cfg.runtime.timeout_s, cfg.runtime.threads,
-                         cfg.runtime.tf32, cfg.runtime.collectives, cfg.runtime.lost_after_s)
+    world = _world(cfg)
     from .runner import run
 
     finished = False
@@ -38,3 +37,26 @@ def execute(cfg: Config, out: str, *, quiet: bool = False, resume: bool = False,
         return exit_code(e, world.rank)
     finally:
         world.close(finished)
+
+
+def execute_group(cfgs: Sequence[Config], outs: Sequence[str], labels: Sequence[str],
+                  inputs: Sequence[tuple[str, ...]], quiet: bool = False) -> list[Outcome]:
+    """The runs of ``cfgs`` into ``outs`` as one packed group in this process (``fedmpi.packed``:
+    they must pack together, so they share their process-world keys): each run's outcome."""
+    world = _world(cfgs[0])
+    from .packed import run_group
+
+    finished = False
+    try:
+        outcomes = run_group(cfgs, world, outs, labels, inputs, quiet)
+        finished = True  # every rank came back from the group: closing is collective
+        return outcomes
+    finally:
+        world.close(finished)
+
+
+def _world(cfg: Config) -> World:
+    from .runtime import World
+
+    return World.create(cfg.runtime.device, cfg.runtime.backend, cfg.runtime.timeout_s, cfg.runtime.threads,
+                        cfg.runtime.tf32, cfg.runtime.collectives, cfg.runtime.lost_after_s)

@@ -2,24 +2,30 @@
 
 **Per-client metrics** (``evaluation.clients``). At an evaluation, the main model (label ``""``
 of ``evaluation_snapshot``; without one, the first model it offers, e.g. the decentralized
-average) is evaluated on each client's own data: its local test split when
-``task.partition.local_test`` > 0, else its training samples. Each rank evaluates the clients
-of its shard one by one (the same batches whatever the number of ranks, so the same bits) and
-rank 0 gathers the values in client order: ``loss`` and, for classification, ``acc`` (a client
-without local test samples is NaN and left out of the summaries). The summaries are metrics of
-the row: ``client_<name>_p10``, ``_p50``, ``_p90``, ``_std`` (ddof 0) and ``_worst``, the mean
-over the worst ``evaluation.clients.worst`` fraction of clients (highest losses, lowest
-accuracies); with ``evaluation.clients.arrays`` (which implies the evaluation) every value is
-also stored, one row per evaluation, in ``/clients/<name>`` of the result file.
+average) is evaluated on each client's own data: its local test split when there is one
+(``task.partition.local_test``: a fraction held out of its training samples, or ``dataset``: its
+own test samples, e.g. a LEAF user's), else its training samples. Each rank evaluates the
+clients of its shard one by one (the same batches whatever the number of ranks, so the same
+bits) and rank 0 gathers the values in client order: ``loss`` and, for classification, ``acc``
+(a client without evaluation samples is NaN and left out of the summaries). The summaries named
+by ``evaluation.clients.summaries`` are metrics of the row, ``client_<name>_<summary>``: by
+default ``p10``, ``p50``, ``p90``, ``std`` (ddof 0) and ``worst``, the mean over the worst
+``evaluation.clients.worst`` fraction of clients (highest losses, lowest accuracies); the
+fairness summaries of the literature (``SUMMARY_DOCS``, docs/PLUGINS.md) on request. With
+``evaluation.clients.arrays`` (which implies the evaluation) every value is also stored, one row
+per evaluation, in ``/clients/<name>`` of the result file.
 
 **Registered metrics** (``register_metric``, plug-ins too): a function of a ``MetricInput``
-(the row so far, the per-client values) returning one number, added to every run's row after
-the built-in metrics, in registration order. One registered with ``clients=True`` turns the
+(the row so far, the per-client values) returning one number. A run computes those its config
+names in ``evaluation.metrics``, in that order, after the built-in metrics; a loaded metric the
+config does not name costs nothing. Naming one registered with ``clients=True`` turns the
 per-client evaluation on::
 
     @fedmpi.metrics.register_metric("acc_gap", clients=True)
     def acc_gap(m: MetricInput) -> float:
         return float(np.nanmax(m.clients["acc"]) - np.nanmin(m.clients["acc"]))
+
+    # config: evaluation: {metrics: [acc_gap]}
 """
 
 from __future__ import annotations
@@ -32,13 +38,29 @@ import numpy as np
 import torch
 
 from .engine.evaluate import evaluate
-from .registry import METRICS
+from .engine.threads import one_thread
+from .errors import InputError
+from .registry import METRICS, PLUGIN_HINT
 from .schema import opt
 
 if TYPE_CHECKING:
     from .build import Components
+    from .task import Task
 
-SUMMARIES = ("p10", "p50", "p90", "std", "worst")
+#: What each summary of a per-client array is (``v``: the finite values, ``n``: their clients'
+#: evaluation samples; "worst"/"best": highest/lowest losses, lowest/highest accuracies).
+SUMMARY_DOCS = {
+    "p10": "10th percentile (LEAF)", "p50": "median (LEAF)", "p90": "90th percentile (LEAF)",
+    "std": "standard deviation over clients (ddof 0)",
+    "worst": "mean over the worst evaluation.clients.worst fraction of clients (q-FFL's worst 10%)",
+    "mean": "unweighted mean over clients (q-FFL's average)",
+    "weighted": "mean weighted by the clients' evaluation samples, sum n_i v_i / sum n_i (LEAF's weighted mean)",
+    "var": "variance over clients, ddof 0 (q-FFL's fairness measure)",
+    "best": "mean over the best evaluation.clients.worst fraction of clients (q-FFL's best 10%)",
+    "min": "smallest value (for acc: the worst client, AFL's measure)",
+    "max": "largest value (for loss: the worst client)",
+}
+SUMMARIES = ("p10", "p50", "p90", "std", "worst")  # the default (the summaries before issue 35)
 
 
 @dataclass
@@ -50,6 +72,9 @@ class ClientMetricsConfig:
     worst: float = opt(0.1, "fraction of clients averaged in the client_*_worst summaries", gt=0, le=1)
     arrays: bool = opt(False, "also store every client's values in /clients/<name> (one row per evaluation; "
                               "implies enabled)")
+    summaries: list = opt(list(SUMMARIES), "which summaries S of the clients' values are logged (metrics "
+                                           f"client_loss_S, client_acc_S), of: {', '.join(SUMMARY_DOCS)} "
+                                           "(docs/PLUGINS.md)")
 
 
 @dataclass(frozen=True)
@@ -67,16 +92,34 @@ MetricFn = Callable[[MetricInput], float]
 
 
 def register_metric(name: str, fn: MetricFn | None = None, *, clients: bool = False) -> Any:
-    """Register ``fn`` (or decorate it) as metric ``name`` of every run; ``clients``: it reads
-    ``MetricInput.clients``, so the per-client evaluation runs."""
+    """Register ``fn`` (or decorate it) as metric ``name``, computed by the runs whose config
+    names it (``evaluation.metrics``); ``clients``: it reads ``MetricInput.clients``, so naming it
+    turns the per-client evaluation on."""
     return METRICS.register(name, fn, clients=clients)
 
 
+def check(cfg: Any) -> None:
+    """The ``evaluation`` keys that name things: registered metrics (known once plug-ins are
+    loaded) and summaries, each once (InputError naming the key)."""
+    ev = cfg.evaluation
+    for key, names, known in (("evaluation.metrics", ev.metrics, METRICS.names()),
+                              ("evaluation.clients.summaries", ev.clients.summaries, list(SUMMARY_DOCS))):
+        for n in names:
+            if not isinstance(n, str) or n not in known:
+                if key == "evaluation.metrics":
+                    raise InputError(f"{key}: no registered metric {n!r} (registered: {', '.join(known) or 'none'}; "
+                                     f"the built-in metrics are always logged; {PLUGIN_HINT})")
+                raise InputError(f"{key}: unknown summary {n!r} (allowed: {', '.join(known)})")
+        dup = next((n for i, n in enumerate(names) if n in names[:i]), None)
+        if dup is not None:
+            raise InputError(f"{key}: {dup!r} is named twice")
+
+
 def wants_clients(cfg: Any) -> bool:
-    """Whether a run of ``cfg`` evaluates every client (asked for, arrays asked for, or a
-    registered metric needs it)."""
+    """Whether a run of ``cfg`` evaluates every client (asked for, arrays asked for, or a metric
+    named in ``evaluation.metrics`` reads the per-client values)."""
     c = cfg.evaluation.clients
-    return c.enabled or c.arrays or any(e.options.get("clients") for e in METRICS)
+    return c.enabled or c.arrays or any(METRICS.get(n).options.get("clients") for n in cfg.evaluation.metrics)
 
 
 def client_names(classes: int) -> list[str]:
@@ -84,30 +127,46 @@ def client_names(classes: int) -> list[str]:
     return ["loss", "acc"] if classes else ["loss"]
 
 
-def summary_names(classes: int) -> list[str]:
-    return [f"client_{a}_{s}" for a in client_names(classes) for s in SUMMARIES]
+def summary_names(classes: int, summaries: list[str] | tuple[str, ...] = SUMMARIES) -> list[str]:
+    return [f"client_{a}_{s}" for a in client_names(classes) for s in summaries]
 
 
-def summarize(name: str, values: np.ndarray, worst: float) -> dict[str, float]:
-    """The summaries of one per-client array (NaN entries left out; all NaN -> NaN)."""
-    v = np.sort(values[np.isfinite(values)])
-    if v.size == 0:
-        return {f"client_{name}_{s}": math.nan for s in SUMMARIES}
+def summarize(name: str, values: np.ndarray, worst: float, summaries: list[str] | tuple[str, ...] = SUMMARIES,
+              sizes: np.ndarray | None = None) -> dict[str, float]:
+    """The ``summaries`` of one per-client array (NaN entries left out; all NaN -> NaN);
+    ``sizes``: each client's evaluation samples (the ``weighted`` summary's weights)."""
+    ok = np.isfinite(values)
+    if not ok.any():
+        return {f"client_{name}_{s}": math.nan for s in summaries}
+    by_value = np.argsort(values[ok], kind="stable")
+    v = values[ok][by_value]
     k = max(1, math.ceil(worst * v.size))
+    low, high = float(np.mean(v[:k])), float(np.mean(v[-k:]))
     low_is_bad = name != "loss"
-    out = {f"client_{name}_p{q}": float(np.quantile(v, q / 100)) for q in (10, 50, 90)}
-    out[f"client_{name}_std"] = float(np.std(v))
-    out[f"client_{name}_worst"] = float(np.mean(v[:k] if low_is_bad else v[-k:]))
-    return out
+    stats: dict[str, Callable[[], float]] = {
+        "p10": lambda: np.quantile(v, 0.1), "p50": lambda: np.quantile(v, 0.5), "p90": lambda: np.quantile(v, 0.9),
+        "std": lambda: np.std(v), "worst": lambda: low if low_is_bad else high,
+        "mean": lambda: np.mean(v), "var": lambda: np.var(v), "best": lambda: high if low_is_bad else low,
+        "min": lambda: v[0], "max": lambda: v[-1],
+        "weighted": lambda: _weighted(v, (np.ones(values.size) if sizes is None else sizes)[ok][by_value]),
+    }
+    return {f"client_{name}_{s}": float(stats[s]()) for s in summaries}
 
 
-def client_samples(run: Components, i: int) -> torch.Tensor:
-    """Indices (into ``task.train_x``) of client ``i``'s evaluation samples."""
-    task = run.task
+def _weighted(v: np.ndarray, n: np.ndarray) -> float:
+    n = n.astype(np.float64)
+    return float(np.sum(v * n) / np.sum(n))
+
+
+def client_data(task: Task, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Client ``i``'s evaluation samples (x, y): its local test split, else its training samples."""
     if task.local_test_order is not None:
         off = task.local_test_offsets
-        return task.local_test_order[int(off[i]):int(off[i + 1])]
-    return task.order[int(task.offsets[i]):int(task.offsets[i + 1])]
+        idx = task.local_test_order[int(off[i]):int(off[i + 1])]
+        return (task.test_x[idx], task.test_y[idx]) if task.local_test_source == "test" else \
+            (task.train_x[idx], task.train_y[idx])
+    idx = task.order[int(task.offsets[i]):int(task.offsets[i + 1])]
+    return task.train_x[idx], task.train_y[idx]
 
 
 def evaluate_clients(run: Components, model: torch.Tensor | None) -> dict[str, np.ndarray] | None:
@@ -122,15 +181,16 @@ def evaluate_clients(run: Components, model: torch.Tensor | None) -> dict[str, n
     lo, hi = world.shard(task.m)
     names = client_names(task.classes)
     mine = np.full((len(names), hi - lo), np.nan)
-    for i in range(lo, hi):
-        idx = client_samples(run, i)
-        if idx.numel() == 0:
-            continue
-        loss, acc = evaluate(task, spec, flat, task.train_x[idx], task.train_y[idx],
-                             run.cfg.evaluation.batch_size)
-        mine[0, i - lo] = float(loss[0])
-        if acc is not None:
-            mine[1, i - lo] = float(acc[0])
+    sizes = client_sizes(task)
+    with one_thread(flat.device):  # the gathers too: threads that wait for each other cost more than they give
+        for i in range(lo, hi):
+            if sizes[i] == 0:
+                continue
+            x, y = client_data(task, i)
+            loss, acc = evaluate(task, spec, flat, x, y, run.cfg.evaluation.batch_size)
+            mine[0, i - lo] = float(loss[0])
+            if acc is not None:
+                mine[1, i - lo] = float(acc[0])
     parts = world.allgather_obj(mine)
     if world.rank != 0:
         return None
@@ -138,19 +198,14 @@ def evaluate_clients(run: Components, model: torch.Tensor | None) -> dict[str, n
     return {n: values[j] for j, n in enumerate(names)}
 
 
-def client_sizes(run: Components) -> np.ndarray:
+def client_sizes(task: Task) -> np.ndarray:
     """(m,) samples of each client's evaluation data."""
-    task = run.task
     return np.diff(task.local_test_offsets if task.local_test_order is not None else task.offsets)
 
 
-def registered_names() -> list[str]:
-    return METRICS.names()
-
-
-def registered(inp: MetricInput) -> dict[str, float]:
-    """Every registered metric's value (rank 0), in registration order."""
-    return {e.name: float(e.obj(inp)) for e in METRICS}
+def registered(inp: MetricInput, names: list[str]) -> dict[str, float]:
+    """The value of each registered metric of ``names`` (rank 0), in that order."""
+    return {n: float(METRICS.get(n).obj(inp)) for n in names}
 
 
 # ----------------------------------------------------------------------------- stopping at a value

@@ -24,11 +24,14 @@ class CheckpointParams:
 
 @dataclass
 class ResultFileParams:
-    """Read by the runner for its ``fedmpi.results.hdf5`` writer."""
+    """Read by the runner for its ``fedmpi.results.hdf5`` writer; ``label`` by the readers of the
+    file it stores (``fedmpi.results.reader``: plot legends, table rows, export)."""
 
     log_availability: bool = opt(False, "store the per-round participation mask")
     flush_s: float = opt(5.0, "write buffered result rows to the HDF5 file at most every N seconds "
                               "(and at checkpoints and the end)", ge=0)
+    label: Optional[str] = opt(None, "the run's name in fedmpi plot legends, table rows and export's variant "
+                                     "column (a sweep gives each cell its variant's label); null = none")
 
 
 @dataclass

@@ -22,6 +22,7 @@ Each is imported once per process; any failure is an ``InputError`` naming the p
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.metadata
@@ -61,7 +62,10 @@ def _builtins() -> None:
     from . import task  # noqa: F401  (quadratic)
 
 
+@functools.cache
 def _entry_points() -> list:
+    """The installed plug-ins, read once per process (scanning every distribution's metadata took
+    12 ms, and every config load asks)."""
     try:
         return list(importlib.metadata.entry_points(group=GROUP))
     except Exception:  # a broken installed distribution must not stop fedmpi

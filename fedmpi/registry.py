@@ -8,7 +8,9 @@ configured and validated exactly like a built-in one.
 
 The packages register into the registries below (``fedmpi.algorithms.register``,
 ``fedmpi.models.register``, ``fedmpi.data.datasets.register_dataset``,
-``fedmpi.participation.register``). This module imports nothing that registers: filling the
+``fedmpi.participation.register``, ``fedmpi.privacy.mechanism.register``). An entry's
+``options["reads"]`` are the keys of other sections the component reads (``schema.Reads``), which
+``fedmpi.config`` checks. This module imports nothing that registers: filling the
 registries is the loader's job (``fedmpi.plugins.load``: the built-ins, then the plug-ins).
 """
 
@@ -97,6 +99,7 @@ ALGORITHMS = Registry("algorithm", "algorithm.name")
 MODELS = Registry("model", "task.model")
 DATASETS = Registry("dataset", "task.dataset")
 AVAILABILITY = Registry("availability kind", "availability.kind")
+MECHANISMS = Registry("privacy mechanism", "privacy.mechanism")  # fedmpi.privacy.mechanism.register
 # Every registered callback runs on every rank, at its ``when`` (an option; runner.py):
 # "round_start" (the default) fn(run, t) before round t; "round_end" fn(run, t) after it;
 # "evaluated" fn(run, rounds_done, row) -> a reason to stop the run early (str) or None.

@@ -150,11 +150,6 @@ def below(k: np.uint64, thr: np.ndarray | np.uint64, n: int) -> np.ndarray:
     return np.concatenate(found) if found else np.zeros(0, dtype=np.intp)
 
 
-def bernoulli(k: np.uint64, idx: np.ndarray | int, p: np.ndarray | float) -> np.ndarray:
-    """Boolean draws, True with probability ``p`` (broadcast against ``idx``)."""
-    return uniform(k, idx) < p
-
-
 def uniform(k: np.uint64, idx: np.ndarray | int) -> np.ndarray:
     """Uniform float64 in [0, 1), one per counter in ``idx``."""
     b = bits(k, idx)

@@ -30,7 +30,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from . import checkpoint, guards, provenance
-from .build import Components, build_components
+from .build import Components, build_components, check_state
 from .checkpointer import Checkpointer
 from .config import Config
 from .errors import Diverged, InputError, Interrupted, RankLost, WriteFailed
@@ -137,7 +137,8 @@ class Runner:
         writer = ResultWriter(self.out_path, cfg.to_yaml(), cfg.seed, self.world.size, self.evaluator.names,
                               run.m, cfg.runtime.log_availability, resume_at=resume_at,
                               claim_=self.claim, flush_s=cfg.runtime.flush_s,
-                              client_arrays=self.evaluator.client_arrays, notes=notes)
+                              client_arrays=self.evaluator.client_arrays, notes=notes,
+                              round_series=tuple(run.algorithm.round_record()))
         self.writer = writer  # set before anything else: a failure below still finishes the file
         writer.add_sidecars(extra)
         if resume_at is None:
@@ -150,56 +151,92 @@ class Runner:
     # ------------------------------------------------------------------ the loop
     def run(self) -> int:
         """The round loop. Returns 0, or raises Interrupted after checkpointing on a signal."""
-        algo, rounds = self.components.algorithm, self.cfg.rounds
-        start = self.checkpointer.rounds_done
-        self._t0 = time.perf_counter() - self.checkpointer.wall_time  # wall_time counts from here
-        bar = self._progress(start)
-        done, status = start, "failed"
+        algo = self.components.algorithm
+        self.prepare_loop()
         try:
             with self.checkpointer:  # stop signals: checkpoint at the next round boundary, exit 3
-                self.checkpointer.before_rounds()
-                if start == 0:
-                    row = self._evaluate(0, 0)
-                    if bar is not None:
-                        bar.evaluated(row)
-                    if self._stop_early(row, 0):
-                        start = rounds  # reached before training: no round runs
-                for t in range(start, rounds):
-                    for callback in self.callbacks["round_start"]:
-                        callback(self.components, t)
-                    n_active = algo.round(t)
-                    done = t + 1
-                    for callback in self.callbacks["round_end"]:
-                        callback(self.components, t)
-                    if self.writer is not None and self.cfg.runtime.log_availability:
-                        self.writer.append_mask(algo.last_mask())
-                    last = done == rounds or algo.done()
-                    if done % self.cfg.eval_every == 0 or last:
-                        row = self._evaluate(done, n_active)
-                        self._stop_if_diverged(row, done)
-                        if bar is not None:
-                            bar.evaluated(row)
-                        last = self._stop_early(row, done) or last
-                    if bar is not None:
-                        bar.update(1)
-                    if last:
-                        break
-                    self.checkpointer.after_round(done, self._wall_time())
-            status = "completed"
+                t = self.first_round()
+                while t is not None:
+                    self.round_start(t)
+                    t = self.round_end(t, algo.round(t))
+            self.status = "completed"
         except (Interrupted, KeyboardInterrupt):
-            status = "interrupted"
+            self.status = "interrupted"
             raise
         except Diverged:
-            status = "diverged"
+            self.status = "diverged"
             raise
         except RankLost as e:
             self._note_lost(e)
             raise
         finally:
-            if bar is not None:
-                bar.close()
-            self._finish(status, done if status != "failed" else None)
+            self.close_loop()
         return 0
+
+    # The loop's steps, which ``run`` sequences for one run and ``fedmpi.packed`` for each run of a
+    # packed group (its training phases batched): prepare_loop, then inside the checkpointer's
+    # block first_round and, for each round t, round_start(t), the round, round_end(t, clients);
+    # close_loop at the end, with ``status`` set by the caller (failed unless it says otherwise).
+
+    def prepare_loop(self) -> None:
+        """The clock (``wall_time`` counts from here), the progress reporter, ``status`` failed."""
+        self.done = self.checkpointer.rounds_done
+        self._t0 = time.perf_counter() - self.checkpointer.wall_time
+        self.bar = self._progress(self.done)
+        self.status = "failed"
+
+    def first_round(self) -> int | None:
+        """Collective, inside the checkpointer's block, before the first round of this start: stop
+        on a signal already received, evaluate the initial model of a fresh run; the first round
+        to run, or None when none is (done, or stopped early by a callback)."""
+        self._start = start = self.checkpointer.rounds_done
+        self.checkpointer.before_rounds()
+        if start == 0:
+            row = self._evaluate(0, 0)
+            if self.bar is not None:
+                self.bar.evaluated(row)
+            if self._stop_early(row, 0):
+                return None  # reached before training: no round runs
+        return start if start < self.cfg.rounds else None
+
+    def round_start(self, t: int) -> None:
+        """Before round t: the ``round_start`` callbacks."""
+        for callback in self.callbacks["round_start"]:
+            callback(self.components, t)
+
+    def round_end(self, t: int, n_active: int) -> int | None:
+        """Collective, after round t (``n_active`` clients trained): callbacks, the availability
+        mask, the evaluation when due (divergence, early stop), the checkpoint when due (or after a
+        signal: then Interrupted); the next round, or None when the run ends after this one."""
+        algo, rounds = self.components.algorithm, self.cfg.rounds
+        self.done = done = t + 1
+        if t == self._start:  # state the first round made must be declared too (exit 2 on every rank)
+            agree(self.world, lambda: check_state(self.components))
+        if self.writer is not None:
+            self.writer.append_round(algo.round_record())
+        for callback in self.callbacks["round_end"]:
+            callback(self.components, t)
+        if self.writer is not None and self.cfg.runtime.log_availability:
+            self.writer.append_mask(algo.last_mask())
+        last = done == rounds or algo.done()
+        if done % self.cfg.eval_every == 0 or last:
+            row = self._evaluate(done, n_active)
+            self._stop_if_diverged(row, done)
+            if self.bar is not None:
+                self.bar.evaluated(row)
+            last = self._stop_early(row, done) or last
+        if self.bar is not None:
+            self.bar.update(1)
+        if last:
+            return None
+        self.checkpointer.after_round(done, self._wall_time())
+        return done
+
+    def close_loop(self) -> None:
+        """The progress closed, the result file finished with ``status`` (collective when completed)."""
+        if self.bar is not None:
+            self.bar.close()
+        self._finish(self.status, self.done if self.status != "failed" else None)
 
     def _wall_time(self) -> float:
         return time.perf_counter() - self._t0
@@ -307,38 +344,45 @@ def run(cfg: Config, world: World, out_path: str, quiet: bool = False, resume: b
     runner = Runner(cfg, world, out_path, quiet, resume, overwrite, inputs, label)
     try:
         return runner.run()
-    except (Interrupted, Diverged):  # agreed by every rank: exit 3 or 4, reported by the caller
+    except (Interrupted, Diverged, InputError):  # agreed by every rank: exit 3, 4 or 2, reported by the caller
         world.barrier()  # rank 0 has marked the file: now every rank may exit (srun --kill-on-bad-exit)
         raise
     except Exception as e:  # a failure on one rank must end the whole job, reported once
-        code = 1
-        if isinstance(e, RankLost):  # rank 0 reports it (the file says it too); exit 5: resumable
-            code = e.code if world.rank == 0 else RankLost.code
-            if world.rank == 0:
-                kept = runner.writer.notes.get("lost", str(e)) if runner.writer is not None else str(e)
-                print(f"fedmpi: {kept}", file=sys.stderr)
-        elif isinstance(e, WriteFailed):  # disk full: the message says what is kept
-            print(f"fedmpi: rank {world.rank}: {e}", file=sys.stderr)
-        elif _is_peer_failure(e):  # a consequence of another rank's death: that rank reports its own error
-            print(f"fedmpi: rank {world.rank}: lost contact with another rank ({type(e).__name__}); "
-                  f"ending the job", file=sys.stderr)
+        return end_job(world, e, runner.writer)
+
+
+def end_job(world: World, e: Exception, writer=None) -> int:
+    """After ``e`` on this rank, past set-up: report it once (a peer's death as such, a lost rank
+    with what ``writer``'s file kept) and end the whole MPI job, so no rank is left waiting; the
+    exit code (5 for a lost rank: resumable, else 1)."""
+    code = 1
+    if isinstance(e, RankLost):  # rank 0 reports it (the file says it too); exit 5: resumable
+        code = e.code if world.rank == 0 else RankLost.code
+        if world.rank == 0:
+            kept = writer.notes.get("lost", str(e)) if writer is not None else str(e)
+            print(f"fedmpi: {kept}", file=sys.stderr)
+    elif isinstance(e, WriteFailed):  # disk full: the message says what is kept
+        print(f"fedmpi: rank {world.rank}: {e}", file=sys.stderr)
+    elif _is_peer_failure(e):  # a consequence of another rank's death: that rank reports its own error
+        print(f"fedmpi: rank {world.rank}: lost contact with another rank ({type(e).__name__}); "
+              f"ending the job", file=sys.stderr)
+    else:
+        print(f"fedmpi: rank {world.rank} failed:\n{traceback.format_exc()}", file=sys.stderr)
+    if world.comm is not None and world.size > 1:
+        if world.rank != 0:
+            # Our failure notice (MPI) and closing our torch.distributed links (gloo) end rank 0's
+            # pending collective now, so it can mark the result file failed (and abort) before
+            # MPI_Abort kills every rank.
+            # In a thread, under a watchdog that needs no GIL: a wedged communicator must not
+            # keep us from ending the job.
+            faulthandler.dump_traceback_later(_ABORT_GRACE_S + 10, exit=True)
+            end = time.monotonic() + _ABORT_GRACE_S
+            closer = threading.Thread(target=world.abandon, daemon=True)
+            closer.start()
+            closer.join(_ABORT_GRACE_S)
+            time.sleep(max(0.0, end - time.monotonic()))
         else:
-            print(f"fedmpi: rank {world.rank} failed:\n{traceback.format_exc()}", file=sys.stderr)
-        if world.comm is not None and world.size > 1:
-            if world.rank != 0:
-                # Our failure notice (MPI) and closing our torch.distributed links (gloo) end rank 0's
-                # pending collective now, so it can mark the result file failed (and abort) before
-                # MPI_Abort kills every rank.
-                # In a thread, under a watchdog that needs no GIL: a wedged communicator must not
-                # keep us from ending the job.
-                faulthandler.dump_traceback_later(_ABORT_GRACE_S + 10, exit=True)
-                end = time.monotonic() + _ABORT_GRACE_S
-                closer = threading.Thread(target=world.abandon, daemon=True)
-                closer.start()
-                closer.join(_ABORT_GRACE_S)
-                time.sleep(max(0.0, end - time.monotonic()))
-            else:
-                record_exit(code)  # before Abort, which ends this process: launch/fedmpi-launch returns it
-                world.leave_watch()  # this end is reported: no loss for the launcher's watch to settle
-            world.comm.Abort(code)
-        return code
+            record_exit(code)  # before Abort, which ends this process: launch/fedmpi-launch returns it
+            world.leave_watch()  # this end is reported: no loss for the launcher's watch to settle
+        world.comm.Abort(code)
+    return code

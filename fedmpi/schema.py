@@ -9,7 +9,7 @@ any component can declare its keys without pulling in the rest.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import yaml
@@ -29,6 +29,35 @@ def opt(default: Any, doc: str, *, ge: float | None = None, gt: float | None = N
     if dataclasses.is_dataclass(default):
         return field(default_factory=type(default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class Reads:
+    """A component's read of a key outside its own block, declared next to the code that reads it
+    (an algorithm's, availability kind's or privacy mechanism's ``reads``).
+
+    ``key``: the dotted key; ``why``: what the component does with it (the refusal says it);
+    ``supports``: which values it handles (None: any), and ``expect`` what to set instead;
+    ``when``: a test of the config (None: always), e.g. privacy reads ``rounds`` only to calibrate
+    a target epsilon. ``fedmpi.config`` refuses a config whose value the component does not
+    support, naming both keys; a read key outside the resume digest joins it
+    (``Config.resume_keys``), so that a resume cannot change what the run depends on."""
+
+    key: str
+    why: str
+    supports: Callable[[Any], bool] | None = None
+    expect: str = ""
+    when: Callable[[Any], bool] | None = None
+
+    def applies(self, cfg: Any) -> bool:
+        return self.when is None or bool(self.when(cfg))
+
+    def value(self, cfg: Any) -> Any:
+        """The key's value in ``cfg`` (None where a section is absent)."""
+        out = cfg
+        for part in self.key.split("."):
+            out = getattr(out, part, None)
+        return out
 
 
 def copy(x: Any) -> Any:

@@ -9,7 +9,11 @@ A component (an algorithm, a participation model) lists the attributes that make
 
 Each class lists only what it adds: the declarations of its base classes are kept. Values
 may be numpy arrays, tensors or Python numbers; a dotted name reaches into an object
-(``table.rows``). ``Stateful.state_dict`` turns them into tensors (``State``) and
+(``table.rows``). ``derived`` lists the array or tensor attributes that are NOT state: caches and
+scratch buffers recomputed from the config, the task or the declared state. Any other array or
+tensor attribute would silently be lost at a resume, so ``undeclared`` finds it and the run refuses
+it (exit 2), after set-up and again after the first round, before any checkpoint.
+``Stateful.state_dict`` turns them into tensors (``State``) and
 ``load_state_dict`` restores each one as the type, dtype, device and shape the attribute has
 now -- this is the only place where state moves between numpy and torch. A component with
 state of another shape (FedSWE's shared model versions) extends both methods and uses
@@ -60,6 +64,7 @@ class Stateful:
 
     shared_state: tuple[str, ...] = ()
     client_state: tuple[str, ...] = ()
+    derived: tuple[str, ...] = ()  # array/tensor attributes recomputed, not saved
 
     def state_dict(self) -> State:
         return State(shared={n: as_tensor(_get(self, n)) for n in declared(type(self), "shared_state")},
@@ -80,6 +85,30 @@ def declared(cls: type, kind: str) -> list[str]:
     for klass in reversed(cls.__mro__):
         names += [n for n in vars(klass).get(kind, ()) if n not in names]
     return names
+
+
+def undeclared(obj: Any) -> list[str]:
+    """The attributes of ``obj`` that hold arrays or tensors (or lists, tuples or dicts of them) but
+    are neither declared state nor ``derived``, with those of the ``Stateful`` objects it holds
+    (as ``attribute.name``)."""
+    names = {n.split(".")[0] for kind in ("shared_state", "client_state", "derived") for n in declared(type(obj), kind)}
+    found = []
+    for name, value in vars(obj).items():
+        if isinstance(value, Stateful):
+            found += [f"{name}.{inner}" for inner in undeclared(value)]
+        elif name not in names and _holds_arrays(value):
+            found.append(name)
+    return found
+
+
+def _holds_arrays(value: Any) -> bool:
+    if isinstance(value, (np.ndarray, torch.Tensor)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_holds_arrays(v) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_arrays(v) for v in value.values())
+    return False
 
 
 def state_tensors(obj: Any) -> list[torch.Tensor]:

@@ -15,7 +15,7 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
 
 import numpy as np
 import torch
@@ -50,7 +50,8 @@ class Task:
     std: torch.Tensor | None = None
     image: bool = False
     local_test_order: torch.Tensor | None = None  # client i's local test samples (partition.local_test):
-    local_test_offsets: np.ndarray | None = None  # train_x[local_test_order[off[i]:off[i+1]]], off (m + 1,)
+    local_test_offsets: np.ndarray | None = None  # X[local_test_order[off[i]:off[i+1]]], off (m + 1,), X being
+    local_test_source: Literal["train", "test"] = "train"  # train_x (held out of training) or test_x (the dataset's)
 
     @property
     def m(self) -> int:

@@ -86,8 +86,7 @@ def test_plot_groups_by_result_keys_only(tmp_path):
             fake_result(tmp_path / "c.h5", {"round": ROUNDS, "test_acc": [0.1, 0.2, 0.9]}, seed=0,
                         algorithm__name="mifa", train__lr=0.5)]
     curves = load_curves(runs, "test_acc", "round")
-    assert [(c[0], c[4]) for c in curves] == [("synth (fedavg_active) train.lr=0.1", 2),
-                                              ("synth (mifa) train.lr=0.5", 1)]
+    assert [(c[0], c[4]) for c in curves] == [("fedavg_active, lr=0.1", 2), ("mifa, lr=0.5", 1)]
     assert curves[0][2][-1] == pytest.approx(0.4) and curves[0][3][-1] == pytest.approx(0.1)
 
 

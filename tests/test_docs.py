@@ -39,3 +39,15 @@ def test_every_markdown_reference_resolves_inside_the_repository():
             if not any(os.path.isfile(w) for w in where):
                 missing.append(f"{os.path.relpath(path, ROOT)}: {ref}")
     assert len(files) > 50 and not missing, missing
+
+
+def test_the_table_of_what_works_with_what_is_current():
+    """docs/GUARANTEES.md's tables are generated from the components' declarations."""
+    import pytest
+
+    pytest.importorskip("dp_accounting")
+    from fedmpi.docs import COMBINATIONS, GUARANTEES, combinations_table
+
+    text = open(GUARANTEES, encoding="utf-8").read()
+    block = text.split(COMBINATIONS[0], 1)[1].split(COMBINATIONS[1], 1)[0].strip()
+    assert block == combinations_table(), "run: python -m fedmpi.docs"

@@ -136,3 +136,30 @@ def test_cuda_graph_replays_with_dropout_on_cuda():
     x0 = plain.spec.flatten(plain.task.model).to(CUDA).expand(len(ids), -1)
     for t in range(3):
         assert torch.equal(plain.train(x0, ids, t=t), graphs.train(x0, ids, t=t))
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_packed_runs_get_their_own_bits_on_cuda(graphs):
+    """engine.packed on CUDA: a packed group's blocks keep one run's padded shape, so each run of
+    other seeds and algorithms gets the bits it gets alone (with and without train.cuda_graphs)."""
+    from fedmpi.build import build_components
+    from fedmpi.engine.packed import PackedTrainer
+
+    world = World(device=CUDA)
+    algos = [{"name": "fedavg_active"}, {"name": "mifa"}, {"name": "fedprox", "mu": 0.1}, {"name": "qffl", "q": 2.0}]
+    cfgs = [config.from_dict(synthetic_config(seed=s, task__model="mlp", task__hidden=32, algorithm=a,
+                                              train__local_steps_draw="uniform", train__cuda_graphs=graphs,
+                                              runtime__device="cuda"))
+            for s, a in enumerate(algos)]
+    alone = [build_components(c, world) for c in cfgs]
+    runs = [build_components(c, world) for c in cfgs]
+    packed = PackedTrainer([r.trainer for r in runs])
+    assert packed.block_rows() == runs[0].trainer.chunk_size() and packed.block.fixed_shape
+    for t in range(4):
+        for r in alone:
+            r.algorithm.round(t)
+        requests = [r.algorithm.begin_round(t) for r in runs]
+        for r, q, end in zip(runs, requests, packed.train(list(enumerate(requests)))):
+            r.algorithm.finish_round(q, end)
+    for a, b in zip(alone, runs):
+        assert torch.equal(a.algorithm.final_params(), b.algorithm.final_params())

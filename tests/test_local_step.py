@@ -144,6 +144,6 @@ def test_ranges(key, value):
 
 def test_decentralized_refuses_momentum_but_takes_weight_decay():
     dec = {"algorithm": {"name": "dspodfl"}, "topology": {"kind": "ring"}}
-    with pytest.raises(InputError, match=r"^train\.momentum: a decentralized algorithm"):
+    with pytest.raises(InputError, match=r"^train\.momentum: algorithm\.name dspodfl takes one local step"):
         config.from_dict({**dec, "train": {"momentum": 0.5}})
     assert config.from_dict({**dec, "train": {"weight_decay": 1e-3}}).train.weight_decay == 1e-3

@@ -9,10 +9,11 @@ import pytest
 
 import fault_plugin
 from conftest import fedmpi, synthetic_config, write_config
-from fedmpi import config, metrics, plugins
+from fedmpi import config, log, metrics, plugins
 from fedmpi.build import build_task
 from fedmpi.cli import main
 from fedmpi.data.partition import split_local_test
+from fedmpi.errors import InputError
 from fedmpi.registry import METRICS
 from fedmpi.runner import Runner
 from fedmpi.runtime import World
@@ -88,8 +89,8 @@ def test_client_losses_match_their_rederivation_on_the_quadratic(tmp_path):
 def test_a_registered_metric_appears_for_every_algorithm_and_in_the_table(tmp_path, acc_gap, capsys):
     for algo in ("fedavg_active", "fedswe", "mifa", "scaffold"):
         with _run(tmp_path, algo, algorithm={"name": algo}, task__partition__local_test=0.25,
-                  evaluation={"clients": {"arrays": True}}) as f:
-            acc = f["clients/acc"][:]  # on because a registered metric needs the clients
+                  evaluation={"metrics": ["acc_gap"], "clients": {"arrays": True}}) as f:
+            acc = f["clients/acc"][:]
             np.testing.assert_array_equal(f["metrics/acc_gap"][:], np.nanmax(acc, 1) - np.nanmin(acc, 1))
             assert "client_acc_p10" in f["metrics"]
     assert main(["table", str(tmp_path), "--rows", "algorithm.name", "--metric", "acc_gap",
@@ -97,6 +98,116 @@ def test_a_registered_metric_appears_for_every_algorithm_and_in_the_table(tmp_pa
     out = capsys.readouterr().out
     assert "acc_gap" in out and "rounds to test_acc >= 0.3" in out
     assert all(a in out for a in ("fedavg_active", "fedswe", "mifa", "scaffold"))
+
+
+def test_the_fairness_summaries_of_known_values():
+    acc = np.array([0.9, np.nan, 0.1, 0.5, 0.3, 0.7])
+    sizes = np.array([10, 0, 30, 20, 20, 20])
+    v, n = np.array([0.9, 0.1, 0.5, 0.3, 0.7]), np.array([10, 30, 20, 20, 20])
+    s = metrics.summarize("acc", acc, 0.4, ["var", "mean", "weighted", "best", "min", "max", "worst"], sizes)
+    assert list(s) == [f"client_acc_{k}" for k in ("var", "mean", "weighted", "best", "min", "max", "worst")]
+    assert s["client_acc_var"] == pytest.approx(np.var(v)) and s["client_acc_mean"] == pytest.approx(0.5)
+    assert s["client_acc_weighted"] == pytest.approx(np.sum(v * n) / n.sum())  # LEAF's weighted mean
+    assert s["client_acc_best"] == pytest.approx(0.8) and s["client_acc_worst"] == pytest.approx(0.2)
+    assert (s["client_acc_min"], s["client_acc_max"]) == (0.1, 0.9)
+    loss = metrics.summarize("loss", v, 0.4, ["best", "worst"])  # for a loss, the best are the lowest
+    assert loss == {"client_loss_best": pytest.approx(0.2), "client_loss_worst": pytest.approx(0.8)}
+
+
+COUNTED = []
+
+
+def counted(m: metrics.MetricInput) -> float:
+    """A metric that records that it ran and what it saw."""
+    COUNTED.append(dict(m.clients))
+    return float(len(m.clients))
+
+
+@pytest.fixture
+def registered_pair():
+    """Two metrics of a plug-in: one that reads the clients, one that does not."""
+    COUNTED.clear()
+    METRICS.register("seen_clients", counted, clients=True)
+    METRICS.register("rounds_plus_one", lambda m: m.rounds_done + 1.0)
+    yield
+    for n in ("seen_clients", "rounds_plus_one"):
+        METRICS._entries.pop(n, None)
+
+
+def test_a_loaded_metric_costs_nothing_unless_the_config_names_it(tmp_path, registered_pair, capsys):
+    """Issue 35: loading a metric plug-in turned the per-client evaluation on in every run (~8x
+    slower, benchmarks/metric_cost.py); now a run computes only the metrics its config names."""
+    METRICS._entries.pop("seen_clients")
+    with _run(tmp_path, "plain") as f:
+        plain = {k: f["metrics"][k][:] for k in f["metrics"]}
+    METRICS.register("seen_clients", counted, clients=True)
+    log.setup(0)  # notices on stderr, as the command line prints them
+    capsys.readouterr()
+    with _run(tmp_path, "loaded") as f:
+        assert sorted(f["metrics"]) == sorted(plain) and "clients" not in f  # no client_*, no plug-in metric
+        for k in plain:
+            if k not in ("wall_time", "peak_rss_mb"):
+                np.testing.assert_array_equal(f["metrics"][k][:], plain[k])
+    assert COUNTED == []  # never called
+    assert "registered metrics rounds_plus_one, seen_clients not computed: this config does not name them in " \
+           "evaluation.metrics" in capsys.readouterr().err
+    with _run(tmp_path, "named", evaluation={"metrics": ["rounds_plus_one", "seen_clients"]}) as f:
+        names = list(f["metrics"])
+        assert "client_acc_p10" in names  # naming a metric that reads the clients evaluates them
+        assert list(f["metrics/rounds_plus_one"][:]) == [1.0, 3.0, 5.0, 7.0]
+        assert list(f["metrics/seen_clients"][:]) == [2.0] * 4 and len(COUNTED) == 4
+        assert sorted(COUNTED[0]) == ["acc", "loss"] and COUNTED[0]["acc"].shape == (12,)
+    with _run(tmp_path, "cheap", evaluation={"metrics": ["rounds_plus_one"]}) as f:  # no clients needed: none
+        assert "client_acc_p10" not in f["metrics"] and list(f["metrics/rounds_plus_one"][:]) == [1.0, 3.0, 5.0, 7.0]
+    assert len(COUNTED) == 4
+
+
+def test_which_client_summaries_run_is_the_configs_choice(tmp_path):
+    default = ["p10", "p50", "p90", "std", "worst"]  # the names of runs made before the choice
+    with _run(tmp_path, "default", evaluation={"clients": {"enabled": True}}) as f:
+        assert [k for k in f["metrics"] if k.startswith("client_")] == \
+            [f"client_{a}_{s}" for a in ("acc", "loss") for s in default]  # h5py lists names sorted
+    fair = ["mean", "worst", "best", "var", "min", "weighted"]
+    with _run(tmp_path, "fair", task__partition__local_test=0.25,
+              evaluation={"clients": {"arrays": True, "summaries": fair}}) as f:
+        acc, loss = f["clients/acc"][-1], f["clients/loss"][-1]
+        assert sorted(k for k in f["metrics"] if k.startswith("client_")) == \
+            sorted(f"client_{a}_{s}" for a in ("acc", "loss") for s in fair)
+        assert f["metrics/client_acc_var"][-1] == pytest.approx(np.var(acc))
+        assert f["metrics/client_acc_min"][-1] == acc.min() and f["metrics/client_loss_mean"][-1] == \
+            pytest.approx(loss.mean())
+    with _run(tmp_path, "none", evaluation={"clients": {"arrays": True, "summaries": []}}) as f:
+        assert "clients/acc" in f and not [k for k in f["metrics"] if k.startswith("client_")]
+
+
+@pytest.mark.parametrize("evaluation, needle", [
+    ({"metrics": ["acc_gapp"]}, "evaluation.metrics: no registered metric 'acc_gapp' (registered: "),
+    ({"metrics": ["test_acc"]}, "the built-in metrics are always logged"),
+    ({"metrics": "acc_gap"}, "evaluation.metrics: must be a list"),
+    ({"clients": {"summaries": ["p25"]}}, "evaluation.clients.summaries: unknown summary 'p25' (allowed: p10,"),
+    ({"clients": {"summaries": ["var", "var"]}}, "evaluation.clients.summaries: 'var' is named twice"),
+])
+def test_evaluation_choices_are_checked(evaluation, needle):
+    with pytest.raises(InputError) as e:
+        config.from_dict(synthetic_config(evaluation=evaluation))
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_an_unknown_metric_is_exit_2_in_one_line(tmp_path):
+    cfg = write_config(tmp_path / "bad.yaml", synthetic_config(evaluation={"metrics": ["acc_gapp"]}))
+    p = fedmpi(["run", cfg, "--quiet"], check=False)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "evaluation.metrics: no registered metric 'acc_gapp'" in p.stderr and not (tmp_path / "runs").exists()
+
+
+def test_a_named_metric_may_not_shadow_one_of_the_run(tmp_path):
+    METRICS.register("client_acc_p10", lambda m: 0.0)
+    try:
+        with pytest.raises(InputError, match="evaluation.metrics: 'client_acc_p10' is already a metric of this run"):
+            _run(tmp_path, "clash", evaluation={"metrics": ["client_acc_p10"], "clients": {"enabled": True}})
+        _run(tmp_path, "fine", evaluation={"metrics": ["client_acc_p10"]}).close()  # no summaries: no clash
+    finally:
+        METRICS._entries.pop("client_acc_p10", None)
 
 
 def test_callbacks_at_three_moments_and_stopping_early(tmp_path):
@@ -134,7 +245,8 @@ def test_stop_at_a_target_and_its_errors(tmp_path):
 
 def test_client_arrays_survive_a_resume_bit_for_bit(tmp_path, acc_gap):
     over = dict(rounds=10, eval_every=2, runtime={"checkpoint_every": 2, "progress": False},
-                task__partition__local_test=0.2, evaluation={"clients": {"enabled": True, "arrays": True}})
+                task__partition__local_test=0.2, evaluation={"clients": {"enabled": True, "arrays": True},
+                                                             "metrics": ["acc_gap"]})
     cfg = config.from_dict(synthetic_config(**over))
     Runner(cfg, World(), str(tmp_path / "straight.h5"), quiet=True).run()
     with pytest.raises(RuntimeError, match="injected"):
@@ -149,7 +261,8 @@ def test_client_arrays_survive_a_resume_bit_for_bit(tmp_path, acc_gap):
 @pytest.mark.mpi
 def test_client_metrics_same_bits_on_1_2_3_ranks(tmp_path, acc_gap):
     cfg = write_config(tmp_path / "c.yaml", synthetic_config(
-        task__partition__local_test=0.2, evaluation={"clients": {"enabled": True, "arrays": True}}))
+        task__partition__local_test=0.2, evaluation={"clients": {"enabled": True, "arrays": True},
+                                                     "metrics": ["acc_gap"]}))
     outs = []
     for ranks in (0, 2, 3):
         outs.append(str(tmp_path / f"r{ranks}.h5"))

@@ -220,11 +220,15 @@ def test_state_dict_round_trip(name, algo):
     assert torch.equal(a.x, b.x)
 
 
-def test_fedexp_and_power_of_choice_are_not_private_sums():
+@pytest.mark.parametrize("name, why", [("fedexp", "reads every"), ("power_of_choice", "selects clients by their data")])
+def test_fedexp_and_power_of_choice_are_refused_under_privacy(name, why):
     from fedmpi.algorithms.fedexp import FedExP
     from fedmpi.algorithms.power_of_choice import PowerOfChoice
+    from fedmpi.errors import InputError
+    from fedmpi.privacy.declaration import declaration
 
-    assert not FedExP.private_sum() and not PowerOfChoice.private_sum()
+    with pytest.raises(InputError, match=why):
+        declaration({"fedexp": FedExP, "power_of_choice": PowerOfChoice}[name], name)
 
 
 # ----------------------------------------------------------------------------- lr schedules

@@ -52,7 +52,8 @@ def test_four_variant_sweep_legend_covers_nothing(tmp_path):
         assert page.x0 - 1 <= legend.x0 and legend.x1 <= page.x1 + 1, (legend, page)
         assert page.y0 - 1 <= legend.y0 and legend.y1 <= page.y1 + 1, (legend, page)
         assert not legend.overlaps(axes), (legend, axes)
-        assert [t.get_text() for t in fig.legends[0].get_texts()] == [f"{v} (2 runs)" for v in VARIANTS]
+        assert [t.get_text().replace("\n", " ") for t in fig.legends[0].get_texts()] == VARIANTS
+        assert fig.legends[0].get_title().get_text() == "mean \u00b1 std of 2 runs"  # said once, not per entry
 
 
 def test_cli_sweep_labels_subplots_pdf(tmp_path):
@@ -106,3 +107,181 @@ def test_availability_figure_of_many_clients_draws_bands(tmp_path):
     assert fig.bbox.x0 - 1 <= box.x0 and box.x1 <= fig.bbox.x1 + 1
     few = show.figure("t", [0, 1, 2], p[:3], np.zeros((3, 40), np.uint8))
     assert len(few.legends[0].get_texts()) == 3
+
+
+# ----------------------------------------------------------------------------- camera-ready (#35.1)
+
+def _texts_inside(fig) -> None:
+    """Everything a drawn figure shows (axes with their tick labels and axis labels, legends,
+    title) lies inside it: nothing cut at the edges."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    page = fig.bbox
+    shown = [ax.get_tightbbox(renderer) for ax in fig.axes] + [leg.get_window_extent(renderer) for leg in fig.legends]
+    shown += [t.get_window_extent(renderer) for t in fig.texts if t.get_text().strip()]
+    for box in shown:
+        assert page.x0 - 1 <= box.x0 and box.x1 <= page.x1 + 1, (box, page)
+        assert page.y0 - 1 <= box.y0 and box.y1 <= page.y1 + 1, (box, page)
+    titles = [t.get_window_extent(renderer) for t in fig.texts if t.get_text().strip()]
+    titles += [ax.title.get_window_extent(renderer) for ax in fig.axes if ax.get_title()]
+    for leg in fig.legends:  # the legend covers no title and no axes
+        box = leg.get_window_extent(renderer)
+        assert not any(box.overlaps(t) for t in titles), (box, titles)
+        assert not any(box.overlaps(ax.get_window_extent(renderer)) for ax in fig.axes), box
+
+
+def test_pdf_fonts_are_truetype_not_type3(tmp_path):
+    """Venues refuse Type 3 fonts: every font of the PDF is embedded as TrueType (Type 42)."""
+    import re
+
+    path = _sweep(tmp_path)
+    out = tmp_path / "f.pdf"
+    assert main(["plot", path, "--metric", "test_acc,test_loss", "--size", "column", "--title", "A title",
+                 "--out", str(out)]) == 0
+    data = out.read_bytes()
+    subtypes = set(re.findall(rb"/Subtype\s*/(\w+)", data))
+    assert b"Type3" not in subtypes and (b"TrueType" in subtypes or b"CIDFontType2" in subtypes), subtypes
+    for ext in (".eps", ".ps"):
+        ps = tmp_path / f"f{ext}"
+        assert main(["plot", path, "--size", "column", "--out", str(ps)]) == 0
+        text = ps.read_bytes()
+        assert text.startswith(b"%!PS") and b"/FontType 3" not in text and b"/FontType 42" in text
+
+
+@pytest.mark.parametrize("metrics, legend, xlabel", [
+    ("test_acc", "below", None), ("test_acc,test_loss", "below", None), ("test_acc", "right", None),
+    ("test_acc", "below", "communication rounds of federated training")])
+def test_no_text_is_cut_at_column_size(tmp_path, metrics, legend, xlabel):
+    """Four curves with long names, a title and axis labels at --size column: everything inside
+    the 3.4 x 2.6 in figure (long names wrapped, the legend in as many columns as fit)."""
+    import matplotlib.pyplot as plt
+
+    path = _sweep(tmp_path)
+    runs, labels = plots._gather([path])
+    per_metric = [(m, plots.curves_of(runs, m, "round", labels)) for m in metrics.split(",")]
+    for _, curves in per_metric:
+        for c, name in zip(curves, VARIANTS):
+            c.label, c.parts = name, {"label": name}
+    fig = plots.figure(per_metric, "round", size=plots.SIZES["column"], legend=legend,
+                       title="FedSWE and its baselines on Fashion-MNIST", axes=plots.Axes(xlabel=xlabel))
+    try:
+        _texts_inside(fig)
+        assert tuple(fig.get_size_inches()) == plots.SIZES["column"]  # the size asked for, not grown
+    finally:
+        plt.close(fig)
+
+
+def test_curves_stay_apart_in_grayscale(tmp_path):
+    """Every curve differs from every other in line style or marker, not only in colour."""
+    import matplotlib.pyplot as plt
+
+    path = _sweep(tmp_path)
+    runs, labels = plots._gather([path])
+    fig = plots.figure([("test_acc", plots.curves_of(runs, "test_acc", "round", labels))], "round")
+    try:
+        lines = fig.axes[0].get_lines()
+        assert len(lines) == 4
+        looks = {(str(ln.get_linestyle()), ln.get_marker()) for ln in lines}
+        assert len(looks) == 4, looks
+        assert fig.axes[0].get_ylabel() == "test accuracy" and fig.axes[0].get_xlabel() == "round"
+    finally:
+        plt.close(fig)
+
+
+def _grid_sweep(tmp_path, labels: dict | None = None) -> str:
+    """3 variants x 2 local-step counts x 3 seeds, written directly."""
+    write_config(tmp_path / "base.yaml", synthetic_config())
+    data = {"base": "base.yaml", "out": str(tmp_path / "out"),
+            "variants": [{"label": "FedAvg", "algorithm.name": "fedavg_active"},
+                         {"label": "FedSWE k=100", "algorithm.name": "fedswe", "algorithm.k": 100},
+                         {"label": "MIFA", "algorithm.name": "mifa"}],
+            "grid": {"train.local_steps": [1, 5], "seed": [0, 1, 2]}}
+    if labels:
+        data["labels"] = labels
+    path = write_config(tmp_path / "g.sweep.yaml", data)
+    sw = sweeps.load(path)
+    rng = np.random.default_rng(1)
+    for cell in sw.cells:
+        cfg = sw.config(cell)
+        w = ResultWriter(cell.path, cfg.to_yaml(), cfg.seed, 1, ["test_acc"], cfg.task.clients, False,
+                         claim_=claim(cell.path, cfg.resume_digest()))
+        for r in range(0, 21, 2):
+            w.append({"round": r, "test_acc": float(1 - np.exp(-r / 8) * rng.uniform(0.8, 1.0))}, r)
+        w.finish("completed", np.zeros(3), 20)
+    return path
+
+
+def test_grid_legend_has_one_entry_per_value(tmp_path):
+    """Variants x a grid key: colour and marker name the variant, the line style the grid value,
+    and the legend lists 3 + 2 entries instead of 6 curves."""
+    import matplotlib.pyplot as plt
+
+    path = _grid_sweep(tmp_path, labels={"train.local_steps": "local steps"})
+    runs, labels = plots._gather([path])
+    curves = plots.curves_of(runs, "test_acc", "round", labels)
+    assert [c.label for c in curves] == ["FedAvg, local steps=1", "FedAvg, local steps=5",
+                                         "FedSWE k=100, local steps=1", "FedSWE k=100, local steps=5",
+                                         "MIFA, local steps=1", "MIFA, local steps=5"]
+    assert {c.runs for c in curves} == {3}
+    fig = plots.figure([("test_acc", curves)], "round", size=plots.SIZES["column"])
+    try:
+        texts = [t.get_text() for t in fig.legends[0].get_texts()]  # one row per factor (columns fill first)
+        assert texts == ["FedAvg", "local steps=1", "FedSWE k=100", "local steps=5", "MIFA", ""]
+        lines = fig.axes[0].get_lines()
+        assert lines[0].get_color() == lines[1].get_color() != lines[2].get_color()
+        assert lines[0].get_linestyle() == lines[2].get_linestyle() != lines[1].get_linestyle()
+        _texts_inside(fig)
+    finally:
+        plt.close(fig)
+
+
+def test_a_subset_of_a_sweeps_files_keeps_its_variant_labels(tmp_path):
+    """#35.1: plotting some of a sweep's files (not the sweep file) named the curves
+    'synth (fedswe) algorithm.k=100'; each cell's file records its variant (runtime.label)."""
+    import glob
+
+    path = _grid_sweep(tmp_path)
+    files = sorted(glob.glob(str(tmp_path / "out" / "FedSWE_k=100" / "*.h5")))
+    files += sorted(glob.glob(str(tmp_path / "out" / "MIFA" / "seed=*,train.local_steps=5.h5")))
+    curves = plots.curves_of(plots.gather_runs(files), "test_acc", "round")
+    assert [c.label for c in curves] == ["FedSWE k=100, local_steps=1", "FedSWE k=100, local_steps=5",
+                                         "MIFA, local_steps=5"], [c.label for c in curves]
+    assert sweeps.load(path).cells[0].path.endswith("FedAvg/seed=0,train.local_steps=1.h5")
+
+
+def test_legends_never_show_none(tmp_path):
+    """#35.7: a key one algorithm has and another lacks (algorithm.k) showed as 'algorithm.k=None'."""
+    from fake_results import fake_result
+
+    for i, over in enumerate([{"algorithm__name": "fedswe", "algorithm__k": 100},
+                              {"algorithm__name": "fedswe", "algorithm__k": 0},
+                              {"algorithm__name": "fedavg_active"}]):
+        fake_result(tmp_path / f"r{i}.h5", {"round": [0, 2], "test_acc": [0.1, 0.5]}, **over)
+    curves = plots.curves_of(plots.gather_runs([str(tmp_path)]), "test_acc", "round")
+    assert sorted(c.label for c in curves) == ["fedavg_active", "fedswe, k=0", "fedswe, k=100"]
+
+
+def test_axis_labels_and_limits(tmp_path):
+    import matplotlib.pyplot as plt
+
+    path = _sweep(tmp_path)
+    runs, labels = plots._gather([path])
+    per_metric = [(m, plots.curves_of(runs, m, "round", labels)) for m in ("test_acc", "test_loss")]
+    axes = plots.Axes("rounds", ["accuracy", "loss"], (0, 5), (0.1, None))
+    fig = plots.figure(per_metric, "round", axes=axes)
+    try:
+        assert [a.get_ylabel() for a in fig.axes] == ["accuracy", "loss"] and fig.axes[1].get_xlabel() == "rounds"
+        assert fig.axes[0].get_xlim() == (0, 5) and fig.axes[0].get_ylim()[0] == 0.1
+    finally:
+        plt.close(fig)
+    assert plots.parse_limits("0.5,", "--ylim") == (0.5, None) and plots.parse_limits(",3", "--xlim") == (None, 3)
+    for bad in ("1", "2,1", "a,b", "nan,1"):
+        with pytest.raises(Exception, match="--ylim"):
+            plots.parse_limits(bad, "--ylim")
+
+
+def test_ylabel_count_must_match(tmp_path, capsys):
+    path = _sweep(tmp_path)
+    assert main(["plot", path, "--metric", "test_acc,test_loss", "--ylabel", "a", "--ylabel", "b", "--ylabel", "c",
+                 "--out", str(tmp_path / "f.png")]) == 2
+    assert "--ylabel: 3 given for 2 subplots" in capsys.readouterr().err

@@ -11,9 +11,10 @@ from conftest import assert_resume_identical, fedmpi, synthetic_config, write_co
 
 from fedmpi import config, rng
 from fedmpi.build import build_components
-from fedmpi.privacy.mechanism import Privacy, banded_sqrt_coefficients
+from fedmpi.participation import Sampling
+from fedmpi.privacy.banded import BandedParams, banded_sqrt_coefficients
 from fedmpi.privacy.params import PrivacyParams
-from fedmpi.privacy.sampling import Sampling
+from fedmpi.privacy.run import Privacy
 from fedmpi.runner import Runner
 from fedmpi.runtime import World
 
@@ -48,7 +49,7 @@ def test_zero_noise_without_clipping_is_the_algorithm_bit_for_bit(name, tmp_path
 
 def test_noise_std_is_sigma_clip_over_expected_cohort():
     sigma, clip, cohort, d, rounds = 1.3, 0.7, 5.0, 2000, 100
-    priv = Privacy(PrivacyParams("gaussian", clip, sigma), Sampling(cohort), rounds, 11, d, World())
+    priv = Privacy(PrivacyParams("gaussian", clip, sigma), Sampling("none", cohort), rounds, 11, d, World())
     noise = torch.stack([priv.noise(t, d, torch.device("cpu")) for t in range(rounds)])
     assert float(noise.std()) == pytest.approx(sigma * clip / cohort, rel=0.01)
     assert abs(float(noise.mean())) < 0.01 * sigma * clip / cohort
@@ -73,7 +74,7 @@ def test_the_server_adds_the_noise_once_to_the_mean_of_clipped_updates():
 
 
 def test_clipping_shrinks_long_updates_only():
-    priv = Privacy(PrivacyParams("gaussian", 1.0, 0.0), Sampling(2.0), 1, 0, 3, World())
+    priv = Privacy(PrivacyParams("gaussian", 1.0, 0.0), Sampling("none", 2.0), 1, 0, 3, World())
     start = torch.zeros(2, 3)
     end = torch.tensor([[3.0, 4.0, 0.0], [0.3, 0.4, 0.0]])
     out = priv.clip(0, start, end)
@@ -82,7 +83,7 @@ def test_clipping_shrinks_long_updates_only():
 
 def test_adaptive_clipping_follows_the_quantile_of_the_update_norms():
     params = PrivacyParams("gaussian", clip=0.1, noise_multiplier=0.0, target_quantile=0.3)
-    priv = Privacy(params, Sampling(10.0), 300, 0, 1, World())
+    priv = Privacy(params, Sampling("none", 10.0), 300, 0, 1, World())
     start, end = torch.zeros(10, 1), torch.arange(1.0, 11.0)[:, None]  # update norms 1..10
     for t in range(300):
         priv.clip(t, start, end)
@@ -92,7 +93,7 @@ def test_adaptive_clipping_follows_the_quantile_of_the_update_norms():
 def test_adaptive_clipping_spends_part_of_the_budget_on_the_count():
     def privacy(sigma: float, count_noise: float | None, cohort: float = 10.0) -> Privacy:
         params = PrivacyParams("gaussian", 1.0, sigma, target_quantile=0.5, count_noise=count_noise)
-        return Privacy(params, Sampling(cohort), 10, 0, 1, World())
+        return Privacy(params, Sampling("none", cohort), 10, 0, 1, World())
 
     assert privacy(2.0, 4.0).sigma_update == pytest.approx((2.0 ** -2 - 4.0 ** -2) ** -0.5)
     assert privacy(2.0, None, cohort=100.0).sigma_count == 5.0  # n~ / 20
@@ -160,11 +161,13 @@ def test_a_target_epsilon_calibrates_the_noise_multiplier():
 
 
 @pytest.mark.parametrize("availability, want", [
-    ({"kind": "always"}, Sampling(12.0)),
-    ({"kind": "cohort", "size": 4}, Sampling(4.0, fixed=(12, 4))),
-    ({"kind": "stationary", "base": {"kind": "fixed", "values": [0.25]}}, Sampling(3.0, q=0.25)),
-    ({"kind": "cyclic", "groups": 3, "base": {"kind": "fixed", "values": [0.5]}}, Sampling(2.0, q=0.5, separation=3)),
-    ({"kind": "markov", "B": 3, "R": 2}, Sampling(3.0, separation=3)),
+    ({"kind": "always"}, Sampling("none", 12.0)),
+    ({"kind": "cohort", "size": 4}, Sampling("fixed_size", 4.0, q=1 / 3, m=12, size=4)),
+    ({"kind": "stationary", "base": {"kind": "fixed", "values": [0.25]}},
+     Sampling("poisson", 3.0, q=0.25, period=1)),
+    ({"kind": "cyclic", "groups": 3, "base": {"kind": "fixed", "values": [0.5]}},
+     Sampling("poisson", 2.0, q=0.5, separation=3, separation_key="availability.groups", period=3)),
+    ({"kind": "markov", "B": 3, "R": 2}, Sampling("none", 3.0, separation=3, separation_key="availability.R + 1")),
 ])
 def test_the_sampling_each_availability_gives_the_accountant(availability, want):
     cfg = markov_cfg({"mechanism": "gaussian", "clip": 1.0, "noise_multiplier": 1.0}, "fedavg_active")
@@ -173,7 +176,7 @@ def test_the_sampling_each_availability_gives_the_accountant(availability, want)
 
 
 def test_a_fixed_size_cohort_is_accounted_as_sampling_without_replacement():
-    s = Sampling(4.0, fixed=(12, 4))
+    s = Sampling("fixed_size", 4.0, q=1 / 3, m=12, size=4)
     priv = Privacy(PrivacyParams("gaussian", 1.0, 2.0), s, 10, 0, 1, World())
     acc = dp.rdp.RdpAccountant(neighboring_relation=dp.NeighboringRelation.REPLACE_ONE)
     acc.compose(dp.SampledWithoutReplacementDpEvent(12, 4, dp.GaussianDpEvent(1.0)), 10)  # sensitivity 2C
@@ -207,7 +210,8 @@ def test_banded_noise_is_the_dense_triangular_solve():
     from scipy.linalg import solve_triangular
 
     b, T, d, seed, sigma, clip, cohort = 3, 10, 4, 5, 1.5, 2.0, 4.0
-    priv = Privacy(PrivacyParams("banded_mf", clip, sigma, band=b), Sampling(cohort, separation=b), T, seed, d, World())
+    priv = Privacy(BandedParams("banded_mf", clip, sigma, band=b), Sampling("none", cohort, separation=b), T, seed, d,
+                   World())
     got = torch.stack([priv.noise(t, d, torch.device("cpu")) for t in range(T)]).numpy()
     c = banded_sqrt_coefficients(b)
     C = sum(np.diag(np.full(T - j, c[j]), -j) for j in range(b))
@@ -241,7 +245,7 @@ def test_incomplete_sections_are_refused(privacy, key):
 
 @pytest.mark.parametrize("name", ["scaffold", "mifa"])
 def test_algorithms_whose_sum_is_not_a_clipped_mean_are_refused(name):
-    with pytest.raises(config.InputError, match=f"privacy.mechanism: algorithm '{name}'"):
+    with pytest.raises(config.InputError, match=f"privacy.mechanism: algorithm.name '{name}'"):
         config.from_dict(markov_cfg({"mechanism": "gaussian", "clip": 1.0, "noise_multiplier": 1.0}, name))
 
 
@@ -369,15 +373,19 @@ def test_fedswe_is_accounted_without_amplification(tmp_path):
         assert e == acc.get_epsilon(1e-6)
 
 
-def test_fedswe_runs_on_its_papers_availability_and_others_do_not():
-    sine = {"kind": "sine", "base": {"kind": "uniform", "lo": 0.2, "hi": 0.8}}
+def test_time_varying_availability_describes_itself_to_the_accountant():
+    """FedSWE runs on its paper's availabilities without amplification; DP-FedAvg on the same sine
+    is Poisson sampling with q the largest p_i^t of a period, n~ the mean of sum_i p_i^t over it."""
+    sine = {"kind": "sine", "period": 10, "base": {"kind": "uniform", "lo": 0.2, "hi": 0.8}}
     cfg = fedswe_cfg(GAUSSIAN, max_echo=4)
     cfg["availability"] = sine
     algo = build_components(config.from_dict(cfg), World()).algorithm
-    assert algo.privacy.sampling.q == 1 and 0 < algo.privacy.cohort < 12
+    assert not algo.privacy.amplified and 0 < algo.privacy.cohort < 12
     cfg["algorithm"] = {"name": "fedavg_active"}
-    with pytest.raises(config.InputError, match="privacy.mechanism: availability.kind 'sine'"):
-        config.from_dict(cfg)
+    algo = build_components(config.from_dict(cfg), World()).algorithm
+    p = np.stack([algo.ctx.participation.probabilities(t) for t in range(10)])
+    assert algo.privacy.amplified and algo.privacy.sampling.kind == "poisson"
+    assert algo.privacy.sampling.q == p.max() and algo.privacy.cohort == pytest.approx(p.sum() / 10, rel=1e-12)
 
 
 def test_fedswe_under_privacy_needs_max_echo(tmp_path):
@@ -413,3 +421,220 @@ def test_fedswe_one_and_two_ranks_are_bit_identical_with_privacy(algorithm, tmp_
         assert np.array_equal(a["final/params"][:], b["final/params"][:])
         for key in ("test_loss", "test_loss_server", "consensus_error", "epsilon"):
             assert np.array_equal(a["metrics"][key][:], b["metrics"][key][:]), key
+
+
+# ----------------------------------------------------------------------------- issue #32's findings
+
+SPARSE = {"kind": "stationary", "base": {"kind": "fixed", "values": [0.1]}}  # 12 clients: ~28% of rounds empty
+
+
+@pytest.mark.parametrize("name", ["fedavgm", "fedadam", "fedyogi", "fedadagrad"])
+def test_server_optimizers_release_a_step_in_every_round_under_privacy(name):
+    """E1: amplification by sampling hides whether a round was empty only if an empty round
+    releases a step too (the noise alone); the server optimizers used to keep x^t, showing it."""
+    cfg = synthetic_config(rounds=12, algorithm={"name": name}, availability=SPARSE,
+                           privacy={"mechanism": "gaussian", "clip": 0.5, "noise_multiplier": 1.0})
+    algo = build_components(config.from_dict(cfg), World()).algorithm
+    assert algo.privacy.amplified and algo.privacy.sampling.q == 0.1  # amplification is claimed
+    empty = 0
+    for t in range(12):
+        before = algo.x.clone()
+        n = algo.round(t)
+        empty += n == 0
+        assert not torch.equal(before, algo.x), f"round {t} ({n} clients) released no step"
+    assert empty >= 1
+
+
+def test_debiased_fedavg_divides_by_the_expected_cohort_under_privacy():
+    """E2: with B = |S_t| a client that joins changes every other client's step size nu_i; under
+    privacy B is the fixed expected cohort n~, so the neighbouring runs differ by one clipped update."""
+    from helpers.neighbours import check
+
+    cfg = synthetic_config(rounds=6, algorithm={"name": "debiased_fedavg"},
+                           privacy={"mechanism": "gaussian", "clip": 0.2, "noise_multiplier": 0.0})
+    assert check(config.from_dict(cfg), 6, client=4) > 0
+
+
+def resumable(tmp_path, privacy: dict, rounds: int = 12) -> str:
+    cfg = synthetic_config(rounds=rounds, eval_every=2, algorithm={"name": "fedavg_active"}, privacy=privacy,
+                           availability=SPARSE_HALF)
+    cfg["runtime"]["checkpoint_every"] = 2
+    return write_config(tmp_path / "c.yaml", cfg)
+
+
+def test_a_resume_that_changes_rounds_under_a_target_epsilon_is_refused(tmp_path):
+    """E3: the noise was calibrated to the first rounds; resuming with other rounds would compose
+    noise of two calibrations and report neither's epsilon."""
+    from fault_plugin import env
+
+    cfg, out = resumable(tmp_path, {"mechanism": "gaussian", "clip": 1.0, "epsilon": 8.0}), str(tmp_path / "r.h5")
+    assert fedmpi(["run", cfg, "--quiet", "--out", out], env=env("0:6:usr1"), check=False).returncode == 3
+    p = fedmpi(["run", cfg, "--quiet", "--out", out, "--set", "rounds=24"], check=False)
+    assert p.returncode == 2 and "rounds" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    fedmpi(["run", cfg, "--quiet", "--out", out])  # the same rounds resume
+
+
+def test_the_result_file_records_the_noise_multiplier_of_every_round(tmp_path):
+    """E3: /privacy/noise_multiplier holds the multiplier each round used, one value per round run,
+    also across an interruption and resume."""
+    from fault_plugin import env
+
+    cfg, out = resumable(tmp_path, {"mechanism": "gaussian", "clip": 1.0, "epsilon": 8.0}), str(tmp_path / "r.h5")
+    assert fedmpi(["run", cfg, "--quiet", "--out", out], env=env("0:7:usr1"), check=False).returncode == 3
+    fedmpi(["run", cfg, "--quiet", "--out", out])
+    with h5py.File(out) as f:
+        sigma = f["privacy/noise_multiplier"][:]
+        eps = f["metrics/epsilon"][-1]
+    assert sigma.shape == (12,) and np.all(sigma == sigma[0]) and sigma[0] > 0
+    acc = dp.rdp.RdpAccountant()
+    for s in sigma:  # the reported epsilon is the composition of the noise used (stationary: Poisson)
+        acc.compose(dp.PoissonSampledDpEvent(0.5, dp.GaussianDpEvent(float(s))))
+    assert eps == pytest.approx(acc.get_epsilon(1e-6), rel=1e-9) and eps <= 8.0
+
+
+def cli_error(tmp_path, cfg: dict, *extra: str) -> str:
+    """The one line of a run refused with exit 2."""
+    p = fedmpi(["run", write_config(tmp_path / "c.yaml", cfg), "--quiet", "--out", str(tmp_path / "r.h5"), *extra],
+               check=False)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, (p.returncode, p.stderr[-2000:])
+    return p.stderr
+
+
+def test_data_dependent_availability_is_refused_under_privacy(tmp_path):
+    """dirichlet_phi draws p_i from the clients' label histograms: who is sampled depends on the data."""
+    cfg = synthetic_config(availability={"kind": "stationary", "base": {"kind": "dirichlet_phi"}},
+                           privacy={"mechanism": "gaussian", "clip": 1.0, "noise_multiplier": 1.0})
+    err = cli_error(tmp_path, cfg)
+    assert "availability.base.kind" in err and "privacy.mechanism" in err
+
+
+LOSS_PICK = '''
+import numpy as np
+from fedmpi.algorithms import register
+from fedmpi.algorithms.fedavg import FedAvgActive
+
+
+@register("loss_pick")
+class LossPick(FedAvgActive):
+    """Oort-like: the clients with the largest last training loss (their unnoised losses)."""
+
+    client_outputs = True
+
+    def select(self, t, available):
+        if self.outputs is None or len(available) <= 2:
+            return available
+        loss = np.zeros(self.m)
+        loss[self.outputs.ids] = self.outputs.loss
+        return np.sort(available[np.argsort(-loss[available], kind="stable")[:2]])
+'''
+
+
+def test_a_plugin_that_selects_by_client_losses_is_refused_under_privacy(tmp_path):
+    """A selection that reads client data (here the unnoised training losses) voids the guarantee:
+    a plug-in that overrides select below a privacy declaration must declare its own."""
+    plugin = tmp_path / "loss_pick.py"
+    plugin.write_text(LOSS_PICK)
+    cfg = synthetic_config(algorithm={"name": "loss_pick"},
+                           privacy={"mechanism": "gaussian", "clip": 1.0, "epsilon": 8.0})
+    err = cli_error(tmp_path, cfg, "--plugin", str(plugin))
+    assert "select" in err and "privacy.mechanism" in err
+    del cfg["privacy"]
+    fedmpi(["run", write_config(tmp_path / "c.yaml", cfg), "--quiet", "--out", str(tmp_path / "plain.h5"),
+            "--plugin", str(plugin)])
+
+
+def test_an_expected_cohort_of_zero_is_one_line(tmp_path):
+    cfg = synthetic_config(availability={"kind": "stationary", "base": {"kind": "fixed", "values": [0.0]}},
+                           privacy={"mechanism": "gaussian", "clip": 1.0, "noise_multiplier": 1.0})
+    assert "availability" in cli_error(tmp_path, cfg)
+
+
+def test_a_target_epsilon_needs_rounds(tmp_path):
+    """#38 item 12: rounds 0 with privacy.epsilon was a ValueError traceback."""
+    cfg = synthetic_config(rounds=0, privacy={"mechanism": "gaussian", "clip": 1.0, "epsilon": 4.0})
+    err = cli_error(tmp_path, cfg)
+    assert "rounds" in err and "privacy.epsilon" in err
+
+
+def test_the_banded_noise_history_is_in_the_memory_check(tmp_path, monkeypatch):
+    """#38 item 11: banded_mf keeps b - 1 model-sized float64 rows on every rank; with memory for
+    less than that it is refused up front, naming the key (a large band x model tried 800 GB)."""
+    from fedmpi import build
+    from fedmpi.errors import InputError
+
+    cfg = config.from_dict(markov_cfg({"mechanism": "banded_mf", "clip": 1.0, "noise_multiplier": 1.0, "band": 3}))
+    d = build.build_components(cfg, World()).spec.dim
+    monkeypatch.setattr(build.guards, "step_bytes", lambda *args: 0)
+    monkeypatch.setattr(World, "free_memory", lambda self: (int(2 * d * 8 / 0.9) + 8, "host memory per rank"))
+    build.build_components(cfg, World())  # two rows fit
+    monkeypatch.setattr(World, "free_memory", lambda self: (int(2 * d * 8 / 0.9) - 8, "host memory per rank"))
+    with pytest.raises(InputError, match="privacy.band"):
+        build.build_components(cfg, World())
+
+
+def test_pld_at_a_small_noise_multiplier_stays_small(tmp_path):
+    """#38 item 10: the PLD accountant's discretisation grew without bound at a small sigma (1.5 GB
+    at sigma 0.1); now it holds a bounded number of points and epsilon stays an upper bound."""
+    import tracemalloc
+
+    def pld_epsilon(sigma: float, rounds: int) -> float:
+        cfg = markov_cfg({"mechanism": "gaussian", "clip": 1.0, "noise_multiplier": sigma, "accountant": "pld"},
+                         "fedavg_active", availability=SPARSE_HALF, rounds=rounds)
+        priv = build_components(config.from_dict(cfg), World()).algorithm.privacy
+        tracemalloc.start()
+        try:
+            eps = priv.epsilon(rounds)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 400 * 2**20, f"sigma {sigma}: {peak / 2**20:.0f} MB"
+        return eps
+
+    acc = dp.rdp.RdpAccountant()
+    acc.compose(dp.PoissonSampledDpEvent(0.5, dp.GaussianDpEvent(0.05)), 30)
+    assert pld_epsilon(0.05, 30) <= acc.get_epsilon(1e-6)  # below RDP's bound, still computed
+
+
+SPARSE_HALF = {"kind": "stationary", "base": {"kind": "fixed", "values": [0.5]}}
+
+
+def test_a_trace_is_accounted_by_its_own_participations(tmp_path):
+    """A trace is public and replayed, so no amplification: k = the most rounds any client takes
+    part in, and the separation banded_mf needs is measured from the trace."""
+    schedule = [[0, 1], [2, 3], [4, 5], [0, 6], [1, 2], [3, 4], [5, 6], [0, 1]]  # client 0: 3 times, gaps >= 3
+    cfg = synthetic_config(rounds=8, task={"dataset": "synthetic", "clients": 7, "model": "logreg",
+                                           "synthetic": {"samples": 700, "test_samples": 100, "features": 8,
+                                                         "classes": 3}},
+                           availability={"kind": "trace", "schedule": schedule},
+                           privacy={"mechanism": "banded_mf", "clip": 1.0, "noise_multiplier": 1.3, "band": 3})
+    priv = build_components(config.from_dict(cfg), World()).algorithm.privacy
+    acc = dp.rdp.RdpAccountant()
+    acc.compose(dp.GaussianDpEvent(1.3), 3)
+    assert priv.epsilon(8) == acc.get_epsilon(1e-6)
+    assert priv.cohort == 2.0
+    cfg["privacy"]["band"] = 4  # client 0 takes part in rounds 0 and 3: 3 apart
+    err = cli_error(tmp_path, cfg)
+    assert "privacy.band" in err and "availability" in err
+
+
+def test_a_plugin_mechanism_is_one_file(tmp_path):
+    """examples/fedmpi_examples/mechanism.py registers ``own_factor``: banded noise with a factor of
+    your own. Given fedmpi's coefficients (binom(2j, j) / 4^j) it gives banded_mf's bits and epsilon;
+    its own key is checked, and banded_mf's need of a separation holds for it too."""
+    import os
+
+    from conftest import ROOT
+
+    plugin = os.path.join(ROOT, "examples", "fedmpi_examples")
+    banded = {"mechanism": "banded_mf", "clip": 0.5, "noise_multiplier": 0.3, "band": 3}
+    own = {**banded, "mechanism": "own_factor", "factor": [1.0, 0.5, 0.375]}
+    outs = {}
+    for name, privacy in (("banded", banded), ("own", own)):
+        outs[name] = str(tmp_path / f"{name}.h5")
+        fedmpi(["run", write_config(tmp_path / f"{name}.yaml", markov_cfg(privacy)), "--quiet", "--out", outs[name],
+                "--plugin", plugin])
+    with h5py.File(outs["banded"]) as a, h5py.File(outs["own"]) as b:
+        assert np.array_equal(a["final/params"][:], b["final/params"][:])
+        assert np.array_equal(a["metrics/epsilon"][:], b["metrics/epsilon"][:])
+    assert "privacy.factor" in cli_error(tmp_path, markov_cfg({**own, "factor": [1.0, 0.5]}), "--plugin", plugin)
+    assert "privacy.band" in cli_error(tmp_path, markov_cfg(own, R=1), "--plugin", plugin)

@@ -100,7 +100,7 @@ def test_sweep_cells_outdated_by_a_plugin_or_data_change(tmp_path):
         "rounds": 4, "eval_every": 2, "runtime": {"progress": False},
         "task": {"dataset": "prov_csv", "csv": csv, "clients": 4, "model": "logreg",
                  "cache_dir": str(tmp_path / "cache"), "partition": {"local_test": 0.2}},
-        "train": {"local_steps": 2, "batch_size": 8, "lr": 0.1}})
+        "train": {"local_steps": 2, "batch_size": 8, "lr": 0.1}, "evaluation": {"metrics": ["acc_gap"]}})
     sweep = tmp_path / "s.sweep.yaml"
     sweep.write_text(yaml.safe_dump({"base": "base.yaml", "out": str(tmp_path / "out"),
                                      "variants": [{"algorithm.name": "fedavg_active"}, {"algorithm.name": "fedswe"}],

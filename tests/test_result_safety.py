@@ -181,3 +181,18 @@ def test_flush_s_is_a_config_key():
     with pytest.raises(InputError, match="runtime.flush_s: must be >= 0"):
         config.from_dict(synthetic_config(runtime={"flush_s": -1}))
     assert config.from_dict({}).runtime.flush_s == 5.0
+
+
+@pytest.mark.parametrize("target", ["missing.h5", "gone/missing.h5"])
+def test_dangling_symlink_as_output_says_so(tmp_path, capsys, target):
+    """#38.16: a dangling link as --out was refused with "the file keeps being replaced by another
+    process". It names the link and its missing target; nothing is created."""
+    link = tmp_path / "r.h5"
+    os.symlink(tmp_path / target, link)
+    with pytest.raises(InputError, match=r"r\.h5: is a symbolic link to .*missing\.h5, which does not exist"):
+        hdf5.claim(str(link), "d")
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=2))
+    assert _run(cfg, link) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is a symbolic link to" in err[0], err
+    assert os.path.islink(link) and not os.path.exists(tmp_path / target)

@@ -201,4 +201,4 @@ def test_plot_labels_tell_groups_apart():
 
     labels = _labels([{"name": "p", "algorithm.name": "fedswe", "algorithm.k": 0},
                       {"name": "p", "algorithm.name": "fedswe", "algorithm.k": 100}])
-    assert labels == ["p (fedswe) algorithm.k=0", "p (fedswe) algorithm.k=100"]
+    assert labels == ["fedswe, k=0", "fedswe, k=100"]

@@ -13,6 +13,7 @@ import torch
 from helpers.curved import LR, SCRIPT, X0, A, M, S, U, curved_build
 from helpers.quadratic import Scripted, quadratic_cfg, scalar
 
+from fedmpi.build import build_components
 from fedmpi.runtime import World
 
 
@@ -104,3 +105,21 @@ def test_memory_of_the_client_controls_is_checked_up_front(name, tmp_path, monke
         return
     with pytest.raises(InputError, match=r"algorithm.name: scaffold keeps .* per-client state"):
         runner.Runner(cfg, World(), str(tmp_path / "r.h5"), quiet=True)
+
+
+
+@pytest.mark.parametrize("train", [{"local_steps_file": "steps.txt"}, {"momentum": 0.9},
+                                   {"momentum": 0.9, "local_steps_file": "steps.txt"}],
+                         ids=["steps_file", "momentum", "both"])
+def test_control_variates_divide_by_the_local_work_done(train, tmp_path):
+    """Option II divides each client's change by the local work it did: its own step count, and
+    with momentum rho the sum of its buffer's weights (FedNova's ||a_i||_1). Issue #32's case: 6
+    clients doing 1, 2, 5, 10, 20, 40 local steps (train.local_steps: 10) on F_i(x) = (x - u_i)^2 / 2,
+    mean u_i = 50; dividing by the nominal s eta_l diverged to NaN, and so did momentum 0.9."""
+    (tmp_path / "steps.txt").write_text("1 2 5 10 20 40\n")
+    train = {k: str(tmp_path / v) if k == "local_steps_file" else v for k, v in train.items()}
+    cfg = quadratic_cfg("scaffold", [0.0, 20.0, 40.0, 60.0, 80.0, 100.0], 0.0, lr=0.01, s=10, train=train)
+    algo = build_components(cfg, World()).algorithm
+    for t in range(200):
+        algo.round(t)
+    assert scalar(algo.x) == pytest.approx(50.0, abs=1e-3)

@@ -68,7 +68,7 @@ def test_markdown_latex_bold_and_scale(tmp_path, capsys):
     assert "| fedavg_active | 60.0 +/- 10.0 |" in md
     assert "| mifa | 90.0 (n=1) |" in md  # fewer runs than the other rows: said so
     tex = _table(capsys, [str(tmp_path), *sweep_like, "--format", "latex"])
-    assert r"$60.0 \pm 10.0$" in tex and r"algorithm.name & test\_acc" in tex and tex.startswith(r"\begin{tabular}")
+    assert r"$60.0 \pm 10.0$" in tex and r"algorithm & test\_acc" in tex and tex.startswith(r"\begin{tabular}")
 
 
 def test_runs_of_different_experiments_are_not_averaged(tmp_path, capsys):
@@ -162,3 +162,163 @@ def test_result_files_from_before_a_key_moved_group_with_new_ones(tmp_path):
     a, b = reader.load(new), reader.load(old)
     assert "global_lr" not in b.config["train"] and b.get("algorithm.global_lr") == a.get("algorithm.global_lr")
     assert a.experiment() == b.experiment()
+
+
+# ----------------------------------------------------------------------------- hostile inputs (#38)
+
+def test_privacy_settings_are_result_defining(tmp_path, capsys):
+    """#38.2: noise 0.1 and 50 were one cell '0.5300 +/- 0.1633'. Every key outside the run-only
+    ones defines a result, privacy: among them."""
+    pytest.importorskip("dp_accounting", reason="a privacy config needs the [privacy] extra")
+    dp = {"mechanism": "gaussian", "clip": 1.0}
+    for seed, sigma, acc in ((0, 0.1, 0.7), (1, 0.1, 0.72), (0, 50.0, 0.36), (1, 50.0, 0.34)):
+        fake_result(tmp_path / f"s{sigma}-{seed}.h5", {"round": ROUNDS, "test_acc": [0.1, 0.2, 0.3, acc]},
+                    seed=seed, privacy={**dp, "noise_multiplier": sigma})
+    rows = list(csv.DictReader(io.StringIO(_table(capsys, [str(tmp_path), "--format", "csv"]))))
+    assert [(r["privacy.noise_multiplier"], r["test_acc n"]) for r in rows] == [("0.1", "2"), ("50.0", "2")]
+    assert float(rows[0]["test_acc mean"]) == pytest.approx(0.71)
+    assert main(["table", str(tmp_path), "--rows", "algorithm.name"]) == 2
+    err = capsys.readouterr().err
+    assert "differ in privacy.noise_multiplier" in err and len(err.strip().splitlines()) == 1
+    from fedmpi.results import plot
+
+    curves = plot.curves_of(plot.gather_runs([str(tmp_path)]), "test_acc", "round")
+    assert sorted(c.runs for c in curves) == [2, 2]
+
+
+def test_result_defining_keys_follow_the_config_schema():
+    """Every key of the config schema is result-defining unless it is run-only (name, length,
+    schedule, where and how it runs, switches that add metrics): a section added later, privacy:
+    today, cannot be merged by accident. The run-only keys exist in the schema (a renamed one
+    would count as result-defining, the safe side), and every key a checkpoint depends on
+    (the resume digest) is result-defining."""
+    import dataclasses
+
+    from fedmpi import config
+    from fedmpi.results import reader
+
+    pytest.importorskip("dp_accounting", reason="a privacy config needs the [privacy] extra")
+    top = {f.name for f in dataclasses.fields(config.Config)}
+    schema = [row.split("`")[1] for _, row in config.reference()]
+    for run_key in reader.RUN_KEYS:
+        assert run_key in top or run_key in schema, run_key
+    private = {"privacy": {"mechanism": "gaussian", "clip": 1.0, "noise_multiplier": 1.0},
+               "algorithm": {"name": "fedavg_active"}}
+    for cfg in (config.from_dict(private), config.from_dict({"algorithm": {"name": "dspodfl"}})):
+        for key in cfg.resume_keys():
+            assert key == "seed" or reader.is_result_key(key), key
+    assert [k for k in schema if k.startswith("privacy.") and not reader.is_result_key(k)] == []
+    assert not reader.is_result_key("runtime.label") and not reader.is_result_key("seed")
+    assert reader.is_result_key("evaluation.clients.worst")  # changes client_acc_worst
+
+
+def test_scale_leaves_rounds_to_counts_alone(tmp_path, capsys):
+    """#38.3: --scale 100 showed 4.7 rounds as 466.7."""
+    _runs(tmp_path, {("mifa", 0): [0.1, 0.5, 0.9, 0.9], ("mifa", 1): [0.1, 0.2, 0.5, 0.9]})
+    out = _table(capsys, [str(tmp_path), "--format", "csv", "--scale", "100", "--rounds-to", "test_acc=0.5",
+                          "--metric", "test_acc"])
+    row = next(csv.DictReader(io.StringIO(out)))
+    assert float(row["test_acc mean"]) == pytest.approx(90.0)
+    assert float(row["rounds to test_acc >= 0.5 mean"]) == pytest.approx(15.0)
+
+
+def test_bad_goal_names_its_values(tmp_path):
+    """#38.17: a bad goal: said 'must be max or min'."""
+    with pytest.raises(InputError, match=r"t\.goal: must be at_least or at_most, got 'most'"):
+        table.metric_spec({"metric": "test_acc", "rounds_to": 0.5, "goal": "most"}, "t")
+    with pytest.raises(InputError, match=r"t\.best: must be max or min, got 'top'"):
+        table.metric_spec({"metric": "test_acc", "best": "top"}, "t")
+
+
+@pytest.mark.parametrize("command", ["table", "plot"])
+def test_a_file_without_a_config_is_not_grouped(tmp_path, capsys, command):
+    """#38.15: a file whose config is missing or unreadable was tabulated as an experiment of
+    its own (or with any other such file)."""
+    import h5py
+
+    good = _runs(tmp_path, {("mifa", 0): [0.1] * 4})[0]
+    bad = fake_result(tmp_path / "noconfig.h5", {"round": ROUNDS, "test_acc": [0.2] * 4}, seed=1)
+    with h5py.File(bad, "a") as f:
+        del f.attrs["config"]
+    extra = ["--out", str(tmp_path / "f.png")] if command == "plot" else []
+    assert main([command, good, bad, *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "noconfig.h5: has no readable config" in err[0], err
+
+
+# ----------------------------------------------------------------------------- labels (#35.7)
+
+def _labelled_sweep(tmp_path, labels: dict | None = None) -> str:
+    """2 variants x 2 local-step counts x 2 seeds, cells written directly (no training)."""
+    from conftest import synthetic_config, write_config
+    from fedmpi import sweep as sweeps
+    from fedmpi.results.hdf5 import ResultWriter, claim
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    write_config(tmp_path / "base.yaml", synthetic_config())
+    data = {"base": "base.yaml", "out": str(tmp_path / "out"),
+            "variants": [{"label": "FedAvg", "algorithm.name": "fedavg_active"},
+                         {"label": "FedSWE (k=100)", "algorithm.name": "fedswe", "algorithm.k": 100}],
+            "grid": {"train.local_steps": [1, 5], "seed": [0, 1]}, **({"labels": labels} if labels else {})}
+    path = write_config(tmp_path / "s.sweep.yaml", data)
+    sw = sweeps.load(path)
+    for cell in sw.cells:
+        cfg = sw.config(cell)
+        w = ResultWriter(cell.path, cfg.to_yaml(), cfg.seed, 1, ["test_acc"], cfg.task.clients, False,
+                         claim_=claim(cell.path, cfg.resume_digest()))
+        acc = 0.5 + 0.1 * (cfg.algorithm.name == "fedswe") + 0.01 * cfg.train.local_steps + 0.001 * cfg.seed
+        w.append({"round": 0, "test_acc": 0.1}, 0)
+        w.append({"round": 6, "test_acc": acc}, 6)
+        w.finish("completed", np.zeros(3), 6)
+    return path
+
+
+def test_sweep_labels_name_keys_and_values_in_tables(tmp_path, capsys):
+    """A sweep's labels: head the key columns and name values; without labels a key is named by
+    its shortest distinct tail (train.local_steps -> local_steps); CSV keeps keys and values."""
+    path = _labelled_sweep(tmp_path, {"variant": "method", "train.local_steps": {
+        "name": "local steps", "values": {1: "one step"}}})
+    md = _table(capsys, [path, "--cols", "train.local_steps"])
+    lines = md.splitlines()
+    assert lines[0] == "| method | test_acc [one step] | test_acc [local steps=5] |", lines[0]
+    assert lines[2].startswith("| FedAvg | 0.5105 +/- 0.0005 | 0.5505 +/- 0.0005 |"), lines[2]
+    assert lines[3].startswith("| FedSWE (k=100) | 0.6105"), lines[3]
+    md = _table(capsys, [path])  # rows: the variant and the grid key that differs within it
+    assert md.splitlines()[0] == "| method | local steps | test_acc |" and "| FedAvg | one step |" in md
+    out = _table(capsys, [path, "--format", "csv"])
+    assert out.splitlines()[0].startswith("variant,train.local_steps,") and "\nFedAvg,1," in out
+    plain = _labelled_sweep(tmp_path / "plain")
+    assert _table(capsys, [plain]).splitlines()[0] == "| variant | local_steps | test_acc |"
+
+
+def test_bad_labels_are_one_line(tmp_path, capsys):
+    path = _labelled_sweep(tmp_path)
+    import yaml
+
+    data = yaml.safe_load(open(path))
+    for labels, needle in (({"train.local_steps": {"values": {3: "three"}}}, "labels.train.local_steps.values: 3 "
+                                                                             "is not one of its values (1, 5)"),
+                           ({"variant": {"values": {"fedavg": "x"}}}, "'fedavg' is not one of its values"),
+                           ({"seed": {"values": {0: "a", 1: "a"}}}, "two values have one label"),
+                           ({"seed": {"title": "s"}}, "labels.seed: must be a name or a mapping"),
+                           ({"seed": ""}, "labels.seed.name: must be a non-empty text")):
+        data["labels"] = labels
+        open(path, "w").write(yaml.safe_dump(data))
+        assert main(["table", path]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0], (needle, err)
+
+
+def test_files_of_a_sweep_keep_their_variant_in_tables_and_exports(tmp_path, capsys):
+    """Some of a sweep's files, read alone: the table's rows and the export's variant column
+    name the variants (each cell's file records runtime.label)."""
+    import glob
+
+    _labelled_sweep(tmp_path)
+    files = sorted(glob.glob(str(tmp_path / "out" / "*" / "*local_steps=5.h5")))
+    md = _table(capsys, files)
+    assert "| variant | test_acc |" in md and "| FedSWE (k=100) | 0.6505 +/- 0.0005 |" in md, md
+    assert main(["export", *files, "--out", "-"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert rows[0]["variant"] == "FedAvg" and {r["variant"] for r in rows} == {"FedAvg", "FedSWE (k=100)"}
+    assert list(rows[0])[:3] == ["file", "variant", "seed"]

@@ -10,7 +10,9 @@ Load it with ``fedmpi run CONFIG --plugin examples/fedmpi_examples`` (or
   (``lossweighted.py``: how an algorithm reads the per-client numbers, ``ClientOutputs``);
 - model ``resmlp``: an MLP with residual blocks, ``task.width`` and ``task.blocks`` (``model.py``);
 - dataset ``spirals``: interleaved 2-D spirals from numpy arrays, ``task.spiral_samples``,
-  ``task.arms``, ``task.noise`` (``dataset.py``).
+  ``task.arms``, ``task.noise`` (``dataset.py``);
+- privacy mechanism ``own_factor``: banded matrix-factorization noise with a factor of your own,
+  ``privacy.factor`` (``mechanism.py``).
 """
 
-from . import dataset, fedavgm, lossweighted, model  # noqa: F401  (each registers its component)
+from . import dataset, fedavgm, lossweighted, mechanism, model  # noqa: F401  (each registers its component)

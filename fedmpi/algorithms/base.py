@@ -16,7 +16,14 @@ An algorithm is a subclass of ``Algorithm`` (or ``ServerAlgorithm``) registered 
   metric names) and ``client_rows`` (model-sized float32 rows kept per client, for the
   up-front memory check);
 - ``clients_anywhere`` (``ServerAlgorithm``): nothing per client lives on its owner, so each
-  cohort is split evenly over the ranks instead of by shard (``assigned``).
+  cohort is split evenly over the ranks instead of by shard (``assigned``);
+- ``derived``: array or tensor attributes that are recomputed from the config, the task or the
+  declared state (caches, scratch buffers); any other such attribute is refused at start, and again
+  after the first round, because a checkpoint would not save it (``fedmpi.state.undeclared``);
+- ``reads``: the keys of other sections it reads (``fedmpi.schema.Reads``), e.g. SCAFFOLD's
+  ``train.momentum``; a value it does not support is refused naming both keys;
+- ``private`` (``fedmpi.privacy.Private``): what client-level privacy needs to know of its release
+  (with ``private_part``); undeclared, it is refused under ``privacy:``.
 
 The runner calls (every "collective" method must be called on every rank, in the same order):
 
@@ -24,15 +31,34 @@ The runner calls (every "collective" method must be called on every rank, in the
 |---|---|---|---|
 | ``check_config(cfg)`` (classmethod) | every rank, before set-up | no | nothing |
 | ``__init__(ctx)`` | every rank | may be | everything |
-| ``round(t)``, t = start, ..., T-1 in order | every rank | yes | its state |
+| ``round(t)`` (or its phases, below), t = start, ..., T-1 in order | every rank | yes | its state |
 | ``done()`` after each round | every rank; must agree | no | nothing |
 | ``last_mask()`` after each round | rank 0 | no | nothing |
+| ``round_record()`` at set-up and after each round | every rank | no | nothing |
 | ``evaluation_snapshot()`` at each evaluation | every rank | yes | caches only |
 | ``final_params()`` once, at the end | every rank | yes | caches only |
 | ``static_groups()`` once, fresh runs only | rank 0 | no | nothing |
 | ``state_dict()`` / ``load_state_dict(state)`` | every rank | no | load: its state |
 
-``ServerAlgorithm`` is the centralized round (docs/DESIGN.md); inside ``round(t)``:
+``ServerAlgorithm`` is the centralized round (docs/DESIGN.md). Its ``round(t)`` is three phases,
+which a driver may call itself instead (``fedmpi.packed`` does, to train the clients of several
+runs of a sweep at once), in this order, once per round, with nothing else of the algorithm
+called in between; ``round(t)`` is exactly the three, so either way gives the same bits:
+
+| phase (steps below) | ranks | collective | may change |
+|---|---|---|---|
+| ``begin_round(t)`` -> ``TrainingRequest`` (1-2) | every rank | no | per-round state (``select``) |
+| training: ``local_phase(request)`` -> end models (3) | every rank | no (an override: may be) | client state |
+| ``finish_round(request, end)`` (3b-8) -> clients that trained | every rank | yes | its state |
+
+The request holds the round ``t``, ``active`` and the rank's ``clients`` (``local``) with their
+``start`` models; when the class keeps the default ``local_training`` (``trains_by_default()``)
+it also holds the trainer's other inputs (``lr_scale``, ``terms``, ``stats`` to fill), so that
+the training phase is ``ctx.trainer.run(request)``, which a driver may replace by any trainer that
+gives each client the same rows (``engine.packed.PackedTrainer`` does). ``end`` holds one row per
+client of ``request.clients``, in that order.
+
+Inside ``round(t)``:
 
 | step | ranks | what it may do |
 |---|---|---|
@@ -69,14 +95,14 @@ import numpy as np
 import torch
 
 from ..engine.local_step import StepTerm
-from ..engine.local import LocalStats
+from ..engine.local import LocalStats, Training
 from ..engine.reduce import client_sum, gather_clients, reproducible_sum_blocks
 from ..engine.threads import one_thread
 from ..errors import InputError
-from ..privacy.mechanism import Privacy
-from ..privacy.sampling import sampling_of
+from ..privacy.declaration import Private, declaration
+from ..privacy.run import Privacy
 from ..registry import ALGORITHMS
-from ..schema import opt
+from ..schema import Reads, opt
 from ..state import State, Stateful, declared, state_tensors
 
 if TYPE_CHECKING:
@@ -184,15 +210,42 @@ class ClientOutputs:
         return client_sum(values)
 
 
+@dataclass
+class TrainingRequest(Training):
+    """A round's local-training phase (``ServerAlgorithm.begin_round``): the trainer's inputs
+    (``engine.local.Training``: ``start``, ``clients``, ``t``, and ``lr_scale``, ``terms``,
+    ``stats`` when the class trains by default) and the round's active clients."""
+
+    active: np.ndarray | None = None  # A_t, the same on every rank
+
+    @property
+    def local(self) -> np.ndarray:
+        """The active clients this rank trains (``clients``)."""
+        return self.clients
+
+
+def local_work(steps: np.ndarray, momentum: float) -> np.ndarray:
+    """||a_i||_1, how many steps' worth of gradient a client's change holds: its steps tau_i, or with
+    local momentum rho (tau_i - rho (1 - rho^tau_i) / (1 - rho)) / (1 - rho), the sum of the weights
+    its momentum buffer gives the step directions (FedNova, Wang et al. 2020). Delta_i / (eta_l a_i)
+    is then client i's mean step direction."""
+    rho = momentum
+    return (steps - rho * (1 - rho ** steps) / (1 - rho)) / (1 - rho) if rho else steps
+
+
 class Algorithm(Stateful):
     """Base of every algorithm; the contract is in the module docstring."""
 
     Params: type[AlgorithmParams] = AlgorithmParams
     sections: tuple[str, ...] = ()  # top-level config sections of its own (e.g. ``topology``)
+    reads: tuple[Reads, ...] = ()  # keys of other sections it reads (``fedmpi.schema.Reads``)
     needs_participation: bool = False
     evaluated_models: tuple[str, ...] = ("",)
     metrics: tuple[str, ...] = ()
     client_rows: int = 0
+    #: what privacy needs to know (``fedmpi.privacy.Private``), why it cannot apply (a string), or
+    #: None: nothing declared (refused under ``privacy:``)
+    private: Private | str | None = None
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
@@ -220,6 +273,11 @@ class Algorithm(Stateful):
         """The ids that participated in the last round (for /availability/mask)."""
         return None
 
+    def round_record(self) -> dict[str, float]:
+        """Numbers of the last round for the result file ({dataset path: value}, one row per round;
+        the same names at set-up, which creates the datasets)."""
+        return {}
+
     def evaluation_snapshot(self) -> Snapshot:
         """The models to test (labels ``evaluated_models``) and the extra ``metrics``."""
         raise NotImplementedError
@@ -239,9 +297,13 @@ class ServerAlgorithm(Algorithm):
     Params = ServerParams
     needs_participation = True
     shared_state = ("x",)
+    derived = ("active", "_sizes")  # the last round's cohort (for its mask); the clients' sample counts
     #: True: ``self.outputs`` holds this round's ``ClientOutputs`` (one small collective a round:
     #: ~1 ms of a 2-rank anchor-task round, so only algorithms that read them pay it)
     client_outputs = False
+    #: True: it reads the true availability probabilities p_i^t (``Participation.probabilities``), so
+    #: kinds that do not give them (markov, trace) are refused at start
+    needs_probabilities = False
     #: True (implies ``client_outputs``): ``self.outputs.delta_sq`` holds ||Delta_i||^2 (one more
     #: pass over the updates, ~2.5% of an anchor-task round: benchmarks/RESULTS.md); False: NaN
     delta_norms = False
@@ -255,39 +317,76 @@ class ServerAlgorithm(Algorithm):
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
+        if self.needs_probabilities and ctx.participation.probabilities(0) is None:
+            raise InputError(f"availability.kind: {self.cfg.algorithm.name} needs the true p_i^t, which "
+                             f"{self.cfg.availability.kind!r} does not give (Participation.probabilities: the "
+                             f"Bernoulli kinds, always and cohort do)")
         self.eta_g = self.params.global_lr
         self.x = ctx.spec.flatten(ctx.task.model).to(ctx.device)  # x^t, identical on every rank
         self.active = np.zeros(0, dtype=np.int64)
         self._outputs: ClientOutputs | None = None  # this round's (from step 3c), else the last round's
         self._sizes = np.asarray(ctx.task.sizes, dtype=np.float64)
-        p = self.cfg.privacy  # ---- privacy hook (#27): one mechanism for every algorithm with ``private_sum``
-        self.privacy = Privacy(p, sampling_of(self.cfg, ctx.participation, amplified=self.hides_participation)
-                               if p.mechanism != "none" else None,
-                               self.cfg.rounds, self.cfg.seed, ctx.spec.dim, ctx.world)
+        on = self.cfg.privacy.mechanism != "none"  # privacy hook: one mechanism for every declaring algorithm
+        self.privacy = Privacy.of_run(self.cfg, ctx.participation, declaration(type(self), self.cfg.algorithm.name)
+                                      if on else None, ctx.spec.dim, ctx.world)
 
     # ---------------------------------------------------------------- the round
     def round(self, t: int) -> int:
+        """Round t: ``begin_round``, the local-training phase, ``finish_round`` (the phases'
+        contract is in the module docstring; a packed sweep runs the middle one for several runs
+        at once)."""
+        request = self.begin_round(t)
+        return self.finish_round(request, self.local_phase(request))
+
+    def begin_round(self, t: int) -> TrainingRequest:
+        """Steps 1-2 of round t (every rank): who trains, from which models and, with the default
+        training (``trains_by_default``), with which step sizes, terms and stats to fill."""
         available = self.ctx.participation.available(t)
         active = self.select(t, available)
         self.active = active
         local = self.assigned(active)
         start = self.start_models(local)
-        self.stats = LocalStats()  # filled by local_training
-        end = self.privacy.clip(t, start, self.local_training(t, local, start))  # privacy: ||Delta_i|| <= C
+        self.stats = LocalStats()  # filled by the local training
+        request = TrainingRequest(start, local, t, active=active)
+        if self.trains_by_default():  # the trainer's whole input: a packed sweep trains it with others'
+            wanted = self.client_outputs or self.delta_norms  # the losses cost ~6% of a round: only when read
+            request.lr_scale = self.lr_scale(t, local)
+            request.terms = tuple(self.local_terms(t, local, start))
+            request.stats = self.stats if wanted else None
+        return request
+
+    def local_phase(self, request: TrainingRequest) -> torch.Tensor:
+        """Step 3: the end models of ``request``'s clients (every rank, its clients): the trainer on
+        the request, or the class's own ``local_training``."""
+        if self.trains_by_default():
+            return self.ctx.trainer.run(request)
+        return self.local_training(request.t, request.local, request.start)
+
+    def finish_round(self, request: TrainingRequest, end: torch.Tensor) -> int:
+        """Steps 3b-8 of ``request``'s round from the end models ``end`` (collective); returns the
+        number of clients that trained (the same on every rank)."""
+        t, active, local, start = request.t, request.active, request.local, request.start
+        end = self.privacy.clip(t, start, end)  # privacy: ||Delta_i|| <= C
         if self.client_outputs or self.delta_norms:
             norms = self._delta_sq(start, end) if self.delta_norms else np.full(len(local), np.nan)
             self._outputs = ClientOutputs.gather(self.world, active, local, self.stats, norms, self._sizes)
         buf = reproducible_sum_blocks(  # one reduction; rows made block by block to bound memory
             self.world, lambda s: self._owned(self.contribution(t, active, local[s], start[s], end[s]), start, end),
             len(local), len(active), overwrite=True)
-        if self.world.is_server and self.privacy.noisy:  # privacy: the server's Gaussian (or banded) noise
-            part, bound, divisor = self.private_part(t, buf)
-            part += self.privacy.noise(t, part.shape[0], part.device, bound, divisor)
+        if self.world.is_server and self.privacy.noisy:  # privacy: the mechanism's noise on the private part
+            self.privacy.add_noise(t, *self.private_part(t, buf))
         # x^{t+1} goes into a fresh tensor on every rank: ``start`` may view x^t
         self.x = self.server_update(t, active, buf).float() if self.world.is_server else torch.empty_like(self.x)
         self.world.broadcast_(self.x)
         self.after_round(t, active, local, start, end)
         return len(active)
+
+    @classmethod
+    def trains_by_default(cls) -> bool:
+        """True when the class keeps the default ``local_training`` (the trainer with ``lr_scale``,
+        ``local_terms`` and ``stats``): then its training phase is fully described by the
+        ``TrainingRequest``, and a packed sweep may train it together with other runs'."""
+        return cls.local_training is ServerAlgorithm.local_training
 
     @staticmethod
     def _delta_sq(start: torch.Tensor, end: torch.Tensor) -> np.ndarray:
@@ -372,36 +471,19 @@ class ServerAlgorithm(Algorithm):
         """Weight w_i of each local active client's change Delta_i (used by ``contribution``)."""
         raise NotImplementedError
 
-    #: Declared by a class that defines ``weights``: True when they are 1 / ``cohort(active)``.
-    weights_are_cohort_mean = False
-
     def cohort(self, active: np.ndarray) -> float:
         """The divisor of a mean over the active clients: their number (at least 1), or under
         privacy the fixed expected cohort n~ (the realised count would reveal who took part)."""
         return self.privacy.cohort if self.privacy.on else max(len(active), 1)
 
-    # ---------------------------------------------------------------- privacy hook (#27)
-    #: False when the released model shows who took part beyond the noisy sum (FedSWE divides by
-    #: |A_t| + k): the accountant then claims no amplification by sampling (docs/PRIVACY.md)
-    hides_participation = True
-
+    # ---------------------------------------------------------------- privacy hook
     def private_part(self, t: int, total: torch.Tensor) -> tuple[torch.Tensor, float, float]:
         """The view of the summed buffer that holds sum_i s_i Delta_i over the clipped updates
         Delta_i (``end - start``), and (bound, divisor) with |s_i| <= bound / divisor for every
         client: ``fedmpi.privacy`` adds noise of std sigma C bound / divisor to that view, in place.
-        Defined with the ``contribution`` it describes. Default: all of it, s_i = w_i = 1 / n~."""
+        Declared with the ``contribution`` it describes (``private``). Default: all of it,
+        s_i = w_i = 1 / n~ (the base ``contribution`` with ``weights`` 1 / ``cohort(active)``)."""
         return total, 1.0, self.privacy.cohort
-
-    @classmethod
-    def private_sum(cls) -> bool:
-        """Whether ``private_part`` describes the summed rows, so that ``fedmpi.privacy`` applies:
-        the class that defines ``contribution`` defines it too, and the base ``contribution`` needs
-        ``weights`` declaring ``weights_are_cohort_mean`` (w_i = 1 / n~)."""
-        owner = {m: next(c for c in cls.__mro__ if m in vars(c)) for m in ("contribution", "weights", "private_part")}
-        if owner["contribution"] is not owner["private_part"]:
-            return False
-        mean = bool(vars(owner["weights"]).get("weights_are_cohort_mean"))
-        return owner["contribution"] is not ServerAlgorithm or mean
 
     def server_update(self, t: int, active: np.ndarray, total: torch.Tensor) -> torch.Tensor:
         """x^{t+1} from the summed buffer (rank 0 only). Default: x^t + eta_g * total."""
@@ -412,6 +494,10 @@ class ServerAlgorithm(Algorithm):
         pass
 
     # ---------------------------------------------------------------- outputs
+    def round_record(self) -> dict[str, float]:
+        """Under privacy the noise multiplier of the round, ``privacy/noise_multiplier``."""
+        return {"privacy/noise_multiplier": float(self.privacy.sigma)} if self.privacy.on else {}
+
     def evaluation_snapshot(self) -> Snapshot:
         return Snapshot({"": self.x})
 
@@ -425,7 +511,7 @@ class ServerAlgorithm(Algorithm):
     def state_dict(self) -> State:
         """The declared state, plus under privacy the mechanism's (``privacy.<name>``, shared)."""
         state = super().state_dict()
-        if self.privacy.on:  # privacy hook (#27): banded MF's noise history
+        if self.privacy.on:  # privacy hook: sigma, C and the mechanism's state (banded MF's noise history)
             state.shared.update({f"privacy.{k}": v for k, v in self.privacy.state_dict().shared.items()})
         return state
 
@@ -444,7 +530,8 @@ def register(name: str) -> Callable[[type[Algorithm]], type[Algorithm]]:
     def deco(cls: type[Algorithm]) -> type[Algorithm]:
         if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
             raise TypeError(f"algorithm {name!r}: register a subclass of fedmpi.algorithms.Algorithm")
-        return ALGORITHMS.register(name, params=_params_of(cls), check=cls.check_config, sections=cls.sections)(cls)
+        return ALGORITHMS.register(name, params=_params_of(cls), check=cls.check_config, sections=cls.sections,
+                                   reads=cls.reads)(cls)
 
     return deco
 

@@ -16,7 +16,10 @@ client i's participation frequency over the t + 1 rounds played so far (this one
 and dividing by B gives the estimate of pi_R^i = frequency / B (eq. 6). Incrementing after
 would give t_i = 0, lambda_i = 0 and an infinite nu_i at every client's first round.
 B is the size of the current S_t (B clients, or the selected group's N / M clients with
-``markov_groups``), so the lambda_i sum to 1 under the Markov sampler.
+``markov_groups``), so the lambda_i sum to 1 under the Markov sampler. Under privacy B is the
+fixed expected cohort n~ (the same under the Markov sampler): with the realised |S_t| a client
+that joins would change every other client's step size, so one client's influence on the sum would
+exceed its own clipped update (docs/PRIVACY.md).
 
 The counts t_i depend only on the participation sequence, which every rank knows, so the
 (N,) int64 vector is replicated and no communication is needed.
@@ -30,6 +33,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ..privacy import Private
 from ..schema import opt
 from .base import Context, ServerParams, register
 from .fedavg import FedAvgActive
@@ -45,6 +49,7 @@ class DebiasedParams(ServerParams):
 class DebiasedFedAvg(FedAvgActive):
     Params = DebiasedParams
     shared_state = ("counts",)  # t_i, replicated on every rank
+    private = Private()  # select counts participations only; nu_i scales a client's own steps, before the clip
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
@@ -60,7 +65,7 @@ class DebiasedFedAvg(FedAvgActive):
         """nu_i of ``clients`` (ids in S_t) in round t, after this round's increments."""
         if t < self.warmup:
             return np.ones(len(clients))
-        B, N = len(self.active), self.m
+        B, N = self.cohort(self.active), self.m  # |S_t|; under privacy the fixed n~
         lam = self.counts[clients] / ((t + 1) * B)  # lambda_i
         nu = 1.0 / (lam * N)
         return nu if self.nu_max is None else np.minimum(nu, self.nu_max)

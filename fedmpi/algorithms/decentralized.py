@@ -31,8 +31,6 @@ order), ``test_acc_avg_model`` of x_bar = (1/m) sum_i x_i, ``consensus_error`` =
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
 
@@ -43,12 +41,9 @@ from ..decentral.topology import build_graph, locality_order, relabel
 from ..engine.evaluate import evaluate
 from ..engine.shapes import MAX_FIXED_BLOCK, fixed_shapes, pad_rows
 from ..engine.store import ClientTable
-from ..errors import InputError
 from ..models import has_conv
+from ..schema import Reads
 from .base import Algorithm, Context, Snapshot
-
-if TYPE_CHECKING:
-    from ..config import Config
 
 _EVAL_PARAMS = 1 << 24  # at most this many parameters of (non-conv) models evaluated in one vmapped batch
 
@@ -65,13 +60,15 @@ class Decentralized(Algorithm):
     client_state = ("table.rows",)  # x_i of the local clients
     shared_state = ("delay",)
     evaluated_models = ("avg_model",)  # x_bar; test_acc/test_loss average the clients' own models
-
-    @classmethod
-    def check_config(cls, cfg: Config) -> None:
-        super().check_config(cfg)
-        if cfg.train.momentum:
-            raise InputError("train.momentum: a decentralized algorithm takes one local step per iteration, "
-                             "so a momentum buffer reset every round has no effect (use 0)")
+    derived = ("active",)  # the clients of the last iteration, for its mask
+    _ONE_STEP = "takes one SGD step per iteration (sporadicity draws who computes)"
+    reads = (Reads("train.lr", "takes alpha = train.lr at iteration k as its SGD step size"),
+             Reads("train.momentum", "takes one local step per iteration, so a momentum buffer reset every "
+                                     "round has no effect", lambda v: v == 0, expect="0"),
+             Reads("train.local_steps_draw", _ONE_STEP, lambda v: v == "fixed", expect="fixed"),
+             Reads("train.local_epochs", _ONE_STEP, lambda v: v is None, expect="null"),
+             Reads("train.local_steps_file", _ONE_STEP, lambda v: v is None, expect="null"))
+    private = "a decentralized algorithm has no server whose sum the noise could cover"
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)

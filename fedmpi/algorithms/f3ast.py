@@ -46,6 +46,8 @@ class F3AST(ServerAlgorithm):
     clients_anywhere = True  # nothing per client on its owner: any rank trains it
     Params = F3ASTParams
     shared_state = ("r",)  # replicated on every rank
+    derived = ("p",)  # the data shares, from the task
+    private = "its weights p_i / r_i have no bound, and it selects by the clients' data shares"
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..privacy import Private
 from .base import ServerAlgorithm, register
 
 
@@ -16,7 +17,7 @@ from .base import ServerAlgorithm, register
 @register("fedavg_active")
 class FedAvgActive(ServerAlgorithm):
     clients_anywhere = True  # nothing per client on its owner: any rank trains it
-    weights_are_cohort_mean = True  # so DP-FedAvg (fedmpi.privacy) applies
+    private = Private()  # weights 1 / n~ under privacy: DP-FedAvg (docs/PRIVACY.md)
 
     def weights(self, t: int, active: np.ndarray, local: np.ndarray) -> np.ndarray:
         return np.full(len(local), 1.0 / self.cohort(active))

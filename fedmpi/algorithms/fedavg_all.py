@@ -13,5 +13,7 @@ from .base import ServerAlgorithm, register
 @register("fedavg_all")
 class FedAvgAll(ServerAlgorithm):
     clients_anywhere = True  # nothing per client on its owner: any rank trains it
+    private = "use fedavg_active: under privacy its mean over the expected cohort is DP-FedAvg"
+
     def weights(self, t: int, active: np.ndarray, local: np.ndarray) -> np.ndarray:
         return np.full(len(local), 1.0 / self.m)  # 1/N

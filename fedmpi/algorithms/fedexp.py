@@ -36,6 +36,7 @@ class FedExPParams(ServerParams):
 class FedExP(FedAvgActive):
     Params = FedExPParams
     delta_norms = True  # self.outputs.delta_sq
+    private = "its server step size reads every ||Delta_i||^2, which the noise on the sum does not cover"
 
     @classmethod
     def check_config(cls, cfg) -> None:
@@ -43,10 +44,6 @@ class FedExP(FedAvgActive):
         if cfg.algorithm.global_lr != 1.0:
             raise InputError(f"algorithm.global_lr: fedexp sets its own server step size (leave it at 1), "
                              f"got {cfg.algorithm.global_lr}")
-
-    @classmethod
-    def private_sum(cls) -> bool:
-        return False  # the step size reads every ||Delta_i||^2, which the noised sum does not protect
 
     def server_update(self, t: int, active: np.ndarray, total: torch.Tensor) -> torch.Tensor:
         """x^t + eta_g^t Delta_bar (rank 0; ``total`` = Delta_bar)."""

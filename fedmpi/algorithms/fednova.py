@@ -19,18 +19,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import ServerAlgorithm, register
+from ..schema import Reads
+from .base import ServerAlgorithm, local_work, register
 
 
 @register("fednova")
 class FedNova(ServerAlgorithm):
     clients_anywhere = True  # nothing per client on its owner: any rank trains it
     client_outputs = True  # reads self.outputs
+    reads = (Reads("train.momentum", "normalises each client's change by its momentum's a_i"),)
+    private = "its weights read each client's step and sample counts, which the noise on the sum does not cover"
+
     def weights(self, t: int, active: np.ndarray, local: np.ndarray) -> np.ndarray:
         """tau_eff p_i / a_i, from ``self.outputs`` (every rank, pure)."""
-        out, rho = self.outputs, self.cfg.train.momentum
-        tau = out.steps
-        a = (tau - rho * (1 - rho ** tau) / (1 - rho)) / (1 - rho) if rho else tau
+        out = self.outputs
+        a = local_work(out.steps, self.cfg.train.momentum)
         p = out.samples / out.sum(out.samples)
         tau_eff = out.sum(p * a)
         mine = out.at(local)

@@ -20,6 +20,10 @@ paper asks v_{-1} >= tau^2); squares, roots and signs are per coordinate; no bia
 per coordinate, so they want a much smaller ``algorithm.global_lr`` than FedAvg's 1 (Reddi et al.
 tune it on a log grid; 10^-2 to 10^-0.5 were their best values).
 
+Under privacy every round takes a step, an empty one too: Delta_t is then the noise alone, so
+the released models do not show that nobody took part (which would void the amplification by
+sampling the accountant claims; docs/PRIVACY.md).
+
 The optimizer state lives on the server (rank 0) in float64; checkpoints save it from there.
 """
 
@@ -30,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..privacy import Private
 from ..schema import opt
 from .base import Context, ServerParams, register
 from .fedavg import FedAvgActive
@@ -42,11 +47,13 @@ class ServerOptimizer(FedAvgActive):
     and may update the server state it keeps in the attributes named by ``shared_state``
     (saved from rank 0 in checkpoints, ``fedmpi.state``)."""
 
+    private = Private()  # an empty round releases a step under privacy (the noise alone)
+
     def server_update(self, t: int, active: np.ndarray, total: torch.Tensor) -> torch.Tensor:
         x = self.x.double()
-        if len(active) == 0:
+        if len(active) == 0 and not self.privacy.on:
             return x  # no pseudo-gradient arrived: no step
-        return x + self.eta_g * self.step(total)  # total = Delta_t (weights 1 / |A_t|)
+        return x + self.eta_g * self.step(total)  # total = Delta_t (weights 1 / |A_t|, under privacy 1 / n~)
 
     def step(self, delta: torch.Tensor) -> torch.Tensor:
         """The update direction from the pseudo-gradient Delta_t (float64, (d,))."""

@@ -21,8 +21,8 @@ sum_{A_t} x_i^dag = sum_{A_t} x_i + |A_t| eta_g clip(E, c) enters the moving ave
 Privacy (docs/PRIVACY.md, "FedSWE"): the mechanism clips the innovation Delta_i = -G_i to C before
 the echo, so one client moves sum_{A_t} x_i^dag by at most |eta_g| E C; the noise, of std
 sigma |eta_g| E C, goes on that sum (``private_part``). The rest of the sum, the x_i and |A_t|, is
-what past rounds released plus who took part: ``hides_participation`` is False, and the accountant
-claims no amplification by sampling.
+what past rounds released plus who took part: its ``private`` declaration says that the release
+does not hide participation, and the accountant claims no amplification by sampling.
 
 Memory: an inactive client's x_i is the past global model x^{tau_i + 1} (x_0 when tau_i = -1),
 so clients hold references into a ``VersionStore`` with one copy per distinct version.
@@ -44,6 +44,7 @@ import torch
 from ..engine.reduce import reproducible_sum, reproducible_sum_blocks
 from ..engine.store import VersionStore
 from ..errors import InputError
+from ..privacy import Private
 from ..state import State
 from ..schema import opt
 from .base import Context, ServerAlgorithm, ServerParams, Snapshot, register
@@ -65,7 +66,8 @@ class FedSWE(ServerAlgorithm):
     evaluated_models = ("", "server")  # x_bar and x^t
     metrics = ("consensus_error",)
     client_state = ("tau",)  # (the versions x_i are saved by state_dict, once each)
-    hides_participation = False  # x^{t+1} divides by |A_t| + k and averages the x_i of A_t
+    # x^{t+1} divides by |A_t| + k, averages the x_i of A_t and keeps x^t when A_t is empty
+    private = Private(empty_round_releases=False, hides_participation=False)
 
     @classmethod
     def check_config(cls, cfg) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..privacy import Private
 from ..schema import opt
 from .base import Context, ServerParams, register
 from .fedavg import FedAvgActive
@@ -34,6 +35,7 @@ class GFedAvgParams(ServerParams):
 class GFedAvg(FedAvgActive):
     Params = GFedAvgParams
     shared_state = ("anchor",)
+    private = Private()  # the amplification reads only past releases (x_anchor): post-processing
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)

@@ -25,6 +25,7 @@ import numpy as np
 
 from .. import rng
 from ..errors import InputError
+from ..privacy import Private
 from ..schema import opt
 from .base import Context, ServerParams, register
 from .fedavg import FedAvgActive
@@ -41,6 +42,8 @@ class PowerOfChoice(FedAvgActive):
     Params = PowerOfChoiceParams
     client_outputs = True  # reads self.outputs
     shared_state = ("ell", "tried")  # replicated on every rank
+    derived = ("p",)  # the data shares, from the task
+    private = Private(selection_reads_data=True)  # it picks by the clients' training losses
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
@@ -55,10 +58,6 @@ class PowerOfChoice(FedAvgActive):
         if cfg.algorithm.candidates < cfg.algorithm.select:
             raise InputError(f"algorithm.candidates: must be at least select ({cfg.algorithm.select}), "
                              f"got {cfg.algorithm.candidates}")
-
-    @classmethod
-    def private_sum(cls) -> bool:
-        return False  # the pick reads clients' losses, and the DP accounting assumes random participation
 
     def select(self, t: int, available: np.ndarray) -> np.ndarray:
         """S_t from C_t by ell (every rank, same input)."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..engine.local import lr_at
-from ..schema import opt
+from ..schema import Reads, opt
 from .base import ServerAlgorithm, ServerParams, register
 
 
@@ -32,6 +32,8 @@ class QFFL(ServerAlgorithm):
     clients_anywhere = True  # nothing per client on its owner: any rank trains it
     Params = QFFLParams
     delta_norms = True  # self.outputs.delta_sq, in h_i
+    reads = (Reads("train.lr", "takes L = 1 / eta_l as its Lipschitz estimate"),)
+    private = "its weights read each client's loss and ||Delta_i||^2, which the noise on the sum does not cover"
 
     def weights(self, t: int, active: np.ndarray, local: np.ndarray) -> np.ndarray:
         """L F_i^q / sum_{A_t} h_i, from ``self.outputs`` (every rank, pure)."""

@@ -1,17 +1,24 @@
 """SCAFFOLD with option II control variates (Karimireddy et al. 2020, Algorithm 1).
 
 The server keeps the model x and a control variate c; client i keeps its own c_i (zero until
-it first trains). Round t, with A_t the active clients and s local steps of size eta_l:
+it first trains). Round t, with A_t the active clients and tau_i local steps of size eta_l:
 
-    i in A_t, from y_i = x^t, s times:   y_i <- y_i - eta_l (g_i(y_i) + c - c_i)
+    i in A_t, from y_i = x^t, tau_i times:   y_i <- y_i - eta_l (g_i(y_i) + c - c_i)
     Delta_i  = y_i - x^t
-    c_i^+    = c_i - c - Delta_i / (s eta_l)                                  (option II)
+    c_i^+    = c_i - c - Delta_i / (a_i eta_l)                                (option II)
     x^{t+1}  = x^t + eta_g mean_{i in A_t} Delta_i                           (eta_g: algorithm.global_lr)
     c       <- c + (1/N) sum_{i in A_t} (c_i^+ - c_i),    then c_i <- c_i^+  (A_t empty: nothing moves)
 
 The mean over A_t weights the active clients as ``fedavg_active`` does (the paper's mean over
 the sampled set S; its c update (|S|/N) mean_S is the 1/N sum above). The correction
 c - c_i is added to each (clipped) minibatch gradient (``Correction``, a term of the local step).
+
+a_i is the local work client i did (``local_work``): its own step count tau_i, which
+``train.local_epochs``, ``train.local_steps_file`` and the draws of ``train.local_steps_draw`` make
+differ between clients and rounds, and with local momentum rho the sum of the weights its buffer
+gives the step directions (FedNova's ||a_i||_1). Delta_i / (a_i eta_l) is then the mean of the
+directions the client followed, the paper's (1 / K) sum_k g_i for plain SGD; dividing by the
+nominal s eta_l instead diverged (issue #32: steps 1 to 40 with s = 10, or momentum 0.9).
 
 State: x and c are the same on every rank (c is broadcast after each update); the rows c_i
 live in a ``ClientTable`` sharded over ranks -- O(m d) memory, refused up front when it does
@@ -26,7 +33,8 @@ import torch
 from ..engine.local import lr_at
 from ..engine.local_step import StepTerm
 from ..engine.store import ClientTable
-from .base import Context, register
+from ..schema import Reads
+from .base import Context, local_work, register
 from .fedavg import FedAvgActive
 
 
@@ -42,6 +50,11 @@ class Scaffold(FedAvgActive):
     client_rows = 1  # c_i: one model-sized row per client (sharded)
     client_state = ("controls.rows",)  # c_i of the local clients
     shared_state = ("c",)  # server control variate, identical on every rank
+    derived = ("_next_c",)  # c of the next round, between server_update and after_round
+    reads = (Reads("train.lr", "divides each change by the local work eta_l a_i"),
+             Reads("train.momentum", "counts the local work a_i of each client's momentum steps"),
+             Reads("train.local_steps", "counts each client's own local steps tau_i (engine/steps.py)"))
+    private = "it also sends the changes of the control variates, whose sum the noise does not cover"
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
@@ -54,9 +67,11 @@ class Scaffold(FedAvgActive):
         return (Correction(self.c - self.controls.get(local)),)  # c - c_i
 
     def control_change(self, t: int, local: np.ndarray, start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
-        """c_i^+ - c_i = -c - Delta_i / (s eta_l), float64 (n, d) (option II)."""
-        s_eta = self.cfg.train.local_steps * lr_at(self.cfg.train, t)
-        return -self.c.double() - (end - start).double() / s_eta
+        """c_i^+ - c_i = -c - Delta_i / (a_i eta_l), float64 (n, d) (option II); tau_i is the count the
+        trainer used (``steps_of``, what ``ClientOutputs.steps`` reports)."""
+        work = local_work(self.ctx.trainer.steps_of(local, t), self.cfg.train.momentum) * lr_at(self.cfg.train, t)
+        a_eta = torch.as_tensor(work, dtype=torch.float64, device=end.device)
+        return -self.c.double() - (end - start).double() / a_eta[:, None]
 
     def contribution(self, t: int, active: np.ndarray, local: np.ndarray,
                      start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:

@@ -29,6 +29,7 @@ class TableAlgorithm(ServerAlgorithm):
     """
 
     client_rows = 1  # T_j: one model-sized row per client (O(m d) overall, sharded)
+    private = "its sum holds stored past updates (the table), not only this round's clipped updates"
     client_state = ("table.rows",)  # T_j of the local clients
     shared_state = ("table_sum",)  # S, used by the server
 

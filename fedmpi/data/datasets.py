@@ -21,7 +21,7 @@ import inspect
 import logging
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
+from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Union
 
 import numpy as np
 import psutil
@@ -47,8 +47,10 @@ class PartitionConfig:
     alpha: float = opt(0.5, "Dirichlet concentration (dirichlet, groups)", gt=0)
     classes_per_client: int = opt(1, "classes per client (shards)", ge=1)
     groups: int = opt(2, "client groups that split the classes (groups)", ge=1)
-    local_test: float = opt(0.0, "fraction of each client's samples held out as its local test split "
-                                 "(per-client metrics; never trained on)", ge=0, lt=1)
+    local_test: Union[float, Literal["dataset"]] = opt(
+        0.0, "each client's local test split (per-client metrics; never trained on): the fraction of its samples "
+             "held out, or dataset: its own test samples (natural partitions whose dataset gives them, e.g. LEAF)",
+        ge=0, lt=1)
 
 
 @dataclass
@@ -170,7 +172,7 @@ def leaf_data(cfg: Config) -> DataArrays:
 
 # ----------------------------------------------------------------------------- what a factory gives
 
-_CACHED = ("x_train", "y_train", "x_test", "y_test", "classes", "mean", "std", "client_train")
+_CACHED = ("x_train", "y_train", "x_test", "y_test", "classes", "mean", "std", "client_train", "client_test")
 
 
 def dataset_arrays(cfg: Config) -> "DataArrays | Task":
@@ -196,13 +198,13 @@ def dataset_arrays(cfg: Config) -> "DataArrays | Task":
     hit = readers._read_cache(path, fingerprint, _CACHED)
     if hit is not None:
         mean, std = (tuple(hit[k].tolist()) if hit[k].size else None for k in ("mean", "std"))
-        ids = hit["client_train"] if hit["client_train"].size else None
+        ids = {k: hit[k] if hit[k].size else None for k in ("client_train", "client_test")}
         return DataArrays(hit["x_train"], hit["y_train"], hit["x_test"], hit["y_test"], int(hit["classes"]),
-                          mean, std, ids)
+                          mean, std, **ids)
     data = entry.obj(cfg)
     if isinstance(data, DataArrays):
-        arrays = {**dataclasses.asdict(data), "mean": data.mean or (), "std": data.std or (),
-                  "client_train": data.client_train if data.client_train is not None else ()}
+        ids = {k: () if getattr(data, k) is None else getattr(data, k) for k in ("client_train", "client_test")}
+        arrays = {**dataclasses.asdict(data), "mean": data.mean or (), "std": data.std or (), **ids}
         readers._write_cache(path, fingerprint, arrays, _CACHED)
     return data
 
@@ -243,9 +245,14 @@ def checked_arrays(data: Any, name: str) -> DataArrays:
         raise InputError(f"{where}: train and test samples differ in shape "
                          f"({out['x_train'].shape[1:]} vs {out['x_test'].shape[1:]}, targets "
                          f"{out['y_train'].shape[1:]} vs {out['y_test'].shape[1:]})")
-    if data.client_train is not None:
-        ids = np.asarray(data.client_train)
-        if ids.shape != (out["x_train"].shape[0],) or not np.issubdtype(ids.dtype, np.integer):
-            raise InputError(f"{where}: client_train must hold one integer client id per training sample")
-        out["client_train"] = ids.astype(np.int64, copy=False)
+    for split, samples in (("train", "training sample"), ("test", "test sample")):
+        ids = getattr(data, f"client_{split}")
+        if ids is None:
+            continue
+        ids = np.asarray(ids)
+        if ids.shape != (out[f"x_{split}"].shape[0],) or not np.issubdtype(ids.dtype, np.integer):
+            raise InputError(f"{where}: client_{split} must hold one integer client id per {samples}")
+        out[f"client_{split}"] = ids.astype(np.int64, copy=False)
+    if data.client_test is not None and data.client_train is None:
+        raise InputError(f"{where}: client_test needs client_train (the training samples' client ids)")
     return dataclasses.replace(data, classes=int(data.classes), **out)

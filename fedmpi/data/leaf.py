@@ -10,7 +10,9 @@ where ``x`` holds one flat list of numbers per sample and ``y`` an integer label
 or list of numbers for regression, ``task.leaf.classes: 0``). Users bring the files
 (``task.leaf.train``, ``task.leaf.test``: a file or a folder of ``.json`` files). Users are
 numbered in order of first appearance in the training files (files in name order); a test
-sample of any user joins the global test set. With ``cache: true`` of the registration the
+sample of any user joins the global test set, and keeps its user (``DataArrays.client_test``):
+with ``task.partition.local_test: dataset`` each user's test samples are its client's local
+test split (per-client metrics, docs/DATASETS.md). With ``cache: true`` of the registration the
 parsed arrays are cached, keyed by the files' contents (``fedmpi.data.datasets``, which registers
 the dataset and declares its keys).
 """
@@ -75,7 +77,7 @@ def load(cfg) -> DataArrays:
     """LEAF's JSON splits as arrays, with each training sample's user as its client id."""
     p = cfg.task.leaf
     users, xtr, ytr = read_split(p.train, "task.leaf.train")
-    _, xte, yte = read_split(p.test, "task.leaf.test")
+    test_users, xte, yte = read_split(p.test, "task.leaf.test")
     ids = {u: i for i, u in enumerate(dict.fromkeys(users))}
     x_train, x_test = _matrix(xtr, "task.leaf.train"), _matrix(xte, "task.leaf.test")
     if p.classes == 0:
@@ -86,4 +88,5 @@ def load(cfg) -> DataArrays:
             raise InputError("task.leaf.classes: labels are not integers; give classes: 0 for regression")
         classes = p.classes or int(max(y_train.max(), y_test.max())) + 1
     return DataArrays(x_train, y_train, x_test, y_test, classes,
-                      client_train=np.array([ids[u] for u in users], dtype=np.int64))
+                      client_train=np.array([ids[u] for u in users], dtype=np.int64),
+                      client_test=np.array([ids.get(u, -1) for u in test_users], dtype=np.int64))  # -1: no client

@@ -19,6 +19,10 @@ minibatches. Kinds:
 - ``natural``: the dataset's own client ids (``DataArrays.client_train``, e.g. LEAF's users):
   client i holds the samples of the i-th smallest id (``natural_parts``); ids beyond the first
   m are left out. Regression datasets (no labels) take ``iid`` or ``natural``.
+
+Local test splits (``task.partition.local_test``): a fraction of each client's samples held out
+of training (``split_local_test``), or, for ``natural``, the test samples with the client's id
+(``DataArrays.client_test``, ``natural_test_parts``).
 """
 
 from __future__ import annotations
@@ -78,6 +82,16 @@ def natural_parts(ids: np.ndarray, m: int) -> list[np.ndarray]:
         raise InputError(f"task.clients: {m} clients, but the dataset's natural partition has only "
                          f"{distinct.size} client ids")
     return _split(np.where(owner < m, owner, -1), m)
+
+
+def natural_test_parts(train_ids: np.ndarray, test_ids: np.ndarray, m: int) -> list[np.ndarray]:
+    """For each client i of ``natural_parts(train_ids, m)``, the sorted indices of the test
+    samples with its id; a test sample whose id is not one of those m clients' is in none."""
+    distinct = np.unique(np.asarray(train_ids, dtype=np.int64))[:m]
+    test_ids = np.asarray(test_ids, dtype=np.int64)
+    pos = np.searchsorted(distinct, test_ids)
+    found = (pos < distinct.size) & (distinct[np.minimum(pos, distinct.size - 1)] == test_ids)
+    return _split(np.where(found, pos, -1), m)
 
 
 def split_local_test(parts: list[np.ndarray], fraction: float,

@@ -66,6 +66,29 @@ class LocalStats:
     first_loss: np.ndarray | None = None
     steps: np.ndarray | None = None
 
+    def begin(self, steps: np.ndarray) -> None:
+        """Before training clients that take ``steps`` (n,): losses 0 (NaN at the start model)."""
+        n = len(steps)
+        self.loss, self.first_loss, self.steps = np.zeros(n), np.full(n, np.nan), steps.copy()
+
+    def add(self, rows: slice, losses: np.ndarray) -> None:
+        """Clients ``rows``'s minibatch losses (steps, n) of a block (0 after a client's last step)."""
+        self.first_loss[rows], self.loss[rows] = losses[0], losses.sum(0) / np.maximum(self.steps[rows], 1)
+
+
+@dataclass
+class Training:
+    """One call's worth of local training, as a value: ``LocalTrainer.run(work)`` is
+    ``train(start, clients, t, lr_scale, terms=terms, stats=stats)``, and a packed trainer
+    (``engine.packed``) trains several runs' at once."""
+
+    start: torch.Tensor                   # (n, d) the models the clients start from
+    clients: np.ndarray                   # (n,) their global ids
+    t: int                                # the round
+    lr_scale: torch.Tensor | None = None  # (n,) factors of each client's step size
+    terms: Sequence[StepTerm] = ()        # the algorithm's terms of every step
+    stats: LocalStats | None = None       # filled with the clients' losses and steps when given
+
 
 @dataclass
 class StepInputs:
@@ -254,6 +277,11 @@ class LocalTrainer:
             x = start.detach().clone()
         return self.train_(x, clients, t, lr_scale, steps, terms, stats)
 
+    def run(self, work: Training) -> torch.Tensor:
+        """``train`` with the arguments of ``work``."""
+        return self.train(work.start, work.clients, work.t, lr_scale=work.lr_scale, terms=work.terms,
+                          stats=work.stats)
+
     def train_(self, x: torch.Tensor, clients: np.ndarray, t: int, lr_scale: torch.Tensor | None = None,
                steps: int | np.ndarray | None = None, terms: Sequence[StepTerm] = (),
                stats: LocalStats | None = None) -> torch.Tensor:
@@ -261,13 +289,10 @@ class LocalTrainer:
         n = x.shape[0]
         steps = self.steps_of(clients, t) if steps is None else np.broadcast_to(np.asarray(steps, np.int64), (n,))
         if stats is not None:
-            stats.loss, stats.first_loss, stats.steps = np.zeros(n), np.full(n, np.nan), steps.copy()
+            stats.begin(steps)
         if n == 0:
             return x
-        # via float64: a learning rate beyond float32 becomes inf (the run then diverges, exit 4), not an error
-        lr = torch.full((n,), lr_at(self.cfg, t), dtype=torch.float64, device=self.device).float()
-        if lr_scale is not None:
-            lr = lr * lr_scale.to(self.device, torch.float32)
+        lr = self.step_sizes(t, n, lr_scale)
         self.task.model.train()
         chunk = self.chunk_size()
         with one_thread(self.device):
@@ -281,9 +306,14 @@ class LocalTrainer:
                 if extra:
                     x[rows] = xs[:k]
                 if losses is not None:
-                    host = losses[:, :k]
-                    stats.first_loss[rows], stats.loss[rows] = host[0], host.sum(0) / np.maximum(steps[rows], 1)
+                    stats.add(rows, losses[:, :k])
         return x
+
+    def step_sizes(self, t: int, n: int, lr_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """n clients' step sizes in round t: eta_l(t) (``lr_at``) times ``lr_scale``, float32."""
+        # via float64: a learning rate beyond float32 becomes inf (the run then diverges, exit 4), not an error
+        lr = torch.full((n,), lr_at(self.cfg, t), dtype=torch.float64, device=self.device).float()
+        return lr if lr_scale is None else lr * lr_scale.to(self.device, torch.float32)
 
     def chunk_size(self) -> int:
         """Clients per batched call. Each client's step touches its parameters, gradients,
@@ -295,14 +325,20 @@ class LocalTrainer:
         busy; every block there has this many rows (``engine.shapes``), so the caps bound the
         padding of a small cohort.
         A function of the model, data shape and config only: the same on every rank."""
+        per_client = self.client_bytes()
+        if self.device.type == "cuda":  # never more rows than the run has clients
+            return max(1, min(MAX_FIXED_BLOCK, self.task.m, (512 << 20) // per_client))
+        return max(1, (64 << 20) // per_client)
+
+    def client_bytes(self) -> int:
+        """Bytes one client's local step touches (``chunk_size``): parameters, gradients and
+        update, its minibatch, its layer outputs and their gradients."""
         b = self.cfg.batch_size
         per_client = 12 * self.spec.dim + 4 * b * self.task.train_x[0].numel()
         if self.net is not None:
             shapes = dict(zip(self.spec.names, self.spec.shapes))
             per_client += 8 * self.net.activation_numel(shapes, self.task.train_x.shape[1:], b)
-        if self.device.type == "cuda":  # never more rows than the run has clients
-            return max(1, min(MAX_FIXED_BLOCK, self.task.m, (512 << 20) // per_client))
-        return max(1, (64 << 20) // per_client)
+        return per_client
 
     def _train_block(self, x: torch.Tensor, clients: np.ndarray, t: int, lr: torch.Tensor,
                      steps: np.ndarray, rule: LocalStep, record: bool = False) -> np.ndarray | None:
@@ -311,9 +347,18 @@ class LocalTrainer:
         ``record``: returns the minibatch losses (steps, n), zero for the clients that are done.
         Replayed as a CUDA graph (``engine.graphs``) when the trainer has them and the algorithm
         adds no terms to the step (their rows are the algorithm's, not the graph's buffers)."""
-        replay = self._graphs is not None and not rule.terms
-        inp = self.step_inputs(clients, t, steps, masks=replay)
-        if replay:
+        inp = self.step_inputs(clients, t, steps, masks=self.replays(rule))
+        return self.block_steps(x, inp, lr, steps, rule, record)
+
+    def replays(self, rule: LocalStep) -> bool:
+        """Whether a block with step rule ``rule`` runs its steps as a graph replay."""
+        return self._graphs is not None and not rule.terms
+
+    def block_steps(self, x: torch.Tensor, inp: StepInputs, lr: torch.Tensor, steps: np.ndarray, rule: LocalStep,
+                    record: bool = False) -> np.ndarray | None:
+        """The rest of ``_train_block`` once its inputs ``inp`` are made (``step_inputs``, with
+        ``masks=replays(rule)``): the step loop, replayed or not, and the losses (``record``)."""
+        if self.replays(rule):
             losses = self._graphs.run(x, inp, lr, record)
         else:
             losses = self.run_steps(x, inp, lr, rule, record)

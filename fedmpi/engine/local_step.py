@@ -154,8 +154,7 @@ class LocalStep:
         d = g
         if self.weight_decay:
             d = d.add(v, alpha=self.weight_decay)
-        for term, rows in self.terms:
-            d = term.add(d, v, rows[name])
+        d = self.add_terms(name, d, v)
         if not self.momentum:
             return d
         if name not in self.buf:
@@ -163,3 +162,9 @@ class LocalStep:
         else:
             self.buf[name].mul_(self.momentum).add_(d)
         return self.buf[name]
+
+    def add_terms(self, name: str, d: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """d plus the algorithm's terms for parameter block ``name``."""
+        for term, rows in self.terms:
+            d = term.add(d, v, rows[name])
+        return d

@@ -7,5 +7,6 @@ use ``build(cfg.availability, info)``.
 
 from . import basic  # noqa: F401  (registers always, cohort, stationary)
 from . import dynamics, markov, trace  # noqa: F401
-from .base import AvailabilityParams, Bernoulli, ClientInfo, Participation, build, mask, register  # noqa: F401
+from .base import (AvailabilityParams, Bernoulli, ClientInfo, Participation, Sampling, build, mask,  # noqa: F401
+                   register)
 from .probs import WithBaseParams, base_probabilities  # noqa: F401

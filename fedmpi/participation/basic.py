@@ -9,12 +9,14 @@ import numpy as np
 from .. import rng
 from ..errors import InputError
 from ..schema import opt
-from .base import AvailabilityParams, Bernoulli, ClientInfo, Participation, register
-from .probs import WithBaseParams, base_probabilities, check_base
+from .base import AvailabilityParams, Bernoulli, ClientInfo, Participation, Sampling, register
+from .probs import WithBaseParams, base_probabilities, check_base, data_key
 
 
 class Always(Participation):
     """Full participation: everyone, every round."""
+
+    derived = ("_all",)
 
     def __init__(self, m: int, seed: int):
         super().__init__(m, seed)
@@ -26,6 +28,9 @@ class Always(Participation):
     def probabilities(self, t: int) -> np.ndarray:
         return np.ones(self.m)
 
+    def sampling(self, rounds: int) -> Sampling:
+        return Sampling("none", float(self.m))
+
 
 class Cohort(Participation):
     """Exactly ``size`` clients drawn uniformly without replacement each round.
@@ -33,6 +38,8 @@ class Cohort(Participation):
     The ``size`` clients with the smallest counter-based keys are taken: O(m) per round,
     identical on every rank.
     """
+
+    derived = ("_w", "_buf")  # the clients' Weyl counters and a scratch buffer
 
     def __init__(self, m: int, seed: int, size: int):
         super().__init__(m, seed)
@@ -48,6 +55,11 @@ class Cohort(Participation):
 
     def probabilities(self, t: int) -> np.ndarray:
         return np.full(self.m, self.size / self.m)
+
+    def sampling(self, rounds: int) -> Sampling:
+        if self.size >= self.m:
+            return Sampling("none", float(self.m))
+        return Sampling("fixed_size", float(self.size), q=self.size / self.m, m=self.m, size=self.size)
 
 
 @dataclass
@@ -74,4 +86,4 @@ def _cohort(cfg: CohortParams, info: ClientInfo) -> Participation:
 @register("stationary", params=WithBaseParams, check=check_base)
 def _stationary(cfg: WithBaseParams, info: ClientInfo) -> Participation:
     p = base_probabilities(cfg.base, info)
-    return Bernoulli(info.m, info.seed, lambda t: p, static=True)
+    return Bernoulli(info.m, info.seed, lambda t: p, static=True, data=data_key(cfg.base))

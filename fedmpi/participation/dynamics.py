@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import InputError
 from ..schema import opt
 from .base import Bernoulli, ClientInfo, Participation, register
-from .probs import WithBaseParams, base_probabilities, check_base
+from .probs import WithBaseParams, base_probabilities, check_base, data_key
 
 
 @dataclass
@@ -76,9 +76,10 @@ def block_groups(m: int, k: int) -> np.ndarray:
     return (np.arange(m, dtype=np.int64) * k) // m
 
 
-def modulated(cfg: WithBaseParams, info: ClientInfo, factor: Factor,
-              cutoff: float | None = None) -> Bernoulli:
-    """Bernoulli availability with p_i^t = clip(p_i * factor(t), 0, 1), zeroed below ``cutoff``."""
+def modulated(cfg: WithBaseParams, info: ClientInfo, factor: Factor, period: int,
+              cutoff: float | None = None, separation_key: str = "") -> Bernoulli:
+    """Bernoulli availability with p_i^t = clip(p_i * factor(t), 0, 1), zeroed below ``cutoff``;
+    ``factor`` repeats every ``period`` rounds."""
     p = base_probabilities(cfg.base, info)
 
     def prob(t: int) -> np.ndarray:
@@ -87,22 +88,22 @@ def modulated(cfg: WithBaseParams, info: ClientInfo, factor: Factor,
             q[q < cutoff] = 0.0
         return q
 
-    return Bernoulli(info.m, info.seed, prob)
+    return Bernoulli(info.m, info.seed, prob, period=period, data=data_key(cfg.base), separation_key=separation_key)
 
 
 @register("staircase", params=StaircaseParams, check=check_base)
 def _staircase(cfg: StaircaseParams, info: ClientInfo) -> Participation:
-    return modulated(cfg, info, lambda t: staircase(t, cfg.period, cfg.low))
+    return modulated(cfg, info, lambda t: staircase(t, cfg.period, cfg.low), cfg.period)
 
 
 @register("sine", params=SineParams, check=check_base)
 def _sine(cfg: SineParams, info: ClientInfo) -> Participation:
-    return modulated(cfg, info, lambda t: sine(t, cfg.period, cfg.gamma))
+    return modulated(cfg, info, lambda t: sine(t, cfg.period, cfg.gamma), cfg.period)
 
 
 @register("interleaved_sine", params=InterleavedSineParams, check=check_base)
 def _interleaved_sine(cfg: InterleavedSineParams, info: ClientInfo) -> Participation:
-    return modulated(cfg, info, lambda t: sine(t, cfg.period, cfg.gamma), cutoff=cfg.cutoff)
+    return modulated(cfg, info, lambda t: sine(t, cfg.period, cfg.gamma), cfg.period, cutoff=cfg.cutoff)
 
 
 def _data_groups(info: ClientInfo) -> np.ndarray:
@@ -128,10 +129,11 @@ def _periodic_groups(cfg: PeriodicGroupsParams, info: ClientInfo) -> Participati
         level = low if inner and 2 * (n * r - g * period) >= period else 1.0
         return np.where(group == g, level, 0.0)
 
-    return modulated(cfg, info, factor)
+    return modulated(cfg, info, factor, period)
 
 
 @register("cyclic", params=CyclicParams, check=check_base)
 def _cyclic(cfg: CyclicParams, info: ClientInfo) -> Participation:
     group, k = block_groups(info.m, cfg.groups), cfg.groups
-    return modulated(cfg, info, lambda t: (group == t % k).astype(np.float64))
+    return modulated(cfg, info, lambda t: (group == t % k).astype(np.float64), k,
+                     separation_key="availability.groups")

@@ -24,8 +24,8 @@ import numpy as np
 from .. import rng
 from ..errors import InputError
 from ..schema import opt
-from .base import ClientInfo, Participation, register
-from .probs import WithBaseParams, base_probabilities, check_base
+from .base import ClientInfo, Participation, Sampling, register
+from .probs import WithBaseParams, base_probabilities, check_base, data_key
 
 NEVER = np.int64(-(2**62))  # "last participation" of a unit that never participated
 
@@ -74,16 +74,19 @@ class Markov(Participation):
     """The minimum-separation chain over N = p.size clients; ``available(t)`` gives sorted S_t.
 
     ``p``: weights p_i > 0; ``B``: clients per round (ignored with ``groups``); ``R``: minimum
-    separation; ``groups``: M for the groups variant. ``available`` must be called for
+    separation; ``groups``: M for the groups variant; ``data``: the config key that makes the
+    weights depend on the clients' data ("" when they do not). ``available`` must be called for
     t = 0, 1, 2, ... (or resumed with ``load_state_dict``); ``probabilities`` is None.
     """
 
     shared_state = ("last",)  # the last participation round of each unit (NEVER before the first)
+    derived = ("weights", "_mask", "_cw")  # from the config; scratch buffers
 
     def __init__(self, p: np.ndarray, B: int, R: int, seed: int, groups: int | None = None,
-                 keys: dict[str, str] = CONFIG_KEYS):
+                 keys: dict[str, str] = CONFIG_KEYS, data: str = ""):
         p = np.asarray(p, dtype=np.float64).reshape(-1)
         super().__init__(p.size, seed)
+        self.data, self.keys = data, keys
         units, self.per_round, self.group_size = chain_shape(p.size, B, R, groups, keys)
         p = check_weights(p, p.size, keys["p"])
         self.R = R
@@ -95,6 +98,11 @@ class Markov(Participation):
     @property
     def clients_per_round(self) -> int:
         return self.per_round * self.group_size
+
+    def sampling(self, rounds: int) -> Sampling:
+        """No amplification (the choice depends on the past); a client waits R rounds."""
+        return Sampling("none", float(self.clients_per_round), separation=self.R + 1,
+                        separation_key=f"{self.keys['R']} + 1", data=self.data)
 
     def step(self, t: int) -> np.ndarray:
         """Draw the units of round t (sorted) and record their participation."""
@@ -147,4 +155,4 @@ def _markov(cfg: MarkovParams, info: ClientInfo) -> Participation:
         raise InputError(f"availability.B: with markov_groups = {groups} one group of "
                          f"{info.m // groups} clients is selected per round; leave B at 1 or set it "
                          f"to {info.m // groups}, got {cfg.B}")
-    return Markov(base_probabilities(cfg.base, info), cfg.B, cfg.R, info.seed, groups=groups)
+    return Markov(base_probabilities(cfg.base, info), cfg.B, cfg.R, info.seed, groups=groups, data=data_key(cfg.base))

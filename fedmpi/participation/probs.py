@@ -9,7 +9,7 @@ identical on every rank and for every algorithm of a seed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal, Optional
+from typing import Callable, Literal, Optional, Union
 
 import numpy as np
 
@@ -23,7 +23,8 @@ from .base import AvailabilityParams, ClientInfo
 class BaseProbConfig:
     kind: Literal["fixed", "uniform", "beta", "dirichlet_phi"] = opt(
         "uniform", "how base probabilities p_i are made")
-    values: Optional[list] = opt(None, "fixed: one p per client, or a single p for all")
+    values: Optional[Union[float, list]] = opt(None, "fixed: one p per client, or a single p for all (a number "
+                                                     "or a list of one)")
     lo: float = opt(0.1, "uniform: lower end", ge=0, le=1)
     hi: float = opt(0.5, "uniform: upper end", ge=0, le=1)
     a: float = opt(0.5, "beta: a", gt=0)
@@ -45,13 +46,20 @@ def check_base(cfg) -> None:
     if b.lo > b.hi:
         raise InputError(f"availability.base.lo: must be <= hi ({b.hi}), got {b.lo}")
     if b.values is not None:
-        if len(b.values) not in (1, m):
-            raise InputError(f"availability.base.values: needs 1 or {m} (task.clients) values, got {len(b.values)}")
-        for v in b.values:
+        values = b.values if isinstance(b.values, list) else [b.values]
+        if len(values) not in (1, m):
+            raise InputError(f"availability.base.values: needs 1 or {m} (task.clients) values, got {len(values)}")
+        for v in values:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
                 raise InputError(f"availability.base.values: probabilities must be in [0, 1], got {v!r}")
     elif b.kind == "fixed":
         raise InputError("availability.base.values: base kind 'fixed' needs values")
+
+
+def data_key(cfg: BaseProbConfig) -> str:
+    """``availability.base.kind`` when the p_i are computed from the clients' data (``DATA_KINDS``),
+    else ""; the kinds built on p_i pass it on to their ``Sampling`` (privacy refuses such a kind)."""
+    return "availability.base.kind" if cfg.kind in DATA_KINDS else ""
 
 
 def base_probabilities(cfg: BaseProbConfig, info: ClientInfo) -> np.ndarray:
@@ -60,7 +68,7 @@ def base_probabilities(cfg: BaseProbConfig, info: ClientInfo) -> np.ndarray:
     if cfg.kind == "fixed":
         if cfg.values is None:
             raise InputError("availability.base.values: base kind 'fixed' needs values")
-        v = np.asarray(cfg.values, dtype=np.float64)
+        v = np.asarray(cfg.values, dtype=np.float64).reshape(-1)  # a single p may be a number
         p = np.full(m, v[0]) if v.size == 1 else v.copy()
     elif cfg.kind == "uniform":
         p = rng.generator(info.seed, "base_prob").uniform(cfg.lo, cfg.hi, size=m)
@@ -114,3 +122,5 @@ _EXTRA: dict[str, Callable[[BaseProbConfig, ClientInfo], np.ndarray]] = {
     "beta": _beta,
     "dirichlet_phi": _dirichlet_phi,
 }
+#: the base kinds whose p_i are computed from the clients' data (their label histograms)
+DATA_KINDS = ("dirichlet_phi",)

@@ -47,33 +47,61 @@ import numpy as np
 from .. import safepickle, yamlio
 from ..errors import InputError
 from ..schema import opt
-from .base import AvailabilityParams, ClientInfo, Participation, register
+from .base import AvailabilityParams, ClientInfo, Participation, Sampling, _Support, register
 
 _KEY = "availability.trace"
 MAX_TRACE_BYTES = 1 << 30
 
 
 class Trace(Participation):
-    """Replays ``lookup(r)`` (sorted available ids of trace round r), with r = t mod ``length``."""
+    """Replays ``lookup(r)`` (sorted available ids of trace round r), with r = t mod ``length``;
+    ``total()``: the participations in one pass of the trace (for the expected cohort)."""
 
-    def __init__(self, m: int, seed: int, lookup: Callable[[int], np.ndarray], length: int):
+    def __init__(self, m: int, seed: int, lookup: Callable[[int], np.ndarray], length: int,
+                 total: Callable[[], int]):
         super().__init__(m, seed)
         if length < 1:
             raise ValueError("a trace needs at least one round")
-        self._lookup, self.length = lookup, int(length)
+        self._lookup, self.length, self._total = lookup, int(length), total
 
     @classmethod
     def from_rounds(cls, m: int, seed: int, rounds: list[np.ndarray]) -> "Trace":
         """From one sorted id array per round."""
-        return cls(m, seed, rounds.__getitem__, len(rounds))
+        return cls(m, seed, rounds.__getitem__, len(rounds), lambda: sum(len(r) for r in rounds))
 
     @classmethod
     def from_intervals(cls, m: int, seed: int, iv: np.ndarray, length: int) -> "Trace":
         """From (n, 3) rows (client, start, end): client available for start <= r < end."""
-        return cls(m, seed, lambda r: np.unique(iv[(iv[:, 1] <= r) & (r < iv[:, 2]), 0]), length)
+        return cls(m, seed, lambda r: np.unique(iv[(iv[:, 1] <= r) & (r < iv[:, 2]), 0]), length,
+                   lambda: _covered(iv))
 
     def available(self, t: int) -> np.ndarray:
         return self._lookup(t % self.length)
+
+    def sampling(self, rounds: int) -> Sampling:
+        """A public, replayed pattern: nothing to amplify. n~ = the mean participations per round of
+        one pass; the separation and the most participations of any client are measured over the
+        run's ``rounds`` rounds (O(rounds x cohort), once)."""
+        support = _Support(self.m)
+        for t in range(rounds):
+            support.add(t, self.available(t))
+        most = int(support.count.max(initial=0))
+        return Sampling("none", self._total() / self.length, separation=support.separation(none=max(rounds, 1)),
+                        separation_key=_KEY, counted=(rounds, most))
+
+
+def _covered(iv: np.ndarray) -> int:
+    """The (client, round) pairs that (client, start, end) rows cover, overlaps counted once."""
+    total = 0
+    rows = iv[np.lexsort((iv[:, 1], iv[:, 0]))]
+    client, reach = -1, 0
+    for c, a, b in rows.tolist():
+        if c != client:
+            client, reach = c, 0
+        a = max(a, reach)
+        if b > a:
+            total, reach = total + b - a, b
+    return total
 
 
 # ----------------------------------------------------------------------------- parsing

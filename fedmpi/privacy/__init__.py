@@ -1,11 +1,20 @@
 """Client-level differential privacy for the centralized algorithms (docs/PRIVACY.md).
 
-- ``params``: the ``privacy:`` config section and its checks;
-- ``sampling``: what the accountant needs to know about the availability model;
-- ``accounting``: epsilon and noise calibration with Google's ``dp-accounting``;
-- ``mechanism``: the clipping and the (banded) Gaussian noise that ``ServerAlgorithm.round`` applies.
+- ``params``: the ``privacy:`` section's common keys and its config-time checks;
+- ``declaration``: what an algorithm declares so that the mechanism applies (``Private``);
+- ``mechanism``: what a mechanism is (its noise, state, sensitivity and the DP event it hands the
+  accountant) and its registry; the built-ins are one file each, ``gaussian`` (DP-FedAvg) and
+  ``banded`` (DP-FTRL's banded matrix-factorization noise), and a plug-in adds one the same way;
+- ``accounting``: epsilon and noise calibration with Google's dp-accounting;
+- ``run``: ``Privacy``, one run's clipping, noise and epsilon, which ``ServerAlgorithm.round`` applies.
+
+Who takes part is the availability kind's to say (``Participation.sampling``): nothing here
+knows a kind by name.
 """
 
+from . import gaussian, banded  # noqa: F401  (register the built-in mechanisms, in this order)
+from .declaration import Private
+from .mechanism import Mechanism, register
 from .params import PrivacyParams, check
 
-__all__ = ["PrivacyParams", "check"]
+__all__ = ["Mechanism", "Private", "PrivacyParams", "check", "register"]

@@ -1,78 +1,120 @@
 """Epsilon and noise calibration with Google's ``dp-accounting``: its RDP accountant, or its PLD
 accountant (``privacy.accountant: pld``, tighter, slower); docs/PRIVACY.md.
 
-One round is one Gaussian mechanism of noise multiplier sigma (noise std / per-client
-sensitivity C) on the sum of clipped updates. Over ``rounds`` rounds a client is seen in at
-most ``k = sampling.participations(rounds)`` of them:
-
-- DP-FedAvg under independent (Poisson) participation of probability q: k Poisson-subsampled
-  Gaussians (add/remove adjacency); under a uniform sample of fixed size: k sampled-without-
-  replacement Gaussians (replace-one adjacency, sensitivity 2C: multiplier sigma / 2);
-- otherwise, and for banded MF under b-min-separation (its factor has unit column norms, so
-  sensitivity = sqrt(k) C, docs/PRIVACY.md): k Gaussians of multiplier sigma, no amplification.
+The mechanism hands the event of ``rounds`` rounds (``Mechanism.event``) and its neighbouring
+relation; this module only composes it. The PLD accountant discretises the privacy loss on a grid
+(dp-accounting's default step 1e-4); at a small sigma or over many rounds the loss spreads over
+so wide a range that the grid would need gigabytes (1.5 GB at sigma 0.1), so the step is widened
+to keep at most ``PLD_POINTS`` points: the range is taken as 4 epsilon_RDP + 10 (measured from 0.7
+to 400: the composed PLD spans at most 3.3 epsilon_RDP + 2). A wider step rounds every loss up, so epsilon
+stays an upper bound, less tight by at most k steps.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+from typing import TYPE_CHECKING, Any
 
-from .sampling import Sampling
+from ..errors import InputError
+
+if TYPE_CHECKING:
+    from ..participation import Sampling
+    from .mechanism import Mechanism
 
 logging.getLogger("absl").setLevel(logging.ERROR)  # the RDP orders it drops are not news to a user
 
-
-def dp_event(sampling: Sampling, sigma: float, rounds: int, mechanism: str):
-    """The ``dp_accounting`` event of ``rounds`` rounds of ``mechanism`` at noise multiplier ``sigma``."""
-    import dp_accounting as dp
-
-    k = sampling.participations(rounds)
-    if mechanism == "gaussian" and sampling.fixed is not None:
-        m, size = sampling.fixed
-        one = dp.SampledWithoutReplacementDpEvent(m, size, dp.GaussianDpEvent(sigma / 2))
-    elif mechanism == "gaussian" and sampling.q < 1:
-        one = dp.PoissonSampledDpEvent(sampling.q, dp.GaussianDpEvent(sigma))
-    else:
-        one = dp.GaussianDpEvent(sigma)
-    return dp.SelfComposedDpEvent(one, k)
+PLD_STEP = 1e-4  # dp-accounting's default discretisation of the privacy loss
+PLD_POINTS = 2**19  # at most this many grid points (~90 MB, ~3 s per epsilon)
 
 
-def _accountant(sampling: Sampling, mechanism: str, accountant: str = "rdp"):
-    """A fresh ``dp_accounting`` accountant (``accountant``: rdp or pld) with the adjacency of the event."""
+def _relation(name: str) -> Any:
     from dp_accounting import NeighboringRelation
+
+    return NeighboringRelation.REPLACE_ONE if name == "replace_one" else NeighboringRelation.ADD_OR_REMOVE_ONE
+
+
+def _accountant(relation: str, accountant: str, event: Any, delta: float) -> Any:
+    """A fresh accountant (rdp or pld) for ``event``; the PLD's step bounded as the module says."""
     from dp_accounting.pld import PLDAccountant
     from dp_accounting.rdp import RdpAccountant
 
-    replace = mechanism == "gaussian" and sampling.fixed is not None
-    relation = NeighboringRelation.REPLACE_ONE if replace else NeighboringRelation.ADD_OR_REMOVE_ONE
-    return (PLDAccountant if accountant == "pld" else RdpAccountant)(neighboring_relation=relation)
+    if accountant != "pld":
+        return RdpAccountant(neighboring_relation=_relation(relation))
+    rdp = RdpAccountant(neighboring_relation=_relation(relation))
+    rdp.compose(event)
+    spread = 4 * rdp.get_epsilon(delta) + 10
+    step = max(PLD_STEP, spread / PLD_POINTS) if math.isfinite(spread) else PLD_STEP
+    return PLDAccountant(neighboring_relation=_relation(relation), value_discretization_interval=step)
 
 
-def epsilon(sampling: Sampling, sigma: float, rounds: int, delta: float, mechanism: str,
+def check(mechanism: Mechanism, sampling: Sampling, amplified: bool, accountant: str) -> None:
+    """InputError naming ``privacy.accountant`` when it cannot compose the mechanism's event."""
+    from dp_accounting.pld import PLDAccountant
+    from dp_accounting.rdp import RdpAccountant
+
+    relation = _relation(mechanism.relation(sampling, amplified))
+    acc = (PLDAccountant if accountant == "pld" else RdpAccountant)(neighboring_relation=relation)
+    if not acc.supports(mechanism.event(sampling, amplified, 1.0, 1)):
+        what = {"fixed_size": "a uniform sample of fixed size", "poisson": "Poisson sampling"}.get(
+            sampling.kind, "this participation") if amplified else "this participation"
+        raise InputError(f"privacy.accountant: {accountant} has no event for {what} with the "
+                         f"{type(mechanism).__name__} mechanism; use privacy.accountant: rdp")
+
+
+def epsilon(mechanism: Mechanism, sampling: Sampling, amplified: bool, sigma: float, rounds: int, delta: float,
             accountant: str = "rdp") -> float:
     """Epsilon at ``delta`` after ``rounds`` rounds (0 before the first, inf without noise)."""
     if rounds == 0:
         return 0.0
     if sigma == 0:
         return math.inf
-    acc = _accountant(sampling, mechanism, accountant)
-    acc.compose(dp_event(sampling, sigma, rounds, mechanism))
+    event = mechanism.event(sampling, amplified, sigma, rounds)
+    acc = _accountant(mechanism.relation(sampling, amplified), accountant, event, delta)
+    acc.compose(event)
     return float(acc.get_epsilon(delta))
 
 
-def calibrate(sampling: Sampling, target: float, rounds: int, delta: float, mechanism: str,
+def calibrate(mechanism: Mechanism, sampling: Sampling, amplified: bool, target: float, rounds: int, delta: float,
               accountant: str = "rdp") -> float:
     """The smallest noise multiplier whose epsilon after ``rounds`` rounds is at most ``target``.
 
     PLD searches below the RDP answer (PLD's epsilon is the smaller, so is its sigma), from half
-    of it: its discretised loss distribution at a tiny sigma would not fit in memory."""
+    of it."""
     from dp_accounting.mechanism_calibration import (ExplicitBracketInterval, LowerEndpointAndGuess,
                                                      calibrate_dp_mechanism)
 
     bracket = LowerEndpointAndGuess(1e-3, 1.0)
     if accountant == "pld":
-        upper = calibrate(sampling, target, rounds, delta, mechanism, "rdp")
+        upper = calibrate(mechanism, sampling, amplified, target, rounds, delta, "rdp")
         bracket = ExplicitBracketInterval(upper / 2, upper)
-    return float(calibrate_dp_mechanism(lambda: _accountant(sampling, mechanism, accountant),
-                                        lambda s: dp_event(sampling, s, rounds, mechanism), target, delta,
-                                        bracket, tol=1e-4))
+    relation = mechanism.relation(sampling, amplified)
+
+    def event(s: float) -> Any:
+        return mechanism.event(sampling, amplified, s, rounds)
+
+    def fresh() -> Any:  # the PLD's step follows the sigma being tried (calibrate_dp_mechanism composes once)
+        return _Fresh(relation, accountant, delta)
+
+    return float(calibrate_dp_mechanism(fresh, event, target, delta, bracket, tol=1e-4))
+
+
+class _Fresh:
+    """An accountant made when the event is composed (its PLD step depends on the event)."""
+
+    def __init__(self, relation: str, accountant: str, delta: float):
+        self.relation, self.accountant, self.delta, self.inner = relation, accountant, delta, None
+
+    @property
+    def ledger(self) -> Any:  # calibrate_dp_mechanism insists on a fresh accountant
+        from dp_accounting import NoOpDpEvent
+
+        return NoOpDpEvent() if self.inner is None else self.inner.ledger
+
+    def compose(self, event: Any, count: int = 1) -> "_Fresh":
+        self.inner = _accountant(self.relation, self.accountant, event, self.delta)
+        self.inner.compose(event, count)
+        return self
+
+    def get_epsilon(self, delta: float) -> float:
+        return self.inner.get_epsilon(delta)

@@ -2,8 +2,9 @@
 
 Without ``--out`` each ``X.h5`` gets ``X.csv`` next to it (the same file ``runtime.csv`` writes
 during a run). ``--out FILE`` (or ``-`` for stdout) writes one long table of all runs instead:
-columns ``file``, ``seed``, the config keys that differ between the runs, then ``round`` and
-the metrics (empty where a run lacks one). An existing CSV is replaced only with ``--overwrite``;
+columns ``file``, ``variant`` (the sweep variant's label a cell's file records, else empty),
+``seed``, the config keys that differ between the runs, then ``round`` and the metrics (empty
+where a run lacks one). An existing CSV is replaced only with ``--overwrite``;
 an input or a result file never is (outfiles.py). Every target is checked before any is written.
 """
 
@@ -31,12 +32,13 @@ def write_one(r: Result, fh: TextIO) -> None:
 def write_long(runs: list[Result], fh: TextIO) -> None:
     flats = [r.flat_config() for r in runs]
     keys = list(dict.fromkeys(k for f in flats for k in f))
-    differ = [k for k in keys if k not in ("seed", "output") and len({repr(f.get(k)) for f in flats}) > 1]
+    differ = [k for k in keys if k not in ("seed", "output", "runtime.label")
+              and len({repr(f.get(k)) for f in flats}) > 1]
     names = list(dict.fromkeys(k for r in runs for k in r.metrics))
     w = csv.writer(fh, lineterminator="\n")
-    w.writerow(["file", "seed", *differ, *names])
+    w.writerow(["file", "variant", "seed", *differ, *names])
     for r, f in zip(runs, flats):
-        fixed = [r.path, r.seed, *(f.get(k, "") for k in differ)]
+        fixed = [r.path, r.label, r.seed, *(f.get(k, "") for k in differ)]
         for i in range(len(r.metrics["round"])):
             w.writerow([*fixed, *(csv_value(k, r.metrics[k][i]) if k in r.metrics else "" for k in names)])
 

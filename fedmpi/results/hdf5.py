@@ -1,10 +1,11 @@
 """The HDF5 result file (INTERFACES.md): written by rank 0 only, readable at any moment.
 
 Layout: root attributes ``config`` (resolved YAML), ``fedmpi_version``, ``world_size``,
-``seed``, ``status`` (running | completed | interrupted | failed), ``rounds_done``;
+``seed``, ``status`` (one of ``STATUSES``), ``rounds_done``;
 ``/metrics/<name>`` 1-D chunked resizable datasets aligned with ``/metrics/round``;
-``/availability/mask`` (rounds x m uint8) when requested; ``/clients/<name>`` (evaluations x m
-float64, rows aligned with ``/metrics/round``) for per-client metrics when requested; ``notes``
+``/availability/mask`` (rounds x m uint8) when requested; per-round numbers the algorithm reports
+(``round_series``, one float64 per round run: ``/privacy/noise_multiplier``); ``/clients/<name>``
+(evaluations x m float64, rows aligned with ``/metrics/round``) for per-client metrics when requested; ``notes``
 attributes (e.g. ``stopped_early``) set by the run; ``/final/params``; extra groups
 (``/partition``, ``/topology``) written once.
 
@@ -40,6 +41,8 @@ from .. import __version__
 from ..errors import InputError, WriteFailed
 
 STATUSES = ("running", "completed", "interrupted", "failed", "diverged")
+#: What h5py raises on a damaged file, from any call (opening, a membership test, a read).
+READ_ERRORS = (OSError, RuntimeError, KeyError, ValueError, TypeError)
 _MASK_BUFFER_BYTES = 64 << 20  # flush early rather than hold more participation rows than this
 _CLOSE_MARGIN = 64 << 10  # kept reserved beyond the file's end: status attribute and close
 _FLUSH_BASE = 32 << 10  # what any flush may add (metadata), besides the chunks its rows need
@@ -86,6 +89,8 @@ def is_locked(path: str) -> bool:
 def peek(path: str) -> tuple[str, dict[str, Any]]:
     """What a path holds: ('missing' | 'empty' | 'foreign' | a status, root attributes).
 
+    'foreign' also stands for a file whose structure HDF5 cannot read or whose status is none of
+    ``STATUSES`` (damaged, or not written by fedmpi): nothing may replace it without --overwrite.
     Reads without any lock, so it works while a run writes the file."""
     try:
         if os.path.getsize(path) == 0:
@@ -98,10 +103,12 @@ def peek(path: str) -> tuple[str, dict[str, Any]]:
         with h5py.File(path, "r", locking=False) as f:
             if "metrics" not in f or "status" not in f.attrs:
                 return "foreign", {}
-            attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
-    except (OSError, KeyError, ValueError):
+            attrs = {k: _attr(v) for k, v in f.attrs.items()}
+    except READ_ERRORS:
         return "foreign", {}
-    return str(attrs["status"]), attrs
+    if attrs["status"] not in STATUSES:
+        return "foreign", {}
+    return attrs["status"], attrs
 
 
 def _stored_config(config_yaml: str) -> Any:
@@ -205,6 +212,9 @@ def claim(path: str, digest: str, inputs: Iterable[str] = (), overwrite: bool = 
         raise InputError("--out: empty result path")
     if os.path.isdir(path):
         raise InputError(f"{path}: is a directory, expected a result file path")
+    if os.path.islink(path) and not os.path.exists(path):  # O_EXCL would fail on it forever
+        raise InputError(f"{path}: is a symbolic link to {os.path.realpath(path)}, which does not exist; "
+                         f"remove the link or create its target's folder and file")
     if os.path.exists(path) and not os.path.isfile(path):  # /dev/null, a FIFO, a device: results would be lost
         raise InputError(f"{path}: is not a regular file; choose a result file path")
     for inp in inputs:
@@ -301,7 +311,8 @@ class ResultWriter:
 
     def __init__(self, path: str, config_yaml: str, seed: int, world_size: int, metrics: list[str],
                  m: int, log_mask: bool, resume_at: int | None = None, claim_: Claim | None = None,
-                 flush_s: float = 0.0, client_arrays: Iterable[str] = (), notes: dict[str, Any] | None = None):
+                 flush_s: float = 0.0, client_arrays: Iterable[str] = (), notes: dict[str, Any] | None = None,
+                 round_series: Iterable[str] = ()):
         self.path = path
         self.notes = dict(notes or {})  # root attributes, written at every flush
         self.claim = claim_
@@ -309,6 +320,7 @@ class ResultWriter:
         self._rows: list[dict[str, float]] = []
         self._mask_rows: list[np.ndarray] = []
         self._client_rows: list[dict[str, np.ndarray]] = []
+        self._series = {name: [] for name in round_series}  # per-round numbers (/privacy/noise_multiplier)
         self._rounds_done = resume_at or 0
         self._last_flush = time.monotonic()
         self.sidecars: list = []
@@ -338,6 +350,8 @@ class ResultWriter:
         for n in client_arrays:
             self.f.create_dataset(f"clients/{n}", shape=(0, m), maxshape=(None, m),
                                   chunks=(max(1, min(64, 2**17 // max(m, 1))), min(m, 2**17)), dtype=np.float64)
+        for name in self._series:
+            self.f.create_dataset(name, shape=(0,), maxshape=(None,), chunks=(1024,), dtype=np.float64)
         self.mask = None
         if log_mask:
             self.mask = self.f.create_dataset("availability/mask", shape=(0, m), maxshape=(None, m),
@@ -365,6 +379,14 @@ class ResultWriter:
         except (OSError, RuntimeError, ValueError) as e:
             raise InputError(f"{self.path}: /metrics is damaged ({_short(e)}); this file cannot be continued: "
                              f"--overwrite starts afresh") from None
+        for name in self._series:  # one value per round run: those after the checkpoint go
+            ds = self.f.get(name)
+            if ds is None:  # a file from before the series existed: its rounds were not recorded
+                ds = self.f.create_dataset(name, data=np.full(rounds_done, np.nan), maxshape=(None,), chunks=(1024,))
+            if ds.shape[0] < rounds_done:
+                raise InputError(f"{self.path}: holds {ds.shape[0]} rows of /{name}, fewer than the checkpoint's "
+                                 f"{rounds_done} rounds; --overwrite starts afresh")
+            ds.resize((rounds_done,))
         self.mask = self.f.get("availability/mask")
         if self.mask is not None:
             if self.mask.shape[0] < rounds_done:
@@ -426,6 +448,11 @@ class ResultWriter:
         else:
             self._maybe_flush()
 
+    def append_round(self, values: dict[str, float]) -> None:
+        """Add one round's value to each per-round dataset (``round_series``)."""
+        for name, value in values.items():
+            self._series[name].append(value)
+
     def _maybe_flush(self) -> None:
         if time.monotonic() - self._last_flush >= self.flush_s:
             self.flush()
@@ -441,6 +468,7 @@ class ResultWriter:
             need += len(self.names) * new_chunks * 8 * 1024
             need += sum(2 * ds.chunks[0] * ds.chunks[1] * 8 + len(self._rows) * ds.shape[1] * 8
                         for ds in self._client_sets())
+        need += sum(2 * 8 * 1024 for rows in self._series.values() if rows)  # a new chunk each
         if self._mask_rows:
             (rows, cols), n = self.mask.chunks, self.mask.shape[0]
             touched = -(-(n + len(self._mask_rows)) // rows) - n // rows
@@ -485,6 +513,13 @@ class ResultWriter:
             ds.resize((n + len(self._client_rows), ds.shape[1]))
             ds[n:] = np.stack([r[k] for r in self._client_rows])
         self._client_rows.clear()
+        for name, rows in self._series.items():
+            if rows:
+                ds = self.f[name]
+                n = ds.shape[0]
+                ds.resize((n + len(rows),))
+                ds[n:] = np.asarray(rows, dtype=np.float64)
+                rows.clear()
         if self._mask_rows:
             n, k = self.mask.shape[0], len(self._mask_rows)
             self.mask.resize((n + k, self.mask.shape[1]))
@@ -569,21 +604,33 @@ def open_result(path: str) -> h5py.File:
         try:
             f = h5py.File(path, "r", locking=False)
             break
-        except OSError:
+        except READ_ERRORS:
             if attempt == 2:
                 raise InputError(f"{path}: not a readable HDF5 result file") from None
             time.sleep(0.2)
-    if "metrics" not in f or "status" not in f.attrs or "round" not in f["metrics"]:
+    try:
+        ours = "metrics" in f and "status" in f.attrs and "round" in f["metrics"]
+    except READ_ERRORS as e:
+        f.close()
+        raise damaged(path, "/metrics", e) from None
+    if not ours:
         f.close()
         raise InputError(f"{path}: not a fedmpi result file (no /metrics or status)")
     return f
 
 
+def damaged(path: str, part: str, e: BaseException | None = None) -> InputError:
+    """The one-line error of a result file whose ``part`` cannot be read."""
+    why = f": {e.__class__.__name__}: {_short(e)[:80]}" if e is not None else ""
+    return InputError(f"{path}: damaged result file ({part}{why})")
+
+
 def read_metrics(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """All metric arrays (cut to the length of ``round``) and the root attributes.
 
-    A damaged file (unreadable blocks, a metric that is not a 1-D numeric dataset, odd
-    attributes) is an ``InputError`` naming the file and the part, never a traceback."""
+    A damaged file (unreadable blocks, a metric that is not a 1-D numeric dataset, rounds that
+    are not integers, odd attributes) is an ``InputError`` naming the file and the part, never
+    a traceback."""
     with open_result(path) as f:
         try:
             g = f["metrics"]
@@ -593,18 +640,52 @@ def read_metrics(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
                 ds = g[k]
                 if not isinstance(ds, h5py.Dataset) or ds.ndim != 1 or ds.dtype.kind not in "iuf":
                     raise InputError(f"{path}: damaged result file (/metrics/{k} is not a 1-D numeric dataset)")
+            if g["round"].dtype.kind not in "iu":
+                raise InputError(f"{path}: damaged result file (/metrics/round does not hold integers)")
             n = g["round"].shape[0]
             metrics = {k: g[k][: n] for k in g if g[k].shape[0] >= n}
             attrs = {k: _attr(v) for k, v in f.attrs.items()}
-        except (OSError, KeyError, ValueError, TypeError, RuntimeError) as e:
-            raise InputError(f"{path}: damaged result file ({e.__class__.__name__}: {str(e)[:80]})") from None
+        except READ_ERRORS as e:
+            raise damaged(path, "/metrics", e) from None
     return metrics, attrs
+
+
+def read_arrays(path: str, group: str) -> dict[str, np.ndarray]:
+    """Every dataset below ``/group`` of a result file (dotted sub-paths for nested groups), read
+    whole; {} when the file has no such group. Damage is an InputError naming the dataset."""
+    out: dict[str, np.ndarray] = {}
+    with open_result(path) as f:
+        try:
+            g = f.get(group)
+        except READ_ERRORS as e:
+            raise damaged(path, f"/{group}", e) from None
+        if g is None:
+            return out
+        if isinstance(g, h5py.Dataset):
+            raise InputError(f"{path}: damaged result file (/{group} is a dataset, expected a group)")
+        names: list[str] = []
+        try:
+            g.visit(names.append)
+        except READ_ERRORS as e:
+            raise damaged(path, f"/{group}", e) from None
+        for name in names:
+            try:
+                ds = g[name]
+                if isinstance(ds, h5py.Dataset):
+                    if ds.dtype.kind not in "biuf":
+                        raise InputError(f"{path}: damaged result file (/{group}/{name} is not numeric)")
+                    out[name.replace("/", ".")] = ds[()]
+            except READ_ERRORS as e:
+                raise damaged(path, f"/{group}/{name}", e) from None
+    return out
 
 
 def _attr(v: Any) -> Any:
     """An attribute as text or a Python scalar (bytes decoded; odd values shown, not trusted)."""
     if isinstance(v, bytes):
         return v.decode("utf-8", errors="replace")
+    if isinstance(v, str):  # h5py hands undecodable bytes over as surrogates, which no encoder takes
+        return v.encode("utf-8", errors="surrogateescape").decode("utf-8", errors="replace")
     if isinstance(v, np.generic):
         return v.item() if not isinstance(v, np.void) else repr(v)[:80]
-    return v if isinstance(v, (str, int, float)) else repr(v)[:80]
+    return v if isinstance(v, (int, float)) else repr(v)[:80]

@@ -101,7 +101,11 @@ def describe(path: str, show_config: bool = True) -> str:
         lines.append("last metrics:")
         for k, v in metrics.items():
             lines.append(f"  {k:<22} {_num(k, v[-1])}")
-    if show_config:
+    if r.label:
+        lines.insert(1, f"label:      {r.label}")
+    if show_config and r.config_problem:
+        lines.append(f"config:     unreadable ({r.config_problem})")
+    elif show_config:
         lines.append("config:")
         lines += ["  " + ln for ln in str(attrs.get("config", "")).rstrip().splitlines()]
     return "\n".join(lines)
@@ -114,6 +118,8 @@ def made_by(attrs: dict) -> list[str]:
     try:
         plugins, inputs = (json.loads(attrs.get(k) or "{}") for k in ("plugins", "inputs"))
     except (TypeError, ValueError):
+        plugins = inputs = None
+    if not all(isinstance(d, dict) and all(isinstance(v, dict) for v in d.values()) for d in (plugins, inputs)):
         return ["made by:    (provenance attributes unreadable)"]
     lines = [f"made by:    fedmpi {attrs.get('fedmpi_version')} source {str(attrs['fedmpi_source'])[:16]}"]
     lines += [f"  plug-in {p.get('path')}  {str(p.get('sha256'))[:16]}" for p in plugins.values()]

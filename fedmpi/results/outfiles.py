@@ -18,7 +18,8 @@ from typing import Callable, Iterable, TextIO
 
 from ..errors import InputError
 
-FIGURE_TYPES = {".png": (b"\x89PNG",), ".pdf": (b"%PDF",), ".svg": (b"<?xml", b"<svg")}
+FIGURE_TYPES = {".png": (b"\x89PNG",), ".pdf": (b"%PDF",), ".svg": (b"<?xml", b"<svg"), ".eps": (b"%!PS",),
+                ".ps": (b"%!PS",)}
 
 
 def same_file(a: str, b: str) -> bool:
@@ -40,7 +41,7 @@ def _starts_with(path: str, prefixes: tuple[bytes, ...]) -> bool:
 
 def is_metric_csv(path: str) -> bool:
     """A CSV of metric rows as fedmpi writes them (its header starts with ``round``)."""
-    return _starts_with(path, (b"round,", b"round\n", b"file,seed,"))
+    return _starts_with(path, (b"round,", b"round\n", b"file,seed,", b"file,variant,seed,"))
 
 
 def is_figure(path: str) -> bool:
@@ -147,14 +148,17 @@ def check_figure(path: str, key: str, inputs: Iterable[str] = ()) -> None:
 
 def save_figure(fig, path: str, key: str, inputs: Iterable[str] = ()) -> str:
     """Save a matplotlib figure to ``path`` (:func:`check_figure`), under a temporary name, then
-    renamed: a failed write leaves the previous figure."""
+    renamed: a failed write leaves the previous figure. Fonts are embedded as TrueType (Type 42)
+    in PDF and PostScript, never as Type 3; bitmaps have 300 dpi."""
+    import matplotlib
+
     check_figure(path, key, inputs)
     ext = os.path.splitext(path)[1].lower()
     temp = None
     try:
         fd, temp = _temp_beside(path, ext)
-        with os.fdopen(fd, "wb") as fh:
-            fig.savefig(fh, format=ext[1:], dpi=120)
+        with os.fdopen(fd, "wb") as fh, matplotlib.rc_context({"pdf.fonttype": 42, "ps.fonttype": 42}):
+            fig.savefig(fh, format=ext[1:], dpi=300)  # TrueType fonts (venues refuse Type 3), print resolution
         os.replace(temp, path)
     except (OSError, ValueError) as e:
         if temp is not None and os.path.exists(temp):

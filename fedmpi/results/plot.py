@@ -1,28 +1,45 @@
 """``fedmpi plot``: metrics against rounds (or emulated delay) for runs, sized for a paper.
 
     fedmpi plot SWEEP.yaml --metric test_acc,test_loss --size column --out fig.pdf
-    fedmpi plot runs/ --label FedAvg --label FedSWE --legend right --logy --out fig.svg
+    fedmpi plot runs/ --label FedAvg --label FedSWE --legend right --logy --ylim 0.5,1 --out fig.svg
 
 Inputs are result files, folders (every ``.h5`` below) and sweep files (their cells), gathered
 as ``fedmpi table`` gathers them. Runs of the same experiment (the same result-defining keys,
-``reader.RESULT_SECTIONS``, and the same sweep variant: they may differ in seed, rounds,
-evaluation, runtime or output) form one curve: their mean with a +/- one standard deviation
-band, on a common x grid (interpolated when the x values differ, as ``sim_delay`` does between
-seeds). A curve is named by its sweep variant, else by ``name (algorithm)`` and the dotted keys
-that tell the curves apart; ``--label`` names them in order instead. The legend goes below
-the axes (or to their right, or inside at a matplotlib location, or nowhere) and the figure
-grows to hold it, so it never covers a curve; several metrics are subplots sharing one legend.
+``reader.is_result_key``, and the same variant label: they may differ in seed, rounds,
+evaluation schedule, runtime or output) form one curve: their mean with a +/- one standard
+deviation band, on a common x grid (interpolated when the x values differ, as ``sim_delay``
+does between seeds).
+
+Names. A curve is named by its variant (a sweep cell's file records it as ``runtime.label``, so
+any subset of a sweep's files keeps it), else by its algorithm, then by the keys that tell it
+apart from the curves of its variant, with the sweep's ``labels:`` and readable key names
+(``results/names.py``); a key a curve's algorithm does not have is left out, never shown as
+None. ``--label`` names the curves in order instead. Axes are labelled in words (``test_acc`` ->
+"test accuracy"; ``--xlabel``/``--ylabel`` replace them).
+
+For print. Fonts are embedded as TrueType (Type 42) in PDF and PS, never Type 3. Each curve has
+its own colour (Okabe-Ito's colour-blind-safe palette), line style and marker, so curves stay
+apart in grayscale. When the curves are every combination of two things (variants x a grid key,
+say), colour and marker name the first and the line style the second, and the legend has one
+entry per value of each instead of one per curve. The legend goes below the axes (or to their
+right, or inside at a matplotlib location, or nowhere) in as many columns as fit the width; the
+figure keeps its size (``--size column`` is 3.4 x 2.6 in) and long names are wrapped, so no text
+is cut and no curve covered. When every curve averages the same number of runs the legend's
+title says so once; a curve with another count says its own.
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+import textwrap
+import warnings
+from dataclasses import dataclass, field
 
 import numpy as np
 import yaml
 
 from ..errors import InputError
+from . import names
 from .outfiles import check_figure, save_figure
 from .reader import Result
 
@@ -30,33 +47,74 @@ _MAX_LABEL_KEYS = 4
 SIZES = {"column": (3.4, 2.6), "page": (7.0, 3.0), "default": (6.4, 4.2)}  # inches: a paper column, a page
 LEGENDS = ("below", "right", "none", "best", "upper left", "upper right", "lower left", "lower right",
            "center left", "center right", "upper center", "lower center", "center")
+XLABELS = {"round": "round", "sim_delay": "emulated delay", "wall_time": "wall time (s)"}
+# Okabe & Ito's colour-blind-safe palette (yellow last: faint on white), line styles and markers
+# that keep curves apart in grayscale.
+COLORS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442")
+STYLES = ("-", "--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)))
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+_BARE = ("variant", "algorithm.name", "name")  # shown as their value alone
 
 
 @dataclass
 class Curve:
-    """One experiment: its label, x grid, mean and std over its runs, and how many runs."""
+    """One experiment: its label, x grid, mean and std over its runs, how many runs, and the
+    parts its label is made of (what tells it apart: variant, keys)."""
 
     label: str
     x: np.ndarray
     mean: np.ndarray
     std: np.ndarray
     runs: int
+    parts: dict[str, str] = field(default_factory=dict)
 
 
-def _labels(experiments: list[dict]) -> list[str]:
-    """The variant, else 'name (algorithm)', plus the dotted keys whose values tell apart the
-    curves of the same variant."""
-    keys = sorted({k for e in experiments for k in e})
-    labels = []
+def _describe(experiments: list[dict], labels: dict[str, names.KeyLabel] | None = None) -> list[dict[str, str]]:
+    """Per experiment, the ordered parts of its name: the variant (by its label), else the
+    algorithm; then each key whose value differs between curves of its variant that have the key
+    (a key another algorithm lacks is not a difference), readable (``names``)."""
+    has_variants = any(e.get("variant") for e in experiments)
+    keys = sorted({k for e in experiments for k in e if k not in ("variant", "algorithm.name")})
+    if not has_variants:
+        keys = ["algorithm.name", *keys]
+
+    def differs(k: str) -> bool:
+        for v in {e.get("variant") for e in experiments}:
+            present = {repr(e[k]) for e in experiments if e.get("variant") == v and e.get(k) is not None}
+            if len(present) > 1:
+                return True
+        return False
+
+    shown = [k for k in keys if k == "algorithm.name" or differs(k)]
+    if has_variants:
+        shown = ["variant", *shown]
+    readable = names.key_names(shown, labels)
+    out = []
     for e in experiments:
-        same = [o for o in experiments if o.get("variant") == e.get("variant")]
-        differ = [k for k in keys if k not in ("name", "algorithm.name", "variant")
-                  and len({repr(o.get(k)) for o in same}) > 1]
-        base = e.get("variant") or f"{e.get('name', 'run')} ({e.get('algorithm.name', '?')})"
-        extra = ", ".join(f"{k}={e.get(k)}" for k in differ[:_MAX_LABEL_KEYS])
-        more = f", +{len(differ) - _MAX_LABEL_KEYS} keys" if len(differ) > _MAX_LABEL_KEYS else ""
-        labels.append(base + (f" {extra}{more}" if extra else ""))
-    return labels
+        parts: dict[str, str] = {}
+        if has_variants and not e.get("variant") and e.get("algorithm.name") is not None:  # a run of no sweep
+            parts["variant"] = names.value_text("algorithm.name", e["algorithm.name"], labels)
+        for k in shown:
+            if e.get(k) is None:
+                continue
+            if k in _BARE:
+                parts[k] = names.value_text(k, e[k], labels)
+            else:
+                parts[k] = names.assignment(k, e[k], readable, labels)
+        out.append(parts)
+    return out
+
+
+def _join(parts: dict[str, str]) -> str:
+    values = list(parts.values())
+    head, rest = values[:1], values[1:]
+    more = f", +{len(rest) - _MAX_LABEL_KEYS} keys" if len(rest) > _MAX_LABEL_KEYS else ""
+    return ", ".join(head + rest[:_MAX_LABEL_KEYS]) + more
+
+
+def _labels(experiments: list[dict], labels: dict[str, names.KeyLabel] | None = None) -> list[str]:
+    """The legend text of each experiment (``_describe``'s parts joined)."""
+    return [_join(p) or "run" for p in _describe(experiments, labels)]
 
 
 def _mean_std(runs: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -66,12 +124,14 @@ def _mean_std(runs: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np
     else:
         grid = np.linspace(max(r[0].min() for r in runs), min(r[0].max() for r in runs), 200)
         ys = np.stack([np.interp(grid, r[0], r[1]) for r in runs])
-    with np.errstate(invalid="ignore"):
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a round where every run is NaN stays NaN (diverged)
         return grid, np.nanmean(ys, 0), np.nanstd(ys, 0)
 
 
-def curves_of(runs: list[tuple[Result, str]], metric: str, x: str) -> list[Curve]:
-    """One Curve per experiment among ``(result, sweep variant or "")`` pairs, in first-seen order."""
+def curves_of(runs: list[tuple[Result, str]], metric: str, x: str,
+              labels: dict[str, names.KeyLabel] | None = None) -> list[Curve]:
+    """One Curve per experiment among ``(result, variant label or "")`` pairs, in first-seen order."""
     groups: dict[str, tuple[dict, list]] = {}
     for r, variant in runs:
         for name in (metric, x):
@@ -79,31 +139,38 @@ def curves_of(runs: list[tuple[Result, str]], metric: str, x: str) -> list[Curve
                 raise InputError(f"{r.path}: has no metric {name!r} (has: {', '.join(sorted(r.metrics))})")
         exp = r.experiment()
         key = yaml.safe_dump({"variant": variant, **exp}, sort_keys=True)
-        label_keys = {"name": r.config.get("name", "run"), "variant": variant, **exp}
-        groups.setdefault(key, (label_keys, []))[1].append((r.metrics[x].astype(float),
-                                                            r.metrics[metric].astype(float)))
+        described = {"name": r.config.get("name", "run"), "variant": variant or None, **exp}
+        groups.setdefault(key, (described, []))[1].append((r.metrics[x].astype(float),
+                                                           r.metrics[metric].astype(float)))
     curves = []
-    for label, (_, rs) in zip(_labels([g[0] for g in groups.values()]), groups.values()):
+    for parts, (_, rs) in zip(_describe([g[0] for g in groups.values()], labels), groups.values()):
         rs = [rn for rn in rs if len(rn[0])]
         if rs:
-            curves.append(Curve(label, *_mean_std(rs), len(rs)))
+            curves.append(Curve(_join(parts) or "run", *_mean_std(rs), len(rs), parts))
     return curves
 
 
 def gather_runs(inputs: list[str]) -> list[tuple[Result, str]]:
-    """(result, sweep variant) of files, folders and sweep files; unfinished runs included."""
+    """(result, variant label) of files, folders and sweep files; unfinished runs included."""
+    return _gather(inputs)[0]
+
+
+def _gather(inputs: list[str]) -> tuple[list[tuple[Result, str]], dict[str, names.KeyLabel]]:
     from .table import gather
 
     found = gather(inputs, partial=True)
     if not found.runs:
         raise InputError(f"no evaluations to plot: no result files ({found.where})")
-    return [(r.result, str(r.keys.get("variant") or "")) for r in found.runs]
+    return [(r.result, str(r.keys.get("variant") or "")) for r in found.runs], found.labels
 
 
 def load_curves(paths: list[str], metric: str, x: str) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray, int]]:
     """(label, x grid, mean, std, number of runs) per experiment of ``paths``."""
-    return [(c.label, c.x, c.mean, c.std, c.runs) for c in curves_of(gather_runs(paths), metric, x)]
+    runs, labels = _gather(paths)
+    return [(c.label, c.x, c.mean, c.std, c.runs) for c in curves_of(runs, metric, x, labels)]
 
+
+# ----------------------------------------------------------------------------- arguments
 
 def parse_size(text: str) -> tuple[float, float]:
     """``column``, ``page``, ``default`` or ``W,H`` in inches."""
@@ -118,48 +185,193 @@ def parse_size(text: str) -> tuple[float, float]:
     return w, h
 
 
+def parse_limits(text: str | None, key: str) -> tuple[float | None, float | None] | None:
+    """``LO,HI`` (either may be empty: ``0.5,`` sets the lower limit only) -> (lo, hi)."""
+    if text is None:
+        return None
+    parts = text.split(",")
+    try:
+        if len(parts) != 2:
+            raise ValueError
+        lo, hi = (float(p) if p.strip() else None for p in parts)
+    except ValueError:
+        raise InputError(f"{key}: LOW,HIGH (either may be left empty), got {text!r}") from None
+    if any(v is not None and not np.isfinite(v) for v in (lo, hi)) or (lo is not None and hi is not None
+                                                                       and lo >= hi):
+        raise InputError(f"{key}: finite limits with LOW < HIGH, got {text!r}")
+    return lo, hi
+
+
+@dataclass
+class Axes:
+    """What the user sets on the axes: labels (one y label per subplot, or one for all), limits,
+    log scales."""
+
+    xlabel: str | None = None
+    ylabels: list[str] | None = None
+    xlim: tuple[float | None, float | None] | None = None
+    ylim: tuple[float | None, float | None] | None = None
+    logx: bool = False
+    logy: bool = False
+
+
+# ----------------------------------------------------------------------------- the figure
+
+def _factors(curves: list[Curve]) -> tuple[str, str] | None:
+    """The two parts that name every curve when the curves are (nearly) every combination of
+    their values and a legend per value is shorter than one per curve; else None."""
+    keys = list(dict.fromkeys(k for c in curves for k in c.parts))
+    if len(keys) != 2 or any(len(c.parts) != 2 for c in curves):
+        return None
+    values = [len({c.parts[k] for c in curves}) for k in keys]
+    if min(values) < 2 or sum(values) >= len(curves):
+        return None
+    return keys[0], keys[1]
+
+
+def _styles(curves: list[Curve], factors: tuple[str, str] | None) -> list[dict]:
+    """Colour, marker and line style per curve: its own, or by the value of each factor."""
+    if factors is None:
+        return [{"color": COLORS[i % len(COLORS)], "marker": MARKERS[i % len(MARKERS)],
+                 "linestyle": STYLES[i % len(STYLES)]} for i in range(len(curves))]
+    first = list(dict.fromkeys(c.parts[factors[0]] for c in curves))
+    second = list(dict.fromkeys(c.parts[factors[1]] for c in curves))
+    return [{"color": COLORS[first.index(c.parts[factors[0]]) % len(COLORS)],
+             "marker": MARKERS[first.index(c.parts[factors[0]]) % len(MARKERS)],
+             "linestyle": STYLES[second.index(c.parts[factors[1]]) % len(STYLES)]} for c in curves]
+
+
+def _legend_entries(curves: list[Curve], styles: list[dict], factors: tuple[str, str] | None, lw: float,
+                    ms: float) -> tuple[list[list], list[list[str]], str | None]:
+    """(handles, texts, title) in groups: one group of one entry per curve, or one group per
+    factor of one entry per value. The title names the number of runs when every curve has the
+    same (> 1); otherwise each curve with more than one says its own."""
+    from matplotlib.lines import Line2D
+
+    counts = [c.runs for c in curves]
+    title = f"mean \u00b1 std of {counts[0]} runs" if counts[0] > 1 and len(set(counts)) == 1 else None
+    if factors is None:
+        texts = [c.label + ("" if title or c.runs == 1 else f" ({c.runs} runs)") for c in curves]
+        return [[Line2D([], [], lw=lw, ms=ms, **s) for s in styles]], [texts], title
+    handles: list[list] = [[], []]
+    texts: list[list[str]] = [[], []]
+    for g, (k, which) in enumerate(((factors[0], ("color", "marker")), (factors[1], ("linestyle",)))):
+        for c, s in zip(curves, styles):
+            if c.parts[k] not in texts[g]:
+                kw = {"color": "0.25", "linestyle": "-", "marker": None, **{w: s[w] for w in which}}
+                handles[g].append(Line2D([], [], lw=lw, ms=ms, **kw))
+                texts[g].append(c.parts[k])
+    return handles, texts, title
+
+
+def _layouts(handles: list[list], texts: list[list[str]], where: str):
+    """(ncol, handles, texts) to try, widest first. One group: 6..1 columns below, one to the
+    right. Several groups (factors): one row per group, else one column per group (matplotlib
+    fills columns first: the entries are reordered, short groups padded with blanks)."""
+    from matplotlib.lines import Line2D
+
+    flat_h, flat_t = [h for g in handles for h in g], [t for g in texts for t in g]
+    if len(handles) == 1:
+        cols = range(min(len(flat_t), 6), 0, -1) if where == "below" else (1,)
+        return [(n, flat_h, flat_t) for n in cols]
+    width = max(len(g) for g in texts)
+    pad = [(list(h) + [Line2D([], [], alpha=0)] * (width - len(h)), list(t) + [""] * (width - len(t)))
+           for h, t in zip(handles, texts)]
+    by_row = ([pad[r][0][c] for c in range(width) for r in range(len(pad))],
+              [pad[r][1][c] for c in range(width) for r in range(len(pad))])
+    by_col = ([h for ph, _ in pad for h in ph], [t for _, pt in pad for t in pt])
+    out = [(width, *by_row)] if where == "below" else []
+    return out + [(len(pad), *by_col), (1, flat_h, flat_t)]
+
+
+def _fit_legend(fig, handles: list[list], texts: list[list[str]], title: str | None, where: str, renderer):
+    """The figure legend below (in the widest layout that fits the width) or right of the axes
+    (at most ~40% of the width), long texts wrapped, so that it lies inside the figure."""
+    limit = fig.bbox.width * (0.98 if where == "below" else 0.42)
+    loc = "outside lower center" if where == "below" else "outside right center"
+    wrap = max(len(t) for g in texts for t in g)
+    while True:
+        for ncol, hs, ts in _layouts(handles, texts, where):
+            shown = [textwrap.fill(t, wrap) if t else t for t in ts]
+            leg = fig.legend(hs, shown, loc=loc, ncol=ncol, frameon=False, title=title, handlelength=2.6,
+                             columnspacing=1.2, handletextpad=0.5, borderaxespad=0.2)
+            if leg.get_window_extent(renderer).width <= limit or (ncol == 1 and wrap <= 12):
+                return leg
+            leg.remove()
+        wrap = max(12, int(wrap * 0.8))
+
+
+def _fit_text(text, limit: float, renderer, along: str = "width") -> None:
+    """Wrap a title or axis label until its extent ``along`` (width; height for a rotated y
+    label) is at most ``limit`` pixels."""
+    content = text.get_text()
+    chars = len(content)
+    while chars > 8 and getattr(text.get_window_extent(renderer), along) > limit:
+        chars = int(chars * 0.85)
+        text.set_text(textwrap.fill(content, chars))
+
+
 def figure(curves_per_metric: list[tuple[str, list[Curve]]], x: str, *, size: tuple[float, float] = SIZES["default"],
-           legend: str = "below", title: str | None = None, logx: bool = False, logy: bool = False):
+           legend: str = "below", title: str | None = None, logx: bool = False, logy: bool = False,
+           axes: Axes | None = None):
     """A matplotlib Figure: one subplot per metric, one legend for all (not saved, not closed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    axes = axes or Axes(logx=logx, logy=logy)
     n = len(curves_per_metric)
     small = size[0] / n < 4.5
-    with plt.rc_context({"font.size": 8 if small else 10, "legend.fontsize": 7 if small else 9}):
-        fig, axes = plt.subplots(1, n, figsize=size, squeeze=False, layout="constrained")
-        handles: dict[str, object] = {}
-        for ax, (metric, curves) in zip(axes[0], curves_per_metric):
-            colors = plt.get_cmap("tab10" if len(curves) <= 10 else "tab20")
-            for i, c in enumerate(curves):
-                line, = ax.plot(c.x, c.mean, color=colors(i % colors.N),
-                                label=c.label + (f" ({c.runs} runs)" if c.runs > 1 else ""))
+    fs = 8 if small else 10
+    lw, ms = (1.2, 3.5) if small else (1.5, 4.5)
+    rc = {"font.size": fs, "axes.labelsize": fs, "axes.titlesize": fs, "legend.fontsize": fs - 1,
+          "legend.title_fontsize": fs - 1, "xtick.labelsize": fs - 1, "ytick.labelsize": fs - 1,
+          "pdf.fonttype": 42, "ps.fonttype": 42, "axes.linewidth": 0.6, "grid.linewidth": 0.4}
+    with plt.rc_context(rc):
+        fig, grid = plt.subplots(1, n, figsize=size, squeeze=False, layout="constrained")
+        factors = _factors(curves_per_metric[0][1]) if n else None
+        styles = _styles(curves_per_metric[0][1], factors) if n else []
+        for i, (ax, (metric, curves)) in enumerate(zip(grid[0], curves_per_metric)):
+            for j, (c, s) in enumerate(zip(curves, styles)):
+                # ~8 markers a curve, staggered so that curves on top of each other show each one's
+                every = max(1, len(c.x) // 8, min(len(curves), len(c.x) // 4))
+                line, = ax.plot(c.x, c.mean, lw=lw, ms=ms, markevery=(j % every, every),
+                                label=c.label, **s)
                 if c.runs > 1:
-                    ax.fill_between(c.x, c.mean - c.std, c.mean + c.std, color=line.get_color(), alpha=0.2,
+                    ax.fill_between(c.x, c.mean - c.std, c.mean + c.std, color=line.get_color(), alpha=0.15,
                                     linewidth=0)
-                handles.setdefault(line.get_label(), line)
-            ax.set_xlabel({"round": "round", "sim_delay": "emulated delay", "wall_time": "wall time (s)"}.get(x, x))
-            ax.set_ylabel(metric)
-            ax.set_xscale("log" if logx else "linear")
-            ax.set_yscale("log" if logy else "linear")
+            ylabels = axes.ylabels or []
+            ax.set_xlabel(axes.xlabel if axes.xlabel is not None else XLABELS.get(x, names.metric(x)))
+            ax.set_ylabel(ylabels[i] if len(ylabels) == n else ylabels[0] if ylabels else names.metric(metric))
+            ax.set_xscale("log" if axes.logx else "linear")
+            ax.set_yscale("log" if axes.logy else "linear")
+            if axes.xlim:
+                ax.set_xlim(*axes.xlim)
+            if axes.ylim:
+                ax.set_ylim(*axes.ylim)
             ax.grid(alpha=0.3)
-        if title:
-            fig.suptitle(title)
-        if legend == "below":
-            fig.legend(list(handles.values()), list(handles), loc="outside lower center",
-                       ncol=max(1, min(len(handles), int(size[0] // 2.2))), frameon=False)
-        elif legend == "right":
-            fig.legend(list(handles.values()), list(handles), loc="outside right upper", frameon=False)
-        elif legend != "none":
-            axes[0][0].legend(list(handles.values()), list(handles), loc=legend)
+        # one subplot: the title is its axes' (a figure title would share the top row with a right legend)
+        suptitle = (grid[0][0].set_title(title) if n == 1 else fig.suptitle(title)) if title else None
+        renderer = fig.canvas.get_renderer()
+        if legend != "none" and n and curves_per_metric[0][1]:
+            handles, texts, legend_title = _legend_entries(curves_per_metric[0][1], styles, factors, lw, ms)
+            if legend in ("below", "right"):
+                _fit_legend(fig, handles, texts, legend_title, legend, renderer)
+            else:
+                grid[0][0].legend([h for g in handles for h in g], [t for g in texts for t in g], loc=legend,
+                                  title=legend_title)
+        for ax in grid[0]:
+            _fit_text(ax.yaxis.label, fig.bbox.height * 0.6, renderer, "height")
+            _fit_text(ax.xaxis.label, fig.bbox.width / n * 0.9, renderer)
+        if suptitle is not None:
+            _fit_text(suptitle, fig.bbox.width * 0.95, renderer)
     return fig
 
 
 def plot(paths: list[str], metric: str | list[str], out: str, x: str = "round", title: str | None = None, *,
          labels: list[str] | None = None, legend: str = "below", size: tuple[float, float] = SIZES["default"],
-         logx: bool = False, logy: bool = False) -> str:
+         logx: bool = False, logy: bool = False, axes: Axes | None = None) -> str:
     """Draw each metric against ``x`` for the runs of ``paths`` (files, folders, sweep files) into
     ``out`` (.png, .pdf, .svg); returns ``out``. Rank 0 / a single process only."""
     import matplotlib.pyplot as plt
@@ -168,8 +380,12 @@ def plot(paths: list[str], metric: str | list[str], out: str, x: str = "round", 
     if legend not in LEGENDS:
         raise InputError(f"--legend: one of {', '.join(LEGENDS)}, got {legend!r}")
     metrics = [metric] if isinstance(metric, str) else list(metric)
-    runs = gather_runs(paths)
-    per_metric = [(m, curves_of(runs, m, x)) for m in metrics]
+    axes = axes or Axes(logx=logx, logy=logy)
+    if axes.ylabels and len(axes.ylabels) not in (1, len(metrics)):
+        raise InputError(f"--ylabel: {len(axes.ylabels)} given for {len(metrics)} subplots (give one for all, "
+                         f"or one per --metric)")
+    runs, key_labels = _gather(paths)
+    per_metric = [(m, curves_of(runs, m, x, key_labels)) for m in metrics]
     if not any(c for _, c in per_metric):
         raise InputError(f"{', '.join(paths)}: no evaluations to plot (the runs have not evaluated yet)")
     if labels:
@@ -178,8 +394,8 @@ def plot(paths: list[str], metric: str | list[str], out: str, x: str = "round", 
                 raise InputError(f"--label: {len(labels)} given for {len(curves)} curves of {m} "
                                  f"({'; '.join(c.label for c in curves)})")
             for c, name in zip(curves, labels):
-                c.label = name
-    fig = figure(per_metric, x, size=size, legend=legend, title=title, logx=logx, logy=logy)
+                c.label, c.parts = name, {"label": name}
+    fig = figure(per_metric, x, size=size, legend=legend, title=title, axes=axes)
     try:
         return save_figure(fig, out, "--out", paths)
     finally:
@@ -193,7 +409,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metric", default="test_acc", help="metric, or several comma-separated (one subplot each)")
     parser.add_argument("--x", default="round", help="x axis: round, sim_delay or wall_time")
     parser.add_argument("--out", required=True, help="figure file (.png, .pdf, .svg)")
-    parser.add_argument("--title")
+    parser.add_argument("--title", help="the figure's title (none by default)")
+    parser.add_argument("--xlabel", help="x axis label (default: the x axis in words, e.g. round)")
+    parser.add_argument("--ylabel", dest="ylabels", action="append", metavar="TEXT",
+                        help="y axis label (default: the metric in words, e.g. test accuracy); once for every "
+                             "subplot, or repeated once per --metric")
+    parser.add_argument("--xlim", metavar="LOW,HIGH", help="x axis limits (either may be empty: 10, or ,200)")
+    parser.add_argument("--ylim", metavar="LOW,HIGH", help="y axis limits of every subplot (e.g. 0.5,1 or 0.5,)")
     parser.add_argument("--label", dest="labels", action="append", metavar="NAME",
                         help="name of the next curve, in the order of the default legend; repeat for each curve")
     parser.add_argument("--legend", default="below",
@@ -211,6 +433,8 @@ def run_cli(args: argparse.Namespace) -> int:
     metrics = [m.strip() for m in args.metric.split(",") if m.strip()]
     if not metrics:
         raise InputError("--metric: empty")
+    axes = Axes(args.xlabel, args.ylabels, parse_limits(args.xlim, "--xlim"), parse_limits(args.ylim, "--ylim"),
+                args.logx, args.logy)
     print(plot(args.inputs, metrics, args.out, x=args.x, title=args.title, labels=args.labels, legend=args.legend,
-               size=parse_size(args.size), logx=args.logx, logy=args.logy))
+               size=parse_size(args.size), axes=axes))
     return 0

@@ -14,12 +14,19 @@ A sweep file::
       - {label: fedavg, algorithm.name: fedavg_active, train.lr: 0.05}
     grid:                             # every combination of these values, for every variant
       seed: [0, 1, 2]
+      train.local_steps: [1, 5]
+    labels:                           # readable names in tables and legends (results/names.py)
+      variant: method                 # the variants' column
+      train.local_steps: {name: local steps, values: {1: "one step"}}
     table: {...}                      # what ``fedmpi table SWEEP.yaml`` prints (results/table.py)
+    pack: 8                           # cells trained together in one process (fedmpi.packed; default 1)
 
 Cells are variants x grid, in that order (variant outer); cell ``i`` is the same on every
 machine, so ``--index i`` (a SLURM array task) names one cell. A cell's result file is
 ``OUT/<variant label or its key=value list>/<grid key=value list>.h5``, e.g.
-``runs/fmnist_sine/fedswe_k100/seed=0.h5``.
+``runs/fmnist_sine/fedswe_k100/seed=0.h5``. Each cell's config gets its variant's label as
+``runtime.label`` (unless the sweep sets that key), so its result file names its variant wherever
+it is read from, alone or with any other files.
 
 Paths in a sweep file (``base``, ``out``, ``plugins``) are relative to the sweep file's folder,
 so every command reads the same cells from any working directory; paths on the command line
@@ -33,15 +40,17 @@ the cell's, or a plug-in or data file that made it changed: ``fedmpi.provenance`
 from __future__ import annotations
 
 import itertools
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import log, provenance, yamlio
 from ..errors import InputError
+from .names import KeyLabel, same_value
 from .paths import assignments, value_text
 
-_TOP_KEYS = ("base", "out", "plugins", "set", "variants", "grid", "table")
+_TOP_KEYS = ("base", "out", "plugins", "set", "variants", "grid", "labels", "table", "pack")
 MAX_CELLS = 100_000  # checked before any cell is made (a SLURM array is at most this long, too)
 STATES = ("done", "running", "interrupted", "failed", "not started", "outdated")
 _NOT_COMPARED = ("output", "runtime")  # a cell's file may differ from the sweep in these keys only
@@ -53,12 +62,13 @@ class Cell:
 
     index: int
     name: str                    # path inside the sweep folder without .h5, e.g. 'fedswe_k100/seed=0'
-    variant: str | None          # the variant's label (None without variants)
+    variant: str | None          # the variant's label as a file name (None without variants)
     values: dict[str, Any]       # the grid values of this cell (dotted key -> value)
     overrides: dict[str, Any]    # everything applied on top of the base config
     path: str                    # the result file
     sweep: Sweep | None = field(default=None, repr=False)
     _expected: dict | None = field(default=None, repr=False)
+    title: str | None = None     # the variant's label as written (for legends and tables)
 
     @property
     def expected(self) -> dict:
@@ -84,6 +94,8 @@ class Sweep:
     variants: list[str]
     table: dict = field(default_factory=dict)
     plugins: list[str] = field(default_factory=list)  # the sweep file's plug-ins (paths made relative to here)
+    labels: dict[str, KeyLabel] = field(default_factory=dict)  # readable names of keys and values
+    pack: int = 1  # cells that pack trained together, at most (``--pack`` overrides it)
 
     def config(self, cell: Cell, world_size: int = 1, threads: int | None = None):
         """The validated Config of ``cell`` (``threads`` fills runtime.threads when the config
@@ -92,7 +104,9 @@ class Sweep:
 
         try:
             plugins.load(self.plugins)  # (each once per process) every cell, -j worker and listing reads through here
-            cfg = config.load(self.base, world_size=world_size, values={**cell.overrides, "output": cell.path})
+            label = {"runtime.label": cell.title} if cell.title is not None and "runtime.label" not in cell.overrides \
+                else {}
+            cfg = config.load(self.base, world_size=world_size, values={**cell.overrides, **label, "output": cell.path})
         except InputError as e:
             if str(e).startswith(self.base):
                 raise
@@ -154,23 +168,22 @@ def load(path: str, out: str | None = None, validate: bool = True) -> Sweep:
         raise InputError(f"{path}: out: must be a folder path, got {folder!r}")
     folder = out if out is not None else beside(path, folder)  # --out: relative to the working directory
     cells = []
-    for (label, vset), combo in itertools.product(variants, itertools.product(*grid.values())):
+    for (label, title, vset), combo in itertools.product(variants, itertools.product(*grid.values())):
         values = dict(zip(grid, combo))
         parts = [p for p in (label if vset is not None else None, assignments(values) if values else None) if p]
         name = "/".join(parts) or "run"
         cells.append(Cell(len(cells), name, label if vset is not None else None, values,
-                          {**common, **(vset or {}), **values}, os.path.join(folder, name + ".h5")))
-    seen: dict[str, int] = {}
-    for c in cells:
-        if c.name in seen:
-            raise InputError(f"{path}: cells {seen[c.name]} and {c.index} get the same file name {c.name!r}; "
-                             f"give the variants distinct labels")
-        seen[c.name] = c.index
+                          {**common, **(vset or {}), **values}, os.path.join(folder, name + ".h5"),
+                          title=title if vset is not None else None))
+    _refuse_one_name(path, cells, grid)
     table = data.get("table") or {}
     if not isinstance(table, dict):
         raise InputError(f"{path}: table: must be a mapping (see fedmpi table --help)")
-    sweep = Sweep(path, base, folder, cells, list(grid), [v[0] for v in variants if v[1] is not None], table,
-                  _plugins(path, data.get("plugins")))
+    pack = data.get("pack", 1)
+    if isinstance(pack, bool) or not isinstance(pack, int) or pack < 1:
+        raise InputError(f"{path}: pack: must be a whole number >= 1 (cells trained together), got {pack!r}")
+    sweep = Sweep(path, base, folder, cells, list(grid), [v[0] for v in variants if v[2] is not None], table,
+                  _plugins(path, data.get("plugins")), _labels(path, data.get("labels"), grid, variants), pack)
     for c in cells:
         c.sweep = sweep
     if validate:  # every cell's config is valid before anything runs; each distinct notice is said once
@@ -236,10 +249,11 @@ def _stem(path: str) -> str:
     return name
 
 
-def _variants(data: Any, path: str, grid: dict) -> list[tuple[str, dict | None]]:
-    """(label, overrides) per variant; one unnamed (label '', None) when there are none."""
+def _variants(data: Any, path: str, grid: dict) -> list[tuple[str, str, dict | None]]:
+    """(label as a file name, label as written, overrides) per variant; one unnamed ('', '', None)
+    when there are none."""
     if data is None:
-        return [("", None)]
+        return [("", "", None)]
     if not isinstance(data, list) or not data:
         raise InputError(f"{path}: variants: must be a non-empty list of mappings")
     out = []
@@ -256,7 +270,61 @@ def _variants(data: Any, path: str, grid: dict) -> list[tuple[str, dict | None]]
             label = assignments(sets) or f"variant{i}"
         elif not isinstance(label, (str, int)) or not str(label).strip():
             raise InputError(f"{path}: variants[{i}].label: must be a non-empty name, got {label!r}")
-        out.append((value_text(str(label)), sets))
+        out.append((value_text(str(label)), str(label), sets))
+    return out
+
+
+def _refuse_one_name(path: str, cells: list[Cell], grid: dict) -> None:
+    """Two cells with one file name would write one file: two variants whose labels read the same
+    as file names, or two values of a grid key that do (``a/b`` and ``a_b``)."""
+    combos = math.prod(len(v) for v in grid.values())  # cells per variant (variants are the outer loop)
+    seen: dict[str, Cell] = {}
+    for c in cells:
+        first = seen.setdefault(c.name, c)
+        if first is c:
+            continue
+        if first.index // combos != c.index // combos:
+            raise InputError(f"{path}: cells {first.index} and {c.index} get the same file name {c.name!r}; "
+                             f"give the variants distinct labels ({first.title!r} and {c.title!r} read the "
+                             f"same as file names)")
+        key = next(k for k in grid if not same_value(first.values[k], c.values[k]))
+        raise InputError(f"{path}: grid.{key}: {first.values[key]!r} and {c.values[key]!r} give one file name "
+                         f"({value_text(c.values[key])}); give values that differ as file names")
+
+
+def _labels(path: str, data: Any, grid: dict, variants: list[tuple[str, str, dict | None]]) -> dict[str, KeyLabel]:
+    """The ``labels:`` section: per key (a config key, or ``variant``) a readable name, or a
+    mapping with ``name`` and ``values`` (value -> its label). A labelled value of a grid key or
+    of the variants must be one of its values (a typo would otherwise label nothing)."""
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: labels: must be a mapping of keys to a name or {{name, values}}, got {data!r}")
+    known = {"variant": [t for _, t, sets in variants if sets is not None], **grid}
+    out = {}
+    for key, spec in data.items():
+        where = f"{path}: labels.{key}"
+        if not isinstance(key, str) or not key.strip():
+            raise InputError(f"{path}: labels: keys must be config keys or 'variant', got {key!r}")
+        if isinstance(spec, str):
+            spec = {"name": spec}
+        if not isinstance(spec, dict) or set(spec) - {"name", "values"}:
+            raise InputError(f"{where}: must be a name or a mapping with name and values, got {spec!r}")
+        name, values = spec.get("name"), spec.get("values") or {}
+        if name is not None and (not isinstance(name, str) or not name.strip()):
+            raise InputError(f"{where}.name: must be a non-empty text, got {name!r}")
+        if not isinstance(values, dict):
+            raise InputError(f"{where}.values: must be a mapping of values to their labels, got {values!r}")
+        for value, text in values.items():
+            if not isinstance(text, (str, int, float)) or isinstance(text, bool) or not str(text).strip():
+                raise InputError(f"{where}.values: the label of {value!r} must be a non-empty text, got {text!r}")
+            if key in known and not any(same_value(value, v) for v in known[key]):
+                raise InputError(f"{where}.values: {value!r} is not one of its values "
+                                 f"({', '.join(map(repr, known[key]))})")
+        texts = [str(t) for t in values.values()]
+        if len(set(texts)) < len(texts):
+            raise InputError(f"{where}.values: two values have one label; give each its own")
+        out[key] = KeyLabel(name, {v: str(t) for v, t in values.items()})
     return out
 
 
@@ -289,7 +357,10 @@ def _why(cell: Cell, attrs: dict) -> str | None:
         return f"the sweep gives the cell a config that is not valid ({e})"
     if changed:
         return f"its config is no longer that of the sweep's cell ({changed})"
-    return provenance.outdated(attrs)
+    try:
+        return provenance.outdated(attrs)
+    except (AttributeError, TypeError, ValueError):  # provenance of the wrong shape: a damaged file
+        return "its provenance attributes are unreadable"
 
 
 def why_outdated(cell: Cell) -> str | None:
@@ -298,12 +369,6 @@ def why_outdated(cell: Cell) -> str | None:
 
     status, attrs = peek(cell.path)
     return _why(cell, attrs) if status == "completed" else None
-
-
-def peek_config(path: str) -> str:
-    from .hdf5 import peek
-
-    return str(peek(path)[1].get("config", ""))
 
 
 def status_text(sweep: Sweep) -> str:

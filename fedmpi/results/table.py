@@ -9,10 +9,16 @@ or ``sim_delay``...), the mean over a window of x (``window: [lo, hi]``), the be
 (``best: max|min``), or the rounds to reach a target (``rounds_to: V``, ``--rounds-to test_acc=0.8``:
 the first x whose value is >= V, or <= V with ``goal: at_most`` / ``test_loss<=0.3``; NaN
 when never reached, so such runs are left out of the cell's mean and its n counts those that
-reached). Runs are grouped by the row and column keys; a group's cell is the mean
-+/- standard deviation (numpy's, ddof = 0) of its runs' numbers, one run per seed. Runs of one
-group must not differ in any other result-defining key (reader.RESULT_SECTIONS): such a table
-would silently average different experiments, so it is refused, naming the key.
+reached). ``scale`` multiplies metric values, never such counts of x (V is in the metric's own
+units). Runs are grouped by the row and column keys; a group's cell is the mean +/- standard
+deviation (numpy's, ddof = 0) of its runs' numbers, one run per seed. Runs of one group must not
+differ in any other result-defining key (``reader.is_result_key``): such a table would silently
+average different experiments, so it is refused, naming the key. A run whose config cannot be
+read cannot be grouped at all: refused, naming the file.
+
+Markdown and LaTeX head the key columns with readable names and show values by their labels
+(``results/names.py``: a sweep's ``labels:``, else the key's shortest distinct tail); CSV keeps
+the dotted keys and the values as they are, for scripts.
 
 A sweep's ``table:`` section holds the same settings (rows, cols, metrics with per-metric
 last/at/window/best, scale, digits, label, bold); command-line options replace them.
@@ -27,12 +33,13 @@ import os
 import stat
 import sys
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ..errors import InputError
+from . import names
 from .hdf5 import is_locked
 from .reader import Result, is_result_key, load
 
@@ -92,9 +99,9 @@ class MetricSpec:
             return float(y[before[-1]]) * self.scale if before.size else math.nan
         if self.best is not None:
             return float(np.nanmax(y) if self.best == "max" else np.nanmin(y)) * self.scale
-        if self.rounds_to is not None:
+        if self.rounds_to is not None:  # a count of x: not scaled like the metric's values
             hit = np.flatnonzero(y >= self.rounds_to if self.goal == "at_least" else y <= self.rounds_to)
-            return float(x[hit[0]]) * self.scale if hit.size else math.nan
+            return float(x[hit[0]]) if hit.size else math.nan
         k = self.last if self.last is not None else (y.size if self.window is not None else 1)
         return float(np.mean(y[-k:])) * self.scale
 
@@ -131,7 +138,7 @@ def metric_spec(data: Any, where: str) -> MetricSpec:
     for k, allowed in (("best", ("max", "min")), ("bold", ("max", "min")), ("goal", ("at_least", "at_most"))):
         v = data.get(k)
         if v is not None and v not in allowed:
-            raise InputError(f"{where}.{k}: must be max or min, got {v!r}")
+            raise InputError(f"{where}.{k}: must be {' or '.join(allowed)}, got {v!r}")
     s.best, s.bold, s.goal = data.get("best"), data.get("bold"), data.get("goal", "at_least")
     if sum(v is not None for v in (s.last, s.at, s.best, s.rounds_to)) > 1:
         raise InputError(f"{where}: give one of last, at, best, rounds_to")
@@ -165,12 +172,14 @@ def _started(path: str) -> bool:
 @dataclass
 class Gathered:
     """What ``gather`` found: the runs, the table spec of a single sweep, whether runs came from a
-    sweep (keeps the cells' order), and where it looked (for the messages that found nothing)."""
+    sweep (keeps the cells' order), where it looked (for the messages that found nothing), and
+    the sweeps' labels of keys and values."""
 
     runs: list[Run]
     spec: dict
     from_sweep: bool
     looked: list[str]
+    labels: dict[str, names.KeyLabel] = field(default_factory=dict)
 
     @property
     def where(self) -> str:
@@ -178,9 +187,11 @@ class Gathered:
 
 
 def gather(inputs: list[str], partial: bool = False, folder: str | None = None) -> Gathered:
-    """The runs of files, folders (every .h5 below) and sweep files (their cells' files)."""
+    """The runs of files, folders (every .h5 below) and sweep files (their cells' files). A run's
+    ``variant`` is its sweep cell's variant, else the label its file records (``runtime.label``)."""
     runs: list[Run] = []
     spec: dict = {}
+    labels: dict[str, names.KeyLabel] = {}
     from_sweep = False
     skipped = 0
     looked: list[str] = []
@@ -190,13 +201,14 @@ def gather(inputs: list[str], partial: bool = False, folder: str | None = None) 
 
             sweep = load_sweep(inp, folder, validate=False)  # only completed cells' configs are compared
             spec = sweep.table if len(inputs) == 1 else {}
+            labels = {**sweep.labels, **labels}
             from_sweep = True
             looked.append(f"{sweep.folder} ({len(sweep.cells)} cell files of {inp})")
             for c in sweep.cells:
                 if cell_state(c)[0] == "outdated":
                     print(f"fedmpi table: left out {c.path}: {why_outdated(c)}", file=sys.stderr)
                 elif _started(c.path):
-                    runs.append(Run(load(c.path), {"variant": c.variant}))
+                    runs.append(Run(load(c.path), {"variant": c.title if c.title is not None else c.variant}))
         elif os.path.isdir(inp):
             looked.append(inp)
             files = sorted(glob.glob(os.path.join(inp, "**", "*.h5"), recursive=True))
@@ -209,12 +221,13 @@ def gather(inputs: list[str], partial: bool = False, folder: str | None = None) 
             runs.append(Run(load(inp), {}))
     kept = []
     for r in runs:
-        if r.result.status != "completed" and not partial:
+        if r.result.status != "completed" and not (partial and r.result.status != "starting"):
             skipped += 1
             continue
-        r.keys = {**r.result.flat_config(), **r.keys}
+        r.result.require_config()
+        r.keys = {**r.result.flat_config(), "variant": r.result.label or None, **r.keys}
         kept.append(r)
-    found = Gathered(kept, spec, from_sweep, looked)
+    found = Gathered(kept, spec, from_sweep, looked, labels)
     if skipped and not kept:
         raise InputError(f"table: no completed runs to tabulate ({skipped} not completed; --partial includes them; "
                          f"{found.where})")
@@ -261,6 +274,8 @@ class Table:
     rows: list[tuple]                         # row key values
     cells: list[list[list[float]]]            # [row][column] -> the runs' numbers
     specs: list[MetricSpec]                   # per column
+    titles: list[str] = field(default_factory=list)  # headers with readable key names and value labels
+    labels: dict[str, names.KeyLabel] = field(default_factory=dict)
 
     def stats(self, i: int, j: int) -> tuple[float, float, int] | None:
         xs = [x for x in self.cells[i][j] if x is not None and not math.isnan(x)]
@@ -270,12 +285,24 @@ class Table:
         with np.errstate(all="ignore"):  # inf - inf in the std is NaN, without a warning
             return float(a.mean()), float(a.std()), len(xs)
 
+    def key_headers(self) -> list[str]:
+        """The row keys' readable names (a sweep's labels first)."""
+        shown = names.key_names(self.row_keys, self.labels)
+        return [shown[k] for k in self.row_keys]
 
-def build(runs: list[Run], rows: list[str], cols: list[str], specs: list[MetricSpec], keep_order: bool) -> Table:
+    def row_texts(self, i: int) -> list[str]:
+        """Row ``i``'s key values by their labels."""
+        return [names.value_text(k, v, self.labels) for k, v in zip(self.row_keys, self.rows[i])]
+
+
+def build(runs: list[Run], rows: list[str], cols: list[str], specs: list[MetricSpec], keep_order: bool,
+          labels: dict[str, names.KeyLabel] | None = None) -> Table:
     """Group ``runs`` by ``rows`` x ``cols`` and reduce each run with every spec."""
     if not runs:
         raise InputError("table: no completed runs to tabulate")
     for key in rows + cols:
+        if key == "variant" and not any(r.keys.get(key) for r in runs):
+            raise InputError("--rows/--cols: variant: these runs have none (a sweep's variants, or runtime.label)")
         if not any(key in r.keys for r in runs):
             raise InputError(f"--rows/--cols: {key}: not a config key of these runs")
     groups: dict[tuple[tuple, tuple], list[Run]] = {}
@@ -288,16 +315,19 @@ def build(runs: list[Run], rows: list[str], cols: list[str], specs: list[MetricS
         _check_same_experiment(members, grouped, rk + ck)
     row_vals = _order([g[0] for g in groups], keep_order)
     col_vals = _order([g[1] for g in groups], keep_order)
-    headers, col_specs, col_of = [], [], []
+    shown = names.key_names(rows + cols, labels)
+    headers, titles, col_specs, col_of = [], [], [], []
     for s in specs:
         for cv in col_vals:
             where = ", ".join(f"{k}={_fmt(v)}" for k, v in zip(cols, cv))
+            readable = ", ".join(names.assignment(k, v, shown, labels) for k, v in zip(cols, cv))
             headers.append(f"{s.title} [{where}]" if where else s.title)
+            titles.append(f"{s.title} [{readable}]" if readable else s.title)
             col_specs.append(s)
             col_of.append(cv)
     cells = [[[s.value(r.result) for r in groups.get((rv, cv), [])] for s, cv in zip(col_specs, col_of)]
              for rv in row_vals]
-    return Table(rows, headers, row_vals, cells, col_specs)
+    return Table(rows, headers, row_vals, cells, col_specs, titles, dict(labels or {}))
 
 
 def _check_same_experiment(members: list[Run], grouped: set[str], where: tuple) -> None:
@@ -356,10 +386,10 @@ def _text_cells(t: Table, pm: str, math_: str, bold) -> list[list[str]]:
 
 
 def markdown(t: Table) -> str:
-    head = [*t.row_keys, *t.headers]
+    head = [*t.key_headers(), *t.titles]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for rv, cells in zip(t.rows, _text_cells(t, " +/- ", "", lambda s: f"**{s}**")):
-        lines.append("| " + " | ".join([*map(_fmt, rv), *cells]) + " |")
+    for i, cells in enumerate(_text_cells(t, " +/- ", "", lambda s: f"**{s}**")):
+        lines.append("| " + " | ".join([*t.row_texts(i), *cells]) + " |")
     return "\n".join(lines)
 
 
@@ -372,11 +402,11 @@ def _tex(s: str) -> str:
 
 
 def latex(t: Table) -> str:
-    head = [*t.row_keys, *t.headers]
+    head = [*t.key_headers(), *t.titles]
     lines = [r"\begin{tabular}{" + "l" * len(t.row_keys) + "c" * len(t.headers) + "}", r"\hline",
              " & ".join(_tex(h) for h in head) + r" \\", r"\hline"]
-    for rv, cells in zip(t.rows, _text_cells(t, r" \pm ", "$", lambda s: r"\mathbf{" + s + "}")):
-        lines.append(" & ".join([*(_tex(_fmt(v)) for v in rv), *cells]) + r" \\")
+    for i, cells in enumerate(_text_cells(t, r" \pm ", "$", lambda s: r"\mathbf{" + s + "}")):
+        lines.append(" & ".join([*(_tex(v) for v in t.row_texts(i)), *cells]) + r" \\")
     lines += [r"\hline", r"\end{tabular}"]
     return "\n".join(lines)
 
@@ -411,13 +441,15 @@ def _keys(text: str | list | None) -> list[str] | None:
     return [k.strip() for k in str(text).split(",") if k.strip()]
 
 
-def _default_rows(runs: list[Run], cols: list[str], from_sweep: bool) -> list[str]:
-    if from_sweep and any(r.keys.get("variant") for r in runs):
-        return ["variant"]
+def _default_rows(runs: list[Run], cols: list[str]) -> list[str]:
+    """The variant (when runs have one) and the result keys that still differ between runs of
+    one variant: what tells the experiments apart."""
     flat = [r.keys for r in runs]
+    variants = {f.get("variant") for f in flat}
     keys = list(dict.fromkeys(k for f in flat for k in f))
-    return [k for k in keys if is_result_key(k) and k not in cols
-            and len({repr(f.get(k)) for f in flat}) > 1]
+    differ = [k for k in keys if is_result_key(k) and k not in cols and k != "variant"
+              and any(len({repr(f.get(k)) for f in flat if f.get("variant") == v}) > 1 for v in variants)]
+    return (["variant"] if variants - {None} and "variant" not in cols else []) + differ
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -425,8 +457,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "Inputs: result files, folders (every .h5 below) or a sweep file (its cells and "
                           "its table: section).")
     parser.add_argument("inputs", nargs="+", help="result files, folders, or a sweep file")
-    parser.add_argument("--rows", help="comma-separated config keys (or 'variant' for a sweep's variants); "
-                                       "default: the sweep's variants, else the result keys that differ")
+    parser.add_argument("--rows", help="comma-separated config keys (or 'variant' for a sweep's variants, also "
+                                       "of its files read alone); default: the variants and the result keys "
+                                       "that differ within a variant")
     parser.add_argument("--cols", help="comma-separated config keys whose values make column groups")
     parser.add_argument("--metric", action="append", help="metric (repeatable; default test_acc, else test_loss)")
     how = parser.add_mutually_exclusive_group()
@@ -437,7 +470,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="rounds to reach a target (repeatable): METRIC=V or METRIC>=V (>= V), "
                              "METRIC<=V (<= V, for losses); NaN when never reached")
     parser.add_argument("--x", default=None, help="x axis of --at (round, sim_delay, ...; default round)")
-    parser.add_argument("--scale", type=float, help="multiply values (100 for percent)")
+    parser.add_argument("--scale", type=float, help="multiply metric values (100 for percent; not --rounds-to "
+                                                     "counts, whose targets stay in the metric's units)")
     parser.add_argument("--digits", type=int, help="decimals shown (default 4)")
     parser.add_argument("--format", choices=FORMATS, help="md (default), csv or latex")
     parser.add_argument("--partial", action="store_true", help="also use runs that are not completed")
@@ -492,10 +526,10 @@ def run_cli(args: argparse.Namespace) -> int:
     cols = _keys(args.cols) if args.cols is not None else (_keys(spec.get("cols")) or [])
     rows = _keys(args.rows) if args.rows is not None else _keys(spec.get("rows"))
     if rows is None:
-        rows = _default_rows(runs, cols, from_sweep)
+        rows = _default_rows(runs, cols)
     fmt = args.format or spec.get("format", "md")
     if fmt not in FORMATS:
         raise InputError(f"table.format: must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    table = build(runs, rows, cols, _specs(args, spec, runs), keep_order=from_sweep)
+    table = build(runs, rows, cols, _specs(args, spec, runs), keep_order=from_sweep, labels=found.labels)
     print(render(table, fmt))
     return 0

@@ -3,6 +3,7 @@
     python matrix.py OUT_DIR full           # uninterrupted runs -> OUT_DIR/full-<size>.npz
     python matrix.py OUT_DIR interrupt      # runs stopped by SIGUSR1 at round 2 (checkpoints kept)
     python matrix.py OUT_DIR resume         # resume those checkpoints -> OUT_DIR/resumed-<size>.npz
+    python matrix.py OUT_DIR packed         # the families that pack, in packed groups -> OUT_DIR/packed-<size>.npz
 Run it under mpiexec with any number of ranks; the npz files hold each run's /final/params.
 """
 
@@ -56,9 +57,34 @@ def merged(name: str) -> dict:
     return cfg
 
 
+def packed(out: str, world: World) -> dict:
+    """Every case that packs, in groups of equal ``pack_key`` (fedmpi.packed); {name: final params}."""
+    from fedmpi.packed import pack_key, plan, run_group
+
+    cfgs = {name: config.from_dict(merged(name), launched_size()) for name in CASES}
+    names = [n for n in CASES if pack_key(cfgs[n])[0] is not None]
+    params = {}
+    for group in plan([pack_key(cfgs[n]) for n in names], len(names)):
+        paths = [os.path.join(out, f"packed{world.size}-{names[i]}.h5") for i in group]
+        outcomes = run_group([cfgs[names[i]] for i in group], world, paths, [names[i] for i in group],
+                             [()] * len(group), quiet=True)
+        assert all(o.code == 0 for o in outcomes), outcomes
+        for i, path in zip(group, paths):
+            if world.rank == 0:
+                with h5py.File(path, "r") as f:
+                    params[names[i]] = f["final/params"][:]
+    return params
+
+
 def main() -> None:
     out, mode = sys.argv[1], sys.argv[2]
     world = World.create("cpu", "gloo", 120, 1)
+    if mode == "packed":
+        params = packed(out, world)
+        if world.rank == 0:
+            np.savez(os.path.join(out, f"packed-{world.size}.npz"), **params)
+        world.close()
+        return
     params = {}
     for name in CASES:
         cfg = config.from_dict(merged(name), launched_size())

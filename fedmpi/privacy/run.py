@@ -1,0 +1,180 @@
+"""One run's privacy: the clipping, the noise and the epsilon that ``ServerAlgorithm.round`` applies.
+
+Round t (docs/PRIVACY.md):
+
+    Delta_i  <- Delta_i * min(1, C / ||Delta_i||)       every participating client (every rank, its own)
+    sum      <- sum_i w_i Delta_i,  w_i = 1 / n~        n~ the expected cohort (``Sampling.cohort``)
+    sum      <- sum + sigma C / n~ * y_t                rank 0, the server; y_t from the mechanism
+
+An algorithm whose summed rows are not that mean (FedSWE) declares, with its ``contribution``,
+which part of the sum holds sum_i s_i Delta_i and the bound a / n >= |s_i|
+(``ServerAlgorithm.private_part``); the noise is then sigma C a / n * y_t on that part.
+
+Adaptive clipping (Andrew et al. 2021, ``privacy.target_quantile`` gamma): C follows the gamma
+quantile of the update norms through a noisy count of the unclipped ones,
+
+    share    =  (#{i : ||Delta_i|| <= C} + sigma_b xi_t) / n~          xi_t ~ N(0, 1), every rank
+    C        <- C exp(-eta_C (share - gamma))
+
+and the updates get the multiplier sigma_u = (sigma^-2 - sigma_b^-2)^(-1/2) instead of sigma, so
+the pair (sum, count) -- sensitivities C and 1 -- is one Gaussian mechanism of multiplier sigma.
+
+The availability kind says how it picks clients (``Participation.sampling``), the algorithm what
+its release shows (``Private``); amplification by sampling is claimed when the kind samples at
+random and the release hides who took part. sigma and C are declared state (checkpointed by rank
+0, restored on every rank), and so is the mechanism's own state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import rng
+from ..errors import InputError
+from ..participation import Participation, Sampling
+from ..registry import MECHANISMS
+from ..runtime import World
+from ..state import State, Stateful
+from . import accounting
+from .declaration import Private
+from .params import PrivacyParams
+
+
+class Privacy(Stateful):
+    """Clipping and noise of one run (a no-op with ``mechanism: none``); see the module docstring.
+
+    ``sampling``: the availability kind's description; ``amplified``: whether the accountant may
+    claim amplification by sampling (the algorithm's release hides who took part). ``clip`` runs on
+    every rank, collective with adaptive clipping (the count); ``noise`` on rank 0 only; both once
+    per round, in order."""
+
+    shared_state = ("sigma", "C")  # a resumed run keeps the noise it was calibrated with and the adapted C
+    derived = ("C_used",)  # the clip of the current round
+
+    def __init__(self, params: PrivacyParams, sampling: Sampling | None, rounds: int, seed: int, dim: int,
+                 world: World, amplified: bool = True):
+        self.params, self.sampling, self.seed, self.world = params, sampling, seed, world
+        self.on = params.mechanism != "none"
+        self.amplified = self.on and amplified and sampling.kind != "none"
+        self.sigma = np.float64(0.0)  # float64 in checkpoints (a Python float would be saved as float32)
+        self.mechanism = None
+        if self.on:
+            self.mechanism = MECHANISMS.get(params.mechanism).obj(params, dim, seed, world.device)
+            accounting.check(self.mechanism, sampling, self.amplified, params.accountant)
+            self.sigma = np.float64(params.noise_multiplier if params.epsilon is None else
+                                    accounting.calibrate(self.mechanism, sampling, self.amplified, params.epsilon,
+                                                         rounds, params.delta, params.accountant))
+        self.C = np.float64(params.clip or 0.0)  # the clip of the next round (0: none)
+        self.C_used = self.C  # the clip of the current round, which scales its noise
+        self.adaptive = self.on and params.target_quantile is not None
+        if self.adaptive and self.sigma > 0 and self.sigma_count <= self.sigma:
+            raise InputError(f"privacy.count_noise: adaptive clipping needs the count's noise "
+                             f"{self.sigma_count:g} > the noise multiplier sigma = {self.sigma:.4g}")
+
+    @classmethod
+    def of_run(cls, cfg: Any, participation: Participation | None, declared: Private | None, dim: int,
+               world: World) -> "Privacy":
+        """The privacy of a run of ``cfg``: the availability kind's ``Sampling`` checked (a kind that
+        does not describe itself, depends on the data or expects nobody is refused), the mechanism's
+        needs of it checked (InputError naming the keys)."""
+        p = cfg.privacy
+        if p.mechanism == "none":
+            return cls(p, None, cfg.rounds, cfg.seed, dim, world)
+        sampling = sampling_of(cfg, participation)
+        privacy = cls(p, sampling, cfg.rounds, cfg.seed, dim, world, amplified=declared.amplifiable)
+        privacy.mechanism.check(cfg, sampling, privacy.amplified)
+        return privacy
+
+    @property
+    def cohort(self) -> float:
+        """n~, the divisor of the noisy sum."""
+        return self.sampling.cohort
+
+    @property
+    def sigma_count(self) -> float:
+        """sigma_b, the noise multiplier of adaptive clipping's count."""
+        return self.params.count_noise or self.cohort / 20
+
+    @property
+    def sigma_update(self) -> float:
+        """sigma_u, the multiplier of the noise on the sum (sigma without adaptive clipping)."""
+        if not (self.adaptive and self.sigma > 0):
+            return self.sigma
+        return (self.sigma ** -2 - self.sigma_count ** -2) ** -0.5
+
+    def clip(self, t: int, start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
+        """End models whose updates end - start are clipped to norm C (``end`` itself without clipping);
+        with adaptive clipping, then C for round t + 1."""
+        self.C_used = self.C
+        C = float(self.C)  # a Python float in tensor arithmetic, on any device
+        if not self.on or C == 0:
+            return end
+        delta = end - start
+        norm = delta.double().norm(dim=1)
+        if self.adaptive:
+            self._adapt(t, int((norm <= C).sum()))
+        scale = (C / torch.clamp(norm, min=C)).to(delta.dtype)  # min(1, C / ||Delta_i||)
+        return start + delta * scale[:, None]
+
+    def _adapt(self, t: int, unclipped: int) -> None:
+        """C <- C exp(-eta_C (share - gamma)) from the noisy count over all ranks (collective)."""
+        count = float(self.world.allreduce_sum_(torch.tensor([float(unclipped)], dtype=torch.float64,
+                                                                device=self.world.device))[0])
+        xi = float(rng.normal(rng.key(self.seed, "privacy_count", t), 0)) if self.sigma > 0 else 0.0
+        share = (count + self.sigma_count * xi) / self.cohort
+        p = self.params
+        self.C = np.float64(self.C * np.exp(-p.clip_lr * (share - p.target_quantile)))
+
+    @property
+    def noisy(self) -> bool:
+        """Whether ``noise`` adds anything (not with sigma = 0)."""
+        return self.on and self.sigma > 0
+
+    def noise(self, t: int, dim: int, device: torch.device, bound: float = 1.0,
+              divisor: float | None = None) -> torch.Tensor:
+        """sigma_u C bound / divisor * y_t (y_t the mechanism's), float64, for a sum of s_i Delta_i with
+        |s_i| <= bound / divisor (default: the mean, 1 / n~); rank 0, rounds in order, only when ``noisy``."""
+        y = self.mechanism.noise(t, dim).to(device)
+        return y * float(self.sigma_update * self.C_used * bound / (self.cohort if divisor is None else divisor))
+
+    def add_noise(self, t: int, part: torch.Tensor, bound: float, divisor: float) -> None:
+        """Add ``noise`` to ``part``, the private view of the summed rows, in place (rank 0)."""
+        part += self.noise(t, part.shape[0], part.device, bound, divisor)
+
+    def epsilon(self, rounds: int) -> float:
+        """Epsilon at ``privacy.delta`` after ``rounds`` rounds."""
+        p = self.params
+        return accounting.epsilon(self.mechanism, self.sampling, self.amplified, self.sigma, rounds, p.delta,
+                                  p.accountant)
+
+    # ---------------------------------------------------------------- checkpoints
+    def state_dict(self) -> State:
+        """sigma, C and the mechanism's state, under one name each."""
+        state = super().state_dict()
+        if self.mechanism is not None:
+            state.shared.update(self.mechanism.state_dict().shared)
+        return state
+
+    def load_state_dict(self, state: State) -> None:
+        super().load_state_dict(State(shared={k: state.shared[k] for k in ("sigma", "C") if k in state.shared}))
+        if self.mechanism is not None:
+            self.mechanism.load_state_dict(state)
+
+
+def sampling_of(cfg: Any, participation: Participation | None) -> Sampling:
+    """What ``cfg``'s availability kind says of its sampling over the run's rounds, checked for privacy."""
+    kind = cfg.availability.kind
+    sampling = participation.sampling(cfg.rounds) if participation is not None else None
+    if sampling is None:
+        raise InputError(f"privacy.mechanism: availability.kind {kind!r} does not describe how it picks clients "
+                         f"(Participation.sampling, docs/PLUGINS.md), which the accountant needs")
+    if sampling.data:
+        raise InputError(f"{sampling.data}: with it availability.kind {kind!r} picks clients by their data, which "
+                         f"privacy.mechanism cannot protect (use a base that does not read the clients' data)")
+    if not sampling.cohort > 0:
+        raise InputError(f"availability.kind: {kind!r} expects {sampling.cohort:g} clients per round (are all p_i "
+                         f"0?), and privacy.mechanism divides the noisy sum by that expected cohort")
+    return sampling

@@ -1,0 +1,187 @@
+"""The combination matrix (issue #32): every algorithm x availability kind x privacy mechanism x
+local work, on a tiny task, either refused with one line naming the keys that conflict, or run and
+held to every invariant that applies (tests/test_combinations.py says which).
+
+The axes come from the registries, so a new built-in algorithm, availability kind or mechanism
+joins the matrix by itself; ``ALGORITHM``, ``KIND`` and ``PRIVACY`` hold the few parameters a
+component needs to run on the tiny task, ``WORK`` the kinds of local work."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedmpi import config, plugins
+from fedmpi.build import build_components, check_state
+from fedmpi.checkpointer import Checkpointer
+from fedmpi.errors import InputError
+from fedmpi.registry import ALGORITHMS, AVAILABILITY, MECHANISMS
+
+M = 6  # clients
+ROUNDS, CUT = 4, 2  # rounds of a run; the round a resumed run is cut at
+BASE = {
+    "seed": 7, "rounds": ROUNDS, "eval_every": ROUNDS,
+    "task": {"dataset": "synthetic", "clients": M, "model": "logreg", "partition": {"kind": "iid"},
+             "synthetic": {"samples": 120, "test_samples": 30, "features": 3, "classes": 2}},
+    "train": {"local_steps": 2, "batch_size": 4, "lr": 0.1},
+    "runtime": {"progress": False, "threads": 1},
+}
+#: what an algorithm needs on the tiny task (all others: their defaults)
+ALGORITHM = {
+    "gfedavg": {"anchor_period": 2}, "f3ast": {"select": 2}, "power_of_choice": {"select": 2, "candidates": 3},
+    "fedswe": {"k": 2, "max_echo": 3}, "fedadam": {"global_lr": 0.03}, "fedyogi": {"global_lr": 0.03},
+    "fedadagrad": {"global_lr": 0.03}, "fedprox": {"mu": 0.1},
+}
+SECTIONS = {"topology": {"kind": "ring"}}  # the decentralized family's own sections
+_P = {"kind": "uniform", "lo": 0.3, "hi": 0.8}
+#: each availability kind on 6 clients; separations of at least 2 where the kind has one (banded_mf, b = 2)
+KIND = {
+    "always": {}, "cohort": {"size": 3}, "stationary": {"base": {"kind": "fixed", "values": 0.5}},
+    "staircase": {"period": 4, "base": _P}, "sine": {"period": 4, "base": _P},
+    "interleaved_sine": {"period": 4, "cutoff": 0.4, "base": _P}, "periodic_groups": {"period": 4, "base": _P},
+    "cyclic": {"groups": 2, "base": _P}, "markov": {"B": 2, "R": 1, "base": _P},
+    "trace": {"schedule": [[0, 1, 2], [3, 4, 5], [0, 2], [3, 4, 5, 1]]},
+}
+#: each mechanism: its keys (noise_multiplier is set per check)
+PRIVACY = {"none": None, "gaussian": {"clip": 0.5}, "banded_mf": {"clip": 0.5, "band": 2}}
+SIGMA = 0.7
+#: the kinds of local work (``train.*``); ``file`` names a steps file written by ``steps_file``
+WORK = {
+    "fixed": {}, "file": {"local_steps_file": "steps.txt"},
+    "uniform": {"local_steps_draw": "uniform", "local_steps": 3},
+    "geometric": {"local_steps_draw": "geometric", "local_steps": 3},
+    "lognormal": {"local_steps_draw": "lognormal", "local_steps": 3},
+    "epochs": {"local_epochs": 0.2}, "momentum": {"momentum": 0.5},
+}
+STEPS = "1 3 2 4 1 2\n"  # the steps file's counts, one per client
+
+
+@dataclass(frozen=True)
+class Combo:
+    algorithm: str
+    kind: str
+    privacy: str
+    work: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.algorithm}-{self.kind}-{self.privacy}-{self.work}"
+
+    def data(self, folder: str, sigma: float = SIGMA) -> dict:
+        """The config of this combination (``folder`` holds the steps file)."""
+        cfg = copy.deepcopy(BASE)
+        cfg["algorithm"] = {"name": self.algorithm, **ALGORITHM.get(self.algorithm, {})}
+        cfg.update(copy.deepcopy(SECTIONS))
+        cfg["availability"] = {"kind": self.kind, **copy.deepcopy(KIND.get(self.kind, {}))}
+        cfg["train"].update({k: os.path.join(folder, v) if k == "local_steps_file" else v
+                             for k, v in WORK[self.work].items()})
+        if PRIVACY.get(self.privacy, {}) is not None:
+            cfg["privacy"] = {"mechanism": self.privacy, **PRIVACY.get(self.privacy, {"clip": 0.5}),
+                              "noise_multiplier": sigma}
+        return cfg
+
+
+def steps_file(folder: str) -> None:
+    with open(os.path.join(folder, "steps.txt"), "w") as fh:
+        fh.write(STEPS)
+
+
+def axes() -> tuple[list[str], list[str], list[str], list[str]]:
+    """The built-in algorithms, availability kinds, privacy mechanisms and kinds of local work."""
+    plugins.load()
+    return (ALGORITHMS.names(builtin_only=True), AVAILABILITY.names(builtin_only=True),
+            MECHANISMS.names(builtin_only=True), list(WORK))
+
+
+def every() -> list[Combo]:
+    return [Combo(*c) for c in itertools.product(*axes())]
+
+
+def sample(n: int = 40) -> list[Combo]:
+    """A fixed spread of the matrix: every algorithm, kind, mechanism and kind of local work, each
+    paired with a rotating choice of the others, plus the combinations issue #32 found wrong."""
+    algorithms, kinds, mechanisms, works = axes()
+    picked = [Combo(a, kinds[(3 * i) % len(kinds)], mechanisms[i % len(mechanisms)], works[(5 * i) % len(works)])
+              for i, a in enumerate(algorithms)]
+    picked += [Combo("fedavgm", "stationary", "gaussian", "fixed"), Combo("fedadam", "cyclic", "gaussian", "uniform"),
+               Combo("debiased_fedavg", "stationary", "gaussian", "fixed"),
+               Combo("debiased_fedavg", "markov", "banded_mf", "momentum"),
+               Combo("scaffold", "always", "none", "file"), Combo("scaffold", "sine", "none", "momentum"),
+               Combo("fedswe", "trace", "banded_mf", "geometric"),
+               Combo("fedavg_active", "trace", "gaussian", "epochs"),
+               Combo("dspodfl", "always", "none", "uniform"), Combo("fedprox", "cohort", "gaussian", "lognormal")]
+    return list(dict.fromkeys(picked))[:n]
+
+
+KEYS = {"algorithm": "algorithm", "kind": "availability", "privacy": "privacy", "work": "train."}
+
+
+def verdict(combo: Combo, folder: str, world) -> tuple[str, object]:
+    """("refused", the one-line message) or ("runs", the config). Refusals come from the config
+    checks or, for what needs the built run (the availability model's sampling), from the build."""
+    try:
+        cfg = config.from_dict(combo.data(folder), world.size)
+        build_components(cfg, world)
+    except InputError as e:
+        return "refused", str(e)
+    return "runs", cfg
+
+
+def named(message: str, combo: Combo) -> list[str]:
+    """The axes of ``combo`` whose key ``message`` names (an algorithm also by its name)."""
+    words = set(message.replace("'", " ").replace(",", " ").split())
+    return [axis for axis, key in KEYS.items() if key in message or (axis == "algorithm" and combo.algorithm in words)]
+
+
+# ----------------------------------------------------------------------------- running
+
+def run(cfg, world, start: int = 0, stop: int = ROUNDS, folder: str | None = None) -> np.ndarray | None:
+    """Rounds start..stop-1 of ``cfg``: from the checkpoint in ``folder`` when ``start`` > 0, saved
+    there after ``stop`` < ROUNDS (then None); else the final model. The undeclared-state check
+    runs after the first round, as the runner does it."""
+    components = build_components(cfg, world)
+    keeper = None
+    if folder is not None:
+        keeper = Checkpointer(components, os.path.join(folder, "r.h5"), required=start > 0)
+        assert keeper.rounds_done == start
+    for t in range(start, stop):
+        components.algorithm.round(t)
+        if t == start:
+            check_state(components)
+    if stop < ROUNDS:
+        keeper.save(stop, 0.0)
+        return None
+    return components.algorithm.final_params().detach().cpu().numpy().copy()
+
+
+class Emptied:
+    """``inner``'s availability with round ``at`` empty; anything else is ``inner``'s."""
+
+    derived = ("inner",)
+
+    def __init__(self, inner, at: int):
+        self.inner, self.at = inner, at
+
+    def available(self, t: int) -> np.ndarray:
+        ids = self.inner.available(t)
+        return ids[:0] if t == self.at else ids
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+def released_every_round(cfg, world, empty: int = 1) -> None:
+    """With noise, every round moves the model, an empty one (round ``empty``) too: the release does
+    not show whether anybody took part (what amplification by sampling needs)."""
+    probe = build_components(cfg, world)
+    components = build_components(cfg, world, participation=Emptied(probe.participation, empty), task=probe.task)
+    algo = components.algorithm
+    for t in range(ROUNDS):
+        before = algo.x.clone()
+        n = algo.round(t)
+        assert not torch.equal(before, algo.x), f"round {t} ({n} clients) released no step"

@@ -1,0 +1,107 @@
+"""The neighbouring-run check of client-level DP, with the noise at 0 (docs/PRIVACY.md).
+
+Round by round, from the same state, the round as the run plays it and the same round with one
+client j added to (or taken from) the available set, or with other data: the other clients'
+contributions must be the same bits, and the part of the summed rows the noise protects
+(``private_part``) may move by at most the sensitivity the algorithm declares for one client,
+C * bound / divisor (twice that when j's data change: one update out, another in)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from fedmpi.build import build_components
+from fedmpi.participation import Participation
+from fedmpi.runtime import World
+
+
+class Remembered:
+    """``inner``'s available sets, drawn once per round (a stateful kind is asked once), with
+    client ``toggle`` added or removed in round ``at``; anything else is ``inner``'s."""
+
+    derived = ("drawn",)  # the sets drawn so far (a test's replay, never checkpointed)
+
+    def __init__(self, inner: Participation, drawn: dict[int, np.ndarray] | None = None, toggle: int = -1,
+                 at: int = -1):
+        self.inner, self.drawn, self.toggle, self.at = inner, {} if drawn is None else drawn, toggle, at
+
+    def available(self, t: int) -> np.ndarray:
+        if t not in self.drawn:
+            self.drawn[t] = self.inner.available(t)
+        ids = self.drawn[t]
+        if t == self.at:
+            ids = np.setdiff1d(ids, [self.toggle]) if self.toggle in ids else np.union1d(ids, [self.toggle])
+        return np.asarray(ids, dtype=np.int64)
+
+    def __getattr__(self, name: str):  # what the kind says of itself (probabilities, sampling, ...)
+        return getattr(self.inner, name)
+
+
+def _spied(algo) -> dict:
+    """Record each client's contribution row and the summed rows ``server_update`` receives."""
+    seen: dict = {"rows": {}, "total": None}
+    contribution, server_update = algo.contribution, algo.server_update
+
+    def rows(t, active, local, start, end):
+        out = contribution(t, active, local, start, end)
+        for i, row in zip(local.tolist(), out):
+            seen["rows"][i] = row.clone()
+        return out
+
+    def update(t, active, total):
+        seen["total"] = total.clone()
+        return server_update(t, active, total)
+
+    algo.contribution, algo.server_update = rows, update
+    return seen
+
+
+def _copy(state):
+    for kind in ("shared", "clients", "union"):
+        setattr(state, kind, {k: v.clone() for k, v in getattr(state, kind).items()})
+    return state
+
+
+def _changed(task, client: int):
+    """``task`` with client ``client``'s training labels changed (the other clients' data kept)."""
+    rows = task.order[task.offsets[client]:task.offsets[client + 1]]
+    y = task.train_y.clone()
+    y[rows] = (y[rows] + 1) % max(task.classes, 1) if task.classes else y[rows] + 1.0
+    return dataclasses.replace(task, train_y=y)
+
+
+def check(cfg, rounds: int, client: int, change: str = "toggle", task=None,
+          participation: Participation | None = None) -> int:
+    """Play ``rounds`` rounds of ``cfg`` (privacy with noise_multiplier 0) on one rank and check every
+    round against its neighbour: ``client`` toggled in the available set (``change="toggle"``), or
+    with other training data (``"data"``: sensitivity twice one update's). Returns how many rounds
+    the neighbours' private sums differed in."""
+    world = World()
+    run = build_components(cfg, world, task=task, participation=participation)
+    memory = Remembered(run.participation)
+    algo = build_components(cfg, world, participation=memory, task=run.task).algorithm
+    other_task = _changed(run.task, client) if change == "data" else run.task
+    C = float(cfg.privacy.clip) * (2 if change == "data" else 1)
+    differed = 0
+    for t in range(rounds):
+        before = _copy(algo.state_dict())
+        toggled = Remembered(run.participation, memory.drawn, client if change == "toggle" else -1, t)
+        other = build_components(cfg, world, participation=toggled, task=other_task).algorithm
+        other.load_state_dict(before)
+        mine, theirs = _spied(algo), _spied(other)
+        algo.round(t), other.round(t)
+        del algo.contribution, algo.server_update  # the class's own again
+        for i in set(mine["rows"]) & set(theirs["rows"]) - {client}:
+            assert torch.equal(mine["rows"][i], theirs["rows"][i]), \
+                f"round {t}: client {client} ({change}) changed client {i}'s contribution"
+        a, bound, divisor = algo.private_part(t, mine["total"])
+        b, _, _ = other.private_part(t, theirs["total"])
+        moved = float((a - b).norm())
+        allowed = C * bound / divisor
+        assert moved <= allowed * (1 + 1e-5) + 1e-9, \
+            f"round {t}: one client ({change}) moved the private sum by {moved:.6g} > its sensitivity {allowed:.6g}"
+        differed += moved > 0
+    return differed
