@@ -35,7 +35,7 @@ from .checkpointer import Checkpointer
 from .config import Config
 from .errors import Diverged, InputError, Interrupted, RankLost, WriteFailed
 from .evaluator import Evaluator
-from .metrics import stop_at
+from .metrics import client_sizes, stop_at
 from .registry import CALLBACKS
 from .runtime import World
 from .runtime.folders import check_shared
@@ -143,7 +143,9 @@ class Runner:
         writer.add_sidecars(extra)
         if resume_at is None:
             hist = run.task.label_hist
-            writer.write_group("partition", {"samples": run.task.sizes.astype(np.int64),
+            local_test = ({"local_test_samples": client_sizes(run.task).astype(np.int64)}
+                          if run.task.local_test_order is not None else {})  # the weights of the clients' test metrics
+            writer.write_group("partition", {"samples": run.task.sizes.astype(np.int64), **local_test,
                                              **({"label_hist": hist} if hist is not None else {})})
             for name, arrays in run.algorithm.static_groups().items():
                 writer.write_group(name, arrays)
