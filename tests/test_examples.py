@@ -218,3 +218,26 @@ def test_oort_explores_then_exploits_by_its_utility():
     again = build_components(cfg, World()).algorithm
     again.round(0)
     assert np.array_equal(again.active, first)
+
+
+def test_oort_cells_pack_in_a_sweep_with_their_own_quantities(tmp_path):
+    """A sweep of Oort cells (two seeds) and FedAvgM cells run packed in one process: each Oort
+    cell's file, its /client_rounds/sq_loss included, is the bits of the cell run alone."""
+    import yaml
+
+    overrides = dict(a.split("=", 1) for a in SMALL[1::2] + OORT[3::2])
+    data = {"base": CONFIG, "out": str(tmp_path / "cells"),
+            "set": {k: yaml.safe_load(v) for k, v in overrides.items()},
+            "variants": [{"label": "oort", "algorithm": yaml.safe_load(OORT[1].split("=", 1)[1])},
+                         {"label": "avgm", "algorithm": {"name": "my_fedavgm"}}],
+            "grid": {"seed": [0, 1]}}
+    sweep = tmp_path / "s.sweep.yaml"
+    sweep.write_text(yaml.safe_dump(data, sort_keys=False))
+    p = fedmpi(["sweep", str(sweep), "--pack", "4", "--plugin", PLUGIN])
+    assert "4 runs trained together" in p.stderr, p.stderr
+    for seed in (0, 1):
+        alone = tmp_path / f"alone{seed}.h5"
+        run(alone, *OORT, "--set", f"seed={seed}")
+        packed = tmp_path / "cells" / "oort" / f"seed={seed}.h5"
+        same(alone, packed)
+        same_client_rounds(alone, packed)
