@@ -390,11 +390,10 @@ class ServerAlgorithm(Algorithm):
         self.after_round(t, active, local, start, end)
         return len(active)
 
-    @classmethod
-    def reads_outputs(cls) -> bool:
+    def reads_outputs(self) -> bool:
         """Whether ``self.outputs`` is gathered: the class declares ``client_outputs``,
         ``delta_norms`` or ``client_quantities``."""
-        return bool(cls.client_outputs or cls.delta_norms or cls.client_quantities)
+        return bool(self.client_outputs or self.delta_norms or self.client_quantities)
 
     @classmethod
     def trains_by_default(cls) -> bool:
