@@ -68,7 +68,8 @@ Inside ``round(t)``:
 | 3b. privacy: each update clipped to ``privacy.clip`` (``fedmpi.privacy``) | every rank; adaptive: collective | its C |
 | 3c. ``self.outputs``: all active clients' ``ClientOutputs`` (if ``client_outputs``) | collective | -- |
 | 4. ``contribution(...)`` (default ``weights``) | every rank, on blocks, twice each | nothing: pure |
-| 5. one reproducible sum of the rows into rank 0; privacy: its noise on ``private_part`` | collective | -- |
+| 5. one reproducible sum of the rows into rank 0 | collective | -- |
+| 5b. privacy: its noise on ``private_part(t, total)`` | rank 0 only | nothing: pure |
 | 6. ``server_update(t, active, total)`` -> x^{t+1} | rank 0 only | server state |
 | 7. broadcast of x^{t+1} | collective | -- |
 | 8. ``after_round(t, active, local, start, end)`` | every rank | client and replicated state |
@@ -83,7 +84,9 @@ sample count, the same bits on every rank; steps 4-8
 read it, and so does ``select`` of the next round (None before the first round of a process: it
 is not checkpointed, so an algorithm that needs it across rounds keeps what it needs in its
 declared state). ``outputs.sum(values)`` sums per-client numbers reproducibly
-(``engine.reduce.client_sum``).
+(``engine.reduce.client_sum``). A class that declares ``client_quantities``
+(``engine.quantities.ClientQuantity``, e.g. ``MEAN_SQUARED_LOSS``) gets each one, computed from the
+per-sample losses of local training, in ``self.outputs.extra[name]``.
 """
 
 from __future__ import annotations
@@ -133,26 +136,30 @@ class ServerParams(AlgorithmParams):
 class Context:
     """What an algorithm may use: config, world, task, trainer, participation."""
 
-    cfg: Config
-    world: World
-    task: Task
-    trainer: LocalTrainer
-    participation: Participation | None
+    cfg: Config  # the run's resolved config
+    world: World  # ranks, devices and the collectives (``fedmpi.runtime``)
+    task: Task  # the data on this rank's device, the model, the clients' shares (``fedmpi.task``)
+    trainer: LocalTrainer  # local training of many clients at once (``engine.local``)
+    participation: Participation | None  # the availability model (None for an algorithm without one)
 
     @property
     def m(self) -> int:
+        """The number of clients."""
         return self.task.m
 
     @property
     def spec(self) -> ParamSpec:
+        """The model's layout (``engine.params.ParamSpec``): flat rows <-> named parameters."""
         return self.trainer.spec
 
     @property
     def shard(self) -> tuple[int, int]:
+        """[lo, hi): the client ids this rank owns."""
         return self.world.shard(self.m)
 
     @property
     def device(self) -> torch.device:
+        """This rank's device (models and data live there)."""
         return self.world.device
 
     def local(self, ids: np.ndarray) -> np.ndarray:
@@ -245,9 +252,11 @@ class Algorithm(Stateful):
     sections: tuple[str, ...] = ()  # top-level config sections of its own (e.g. ``topology``)
     reads: tuple[Reads, ...] = ()  # keys of other sections it reads (``fedmpi.schema.Reads``)
     needs_participation: bool = False
+    #: labels of the models ``evaluation_snapshot`` returns: ``""`` logs ``test_acc``/``test_loss``,
+    #: ``"server"`` logs ``test_acc_server``...
     evaluated_models: tuple[str, ...] = ("",)
-    metrics: tuple[str, ...] = ()
-    client_rows: int = 0
+    metrics: tuple[str, ...] = ()  # the names of its own metrics (``Snapshot.metrics``)
+    client_rows: int = 0  # model-sized float32 rows it keeps per client (for the up-front memory check)
     #: what privacy needs to know (``fedmpi.privacy.Private``), why it cannot apply (a string), or
     #: None: nothing declared (refused under ``privacy:``)
     private: Private | str | None = None
@@ -443,6 +452,7 @@ class ServerAlgorithm(Algorithm):
         return self.x.expand(len(local), -1)
 
     def lr_scale(self, t: int, local: np.ndarray) -> torch.Tensor | None:
+        """Factors (n,) of each local active client's step size (default None: all 1)."""
         return None
 
     def local_terms(self, t: int, local: np.ndarray, start: torch.Tensor) -> tuple[StepTerm, ...]:
@@ -505,7 +515,8 @@ class ServerAlgorithm(Algorithm):
 
     def after_round(self, t: int, active: np.ndarray, local: np.ndarray,
                     start: torch.Tensor, end: torch.Tensor) -> None:
-        pass
+        """After the broadcast of x^{t+1}: update client state of ``local`` (from ``start``, ``end``)
+        and replicated state (e.g. from ``self.outputs``), the same on every rank (default: nothing)."""
 
     # ---------------------------------------------------------------- outputs
     def round_record(self) -> dict[str, float | np.ndarray]:
@@ -540,6 +551,7 @@ class ServerAlgorithm(Algorithm):
         return state
 
     def load_state_dict(self, state: State) -> None:
+        """The declared state from a checkpoint (client rows: this rank's shard), and privacy's."""
         super().load_state_dict(state)
         if self.privacy.on:
             mine = {k.removeprefix("privacy."): v for k, v in state.shared.items() if k.startswith("privacy.")}

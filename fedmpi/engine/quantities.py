@@ -37,9 +37,9 @@ class SampleLosses:
     ``weights`` (n, b) or None: ``train.full_gradient``'s sample weights (1 / n_j for each of its
     samples, 0 for padding), None for minibatches (each sample counts 1 / b)."""
 
-    values: np.ndarray
-    taken: np.ndarray
-    weights: np.ndarray | None = None
+    values: np.ndarray  # (S, n, b) float64: each sample's loss at each step (0 after a client's last)
+    taken: np.ndarray  # (S, n) bool: the step was one of the client's steps
+    weights: np.ndarray | None = None  # (n, b) full_gradient's sample weights; None: minibatches (1 / b each)
 
     def sample_mean(self, v: np.ndarray) -> np.ndarray:
         """(S, n) means over each minibatch of ``v`` (S, n, b) (weighted by ``weights`` when given)."""
@@ -68,10 +68,10 @@ class ClientQuantity:
     ``store``: also write every round's values to the result file (rounds x m float64, NaN for a
     client that did not train: m * 8 bytes a round)."""
 
-    name: str
-    of: Callable[[SampleLosses], np.ndarray]
-    doc: str = ""
-    store: bool = False
+    name: str  # the key in ClientOutputs.extra (and /client_rounds/<name> with store)
+    of: Callable[[SampleLosses], np.ndarray]  # SampleLosses -> (n,) float64, row by row
+    doc: str = ""  # one line for the docs
+    store: bool = False  # also write every round's values to /client_rounds/<name> (rounds x m)
 
 
 def _mean_squared_loss(s: SampleLosses) -> np.ndarray:
