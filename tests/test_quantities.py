@@ -5,6 +5,8 @@ and nothing changed for the rest (models, losses) when they are asked for."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -166,3 +168,46 @@ def test_an_algorithm_reads_them_in_its_outputs_and_a_bad_declaration_is_refused
                      (("sq_loss",), "is not a fedmpi.engine.quantities.ClientQuantity")):
         with pytest.raises(TypeError, match=why):
             register("test_bad_quantities")(type("Bad", (Reader,), {"client_quantities": bad}))
+
+
+@register("test_quantity_store")
+class _Stored(ServerAlgorithm):
+    client_quantities = (dataclasses.replace(MEAN_SQUARED_LOSS, store=True), FIRST_SQ)  # one stored, one not
+
+    def weights(self, t, active, local):
+        return np.full(len(local), 1.0 / self.cohort(active))
+
+
+def test_a_stored_quantity_is_in_the_result_file_and_resumes_to_the_same_rows(tmp_path):
+    """/client_rounds/sq_loss: one row per round, the trained clients' values (those the algorithm
+    read), NaN for the others (the mask says who); a run failed at round 5 and resumed from its
+    checkpoint of round 4 writes the same rows."""
+    import h5py
+
+    from fault_plugin import inject
+    from fedmpi import results
+    from fedmpi.runner import Runner
+
+    cfg = config.from_dict(synthetic_config(rounds=7, algorithm={"name": "test_quantity_store"},
+                                            runtime={"progress": False, "log_availability": True,
+                                                     "checkpoint_every": 2}))
+    seen = {}
+
+    def keep(run, t):
+        out = run.algorithm.outputs
+        seen[t] = (out.ids.copy(), out.extra["sq_loss"].copy())
+
+    straight, cut = str(tmp_path / "straight.h5"), str(tmp_path / "cut.h5")
+    Runner(cfg, World(), straight, quiet=True, callbacks=[("round_end", keep)]).run()
+    r = results.load(straight)
+    rows, mask = r.records("client_rounds")["sq_loss"], r.mask()
+    assert rows.shape == (7, 12) and np.array_equal(np.isfinite(rows), mask.astype(bool))
+    for t, (ids, values) in seen.items():
+        assert np.array_equal(rows[t, ids], values)
+    assert set(r.records("client_rounds")) == {"sq_loss"}  # first_sq is not stored
+    with pytest.raises(RuntimeError, match="injected"):
+        Runner(cfg, World(), cut, quiet=True, callbacks=[inject("0:5:raise")]).run()
+    Runner(cfg, World(), cut, quiet=True, resume=True).run()
+    with h5py.File(straight) as a, h5py.File(cut) as b:
+        assert np.array_equal(a["client_rounds/sq_loss"][:], b["client_rounds/sq_loss"][:], equal_nan=True)
+        assert np.array_equal(a["final/params"][:], b["final/params"][:])
