@@ -1,7 +1,7 @@
 """What the per-client outputs (``ClientOutputs``) cost in a round of the anchor task
 (benchmarks/at1.py's config), measured in one process, one rank:
 
-    python benchmarks/outputs_cost.py [--rounds 400] [--norms] [--quantities]
+    python benchmarks/outputs_cost.py [--rounds 400] [--norms] [--quantities] [--model mlp]
 
 FedAvg made to declare ``client_outputs = True`` (``--norms``: ``delta_norms`` too), as an
 algorithm that reads ``self.outputs`` does; without the declaration FedAvg computes none of it.
@@ -36,12 +36,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=400)
     ap.add_argument("--off", default="stats,norm,gather", help="parts to switch off in the rounds without")
     ap.add_argument("--norms", action="store_true", help="declare delta_norms too (qffl, fedexp)")
+    ap.add_argument("--model", default="logreg", help="task.model (logreg: the closed form; mlp: the stacked "
+                                                      "layers' autograd)")
     ap.add_argument("--quantities", action="store_true",
                     help="compare client_quantities = (MEAN_SQUARED_LOSS,) with client_outputs alone")
     args = ap.parse_args()
     torch.set_num_threads(1)
     plugins.load([])
-    algo = build_components(config.from_dict(anchor(args.rounds + 10, "cpu")), World()).algorithm
+    cfg = anchor(args.rounds + 10, "cpu")
+    cfg["task"]["model"] = args.model
+    algo = build_components(config.from_dict(cfg), World()).algorithm
     algo.client_outputs, algo.delta_norms = True, args.norms  # as a class reading self.outputs declares
     trainer, gather = algo.ctx.trainer.train, base.ClientOutputs.gather
     empty = base.ClientOutputs(*[np.zeros(0)] * 6)

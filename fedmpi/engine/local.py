@@ -26,7 +26,8 @@ the client id (``models.dropout``). On CPU, training runs with one intra-op thre
 Clients may do different numbers of steps (``steps_of``: ``train.local_epochs``, a file,
 stragglers' draws): a block runs its largest count and a client that is done gets a zero step size, so its
 rows stay exactly where they were (the same bits as training it alone). ``LocalStats`` asks the
-trainer for each client's minibatch losses, taken from the gradient pass itself (no extra pass).
+trainer for each client's minibatch losses, taken from the gradient pass itself (no extra pass),
+and, for the quantities an algorithm declares (``engine.quantities``), its per-sample losses.
 """
 
 from __future__ import annotations
