@@ -164,6 +164,10 @@ def test_an_algorithm_reads_them_in_its_outputs_and_a_bad_declaration_is_refused
     out = algo.outputs
     assert len(out.ids) and np.isfinite(out.extra["sq_loss"]).all() and (out.extra["sq_loss"] > 0).all()
     assert (out.extra["sq_loss"] >= out.loss ** 2 * (1 - 1e-9)).all()  # E[l^2] >= E[l]^2 for each client
+    from fedmpi.algorithms.base import Algorithm
+
+    with pytest.raises(TypeError, match="only a ServerAlgorithm's round gathers them"):
+        register("test_decentral_quantities")(type("D", (Algorithm,), {"client_quantities": (MEAN_SQUARED_LOSS,)}))
     for bad, why in (((MEAN_SQUARED_LOSS, MEAN_SQUARED_LOSS), "not a new identifier"),
                      (("sq_loss",), "is not a fedmpi.engine.quantities.ClientQuantity")):
         with pytest.raises(TypeError, match=why):
@@ -176,6 +180,22 @@ class _Stored(ServerAlgorithm):
 
     def weights(self, t, active, local):
         return np.full(len(local), 1.0 / self.cohort(active))
+
+
+def test_an_own_local_training_that_ignores_the_stats_leaves_them_nan():
+    """A class with its own ``local_training`` that does not fill ``self.stats``: its clients'
+    quantities are NaN (documented on ``ClientOutputs.extra``), not stale or missing."""
+
+    class Own(_Stored):
+        def local_training(self, t, local, start):
+            return self.ctx.trainer.train(start, local, t)
+
+    register("test_quantity_own_training")(Own)
+    cfg = config.from_dict({**synthetic_config(), "algorithm": {"name": "test_quantity_own_training"}})
+    algo = build_components(cfg, World()).algorithm
+    algo.round(0)
+    assert len(algo.outputs.ids) and np.isnan(algo.outputs.extra["sq_loss"]).all()
+    assert np.isnan(algo.round_record()["client_rounds/sq_loss"]).all()
 
 
 def test_a_stored_quantity_is_in_the_result_file_and_resumes_to_the_same_rows(tmp_path):

@@ -568,6 +568,8 @@ def register(name: str) -> Callable[[type[Algorithm]], type[Algorithm]]:
             raise TypeError(f"algorithm {name!r}: register a subclass of fedmpi.algorithms.Algorithm")
         if issubclass(cls, ServerAlgorithm):
             check_quantities(cls.__name__, cls.client_quantities)
+        elif getattr(cls, "client_quantities", ()):
+            raise TypeError(f"{cls.__name__}.client_quantities: only a ServerAlgorithm's round gathers them")
         return ALGORITHMS.register(name, params=_params_of(cls), check=cls.check_config, sections=cls.sections,
                                    reads=cls.reads)(cls)
 
