@@ -2,7 +2,6 @@
 (benchmarks/at1.py's config), measured in one process, one rank:
 
     python benchmarks/outputs_cost.py [--rounds 400] [--norms] [--quantities] [--model mlp]
-    PYTHONPATH=OTHER_CHECKOUT python benchmarks/outputs_cost.py --plain   # that checkout's fedmpi
 
 FedAvg made to declare ``client_outputs = True`` (``--norms``: ``delta_norms`` too), as an
 algorithm that reads ``self.outputs`` does; without the declaration FedAvg computes none of it.
@@ -10,9 +9,7 @@ Rounds alternate between the round as it is and the same round without the outpu
 trainer's loss recording, ||Delta_i||^2 and the gather skipped), so both saw the same machine
 load; prints the fastest and the 10th-percentile round of each (wall clock), and the share.
 ``--quantities``: rounds with ``client_quantities = (MEAN_SQUARED_LOSS,)`` declared (the per-sample
-losses kept, engine.quantities) alternate with rounds of ``client_outputs`` alone. ``--plain``:
-FedAvg's rounds as they are (nothing declared), timed alone, to compare two versions of fedmpi
-(alternate processes with PYTHONPATH on each checkout).
+losses kept, engine.quantities) alternate with rounds of ``client_outputs`` alone.
 """
 
 from __future__ import annotations
@@ -40,7 +37,6 @@ def main() -> None:
     ap.add_argument("--norms", action="store_true", help="declare delta_norms too (qffl, fedexp)")
     ap.add_argument("--model", default="logreg", help="task.model (logreg: the closed form; mlp: the stacked "
                                                       "layers' autograd)")
-    ap.add_argument("--plain", action="store_true", help="time FedAvg's rounds as they are (nothing declared)")
     ap.add_argument("--quantities", action="store_true",
                     help="compare client_quantities = (MEAN_SQUARED_LOSS,) with client_outputs alone")
     args = ap.parse_args()
@@ -49,9 +45,6 @@ def main() -> None:
     cfg = anchor(args.rounds + 10, "cpu")
     cfg["task"]["model"] = args.model
     algo = build_components(config.from_dict(cfg), World()).algorithm
-    if args.plain:
-        plain(algo, args.rounds)
-        return
     algo.client_outputs, algo.delta_norms = True, args.norms  # as a class reading self.outputs declares
     trainer, gather = algo.ctx.trainer.train, base.ClientOutputs.gather
     empty = base.ClientOutputs(*[np.zeros(0)] * 6)
@@ -89,20 +82,6 @@ def main() -> None:
     print(f"{what} ({'sq_loss' if args.quantities else args.off + ' off'}): {100 * (b - a) / a:+.1f}% of a round "
           f"(10th percentiles), "
           f"load {os.getloadavg()[0]:.1f}")
-
-
-def plain(algo, rounds: int) -> None:
-    """The algorithm's rounds as they are: fastest, 10th percentile and median (ms)."""
-    for t in range(10):
-        algo.round(t)
-    times = []
-    for t in range(10, rounds + 10):
-        t0 = time.perf_counter()
-        algo.round(t)
-        times.append(time.perf_counter() - t0)
-    v = np.sort(times) * 1000
-    print(f"plain rounds ({base.__file__}): fastest {v[0]:.2f} ms, 10th percentile {v[len(v) // 10]:.2f} ms, "
-          f"median {np.median(v):.2f} ms, load {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":
