@@ -1,6 +1,6 @@
 """Keeps the generated pages true: ``python -m fedmpi.docs`` rewrites the config reference
-(docs/CONFIG.md) and the tables of what works with what (docs/GUARANTEES.md), both from the
-components' own declarations."""
+(docs/CONFIG.md), the tables of what works with what (docs/GUARANTEES.md), both from the
+components' own declarations, and the plug-in API reference (docs/PLUGINS.md, ``fedmpi.apidoc``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import dataclasses
 import os
 import re
 
-from . import plugins
+from . import apidoc, plugins
 from .config import reference
 from .participation import ClientInfo
 from .participation.probs import DATA_KINDS, WithBaseParams
@@ -86,6 +86,7 @@ def _amplifies(cls: type) -> str:
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REFERENCE = os.path.join(ROOT, "docs", "CONFIG.md")
 GUARANTEES = os.path.join(ROOT, "docs", "GUARANTEES.md")
+PLUGINS = os.path.join(ROOT, "docs", "PLUGINS.md")
 
 
 def _rewrite(path: str, markers: tuple[str, str], body: str) -> bool:
@@ -110,6 +111,12 @@ def update_combinations(path: str = GUARANTEES) -> bool:
     return _rewrite(path, COMBINATIONS, combinations_table())
 
 
+def update_plugin_api(path: str = PLUGINS) -> bool:
+    """Rewrite the plug-in API reference between its markers; True when the file changed."""
+    return _rewrite(path, apidoc.MARKERS, apidoc.page())
+
+
 if __name__ == "__main__":
-    for path, update in ((REFERENCE, update_reference), (GUARANTEES, update_combinations)):
+    for path, update in ((REFERENCE, update_reference), (GUARANTEES, update_combinations),
+                         (PLUGINS, update_plugin_api)):
         print("updated" if update(path) else "up to date", path)

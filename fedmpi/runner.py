@@ -138,7 +138,7 @@ class Runner:
                               run.m, cfg.runtime.log_availability, resume_at=resume_at,
                               claim_=self.claim, flush_s=cfg.runtime.flush_s,
                               client_arrays=self.evaluator.client_arrays, notes=notes,
-                              round_series=tuple(run.algorithm.round_record()))
+                              round_series=run.algorithm.round_record())
         self.writer = writer  # set before anything else: a failure below still finishes the file
         writer.add_sidecars(extra)
         if resume_at is None:
