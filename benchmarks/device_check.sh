@@ -15,7 +15,8 @@
 #     largest |parameter|, metrics within 0.01 (CUDA float32 kernels round differently from CPU
 #     ones; see benchmarks/compare_runs.py);
 #  3. runtime.backend=nccl with 2 ranks on one GPU (on CPU: without CUDA) must exit 2 in one line;
-#  4. NCCL across 2 GPUs (quickstart, 2 ranks, bitwise equal to 1 rank) when the machine has 2 GPUs;
+#  4. NCCL across 2 GPUs (quickstart, 2 ranks, bitwise equal to 1 rank) when the machine has 2 GPUs,
+#     and the same as two nodes of one GPU each (each rank takes GPU 0 of its node: docs/GPUS.md);
 #  5. benchmarks on $DEVICE: decentralized.py, engine.py, at1.py (the anchor task) when present, and
 #     pfl_cifar10.py (pfl-research's CIFAR-10 setup; synthetic stand-in without $FEDMPI_DATA/cifar10);
 #     on CUDA at1.py and pfl_cifar10.py once more with train.cuda_graphs (tests/test_gpu.py checks their bits);
@@ -165,6 +166,21 @@ if [ "$DEVICE" = cuda ] && [ "$NGPU" -ge 2 ] && two_ranks; then
   step nccl2-vs-dev1 $PY benchmarks/compare_runs.py "$LOGS/quickstart-dev1.h5" "$LOGS/nccl2.h5"
 else
   say "skipped nccl2: NCCL across GPUs needs DEVICE=cuda, 2 GPUs (this machine: $NGPU) and mpiexec"
+fi
+# 4b. GPUs per node: two nodes of one rank each, as Slurm gives them (SLURMD_NODENAME names the node,
+# each node sees its own GPU as device 0): each rank is local rank 0 of its node and takes its node's
+# GPU 0, so the two ranks get distinct physical GPUs and NCCL works (a global-rank choice would not)
+if [ "$DEVICE" = cuda ] && [ "$NGPU" -ge 2 ] && two_ranks && mpiexec --version 2>&1 | grep -q "Open MPI"; then
+  node() { printf '%s ' -n 1 -x "SLURMD_NODENAME=$1" -x "CUDA_VISIBLE_DEVICES=$2" $PY -m fedmpi run configs/quickstart.yaml \
+    --quiet --out "$LOGS/nodes2.h5" --set rounds=6 --set eval_every=3 --set runtime.device=cuda \
+    --set runtime.backend=nccl --set runtime.progress=false --set runtime.timeout_s=120; }
+  # shellcheck disable=SC2046  # each node's words
+  step nodes2 "${MPI[0]}" "${MPI[@]:3}" $(node gpu-node-a 0) : $(node gpu-node-b 1)
+  if grep -q "2 ranks on 2 nodes: gpu-node-a (rank 0), gpu-node-b (rank 1)" "$LOGS/nodes2.log"; then
+    say "ok      nodes2 names its nodes"; else fail "nodes2: no '2 ranks on 2 nodes' line"; fi
+  step nodes2-vs-dev1 $PY benchmarks/compare_runs.py "$LOGS/quickstart-dev1.h5" "$LOGS/nodes2.h5"
+else
+  say "skipped nodes2: GPUs per node needs DEVICE=cuda, 2 GPUs (this machine: $NGPU) and Open MPI's mpiexec"
 fi
 
 # ---------------------------------------------------------------- 5. benchmarks (last: the checks above matter more than numbers)

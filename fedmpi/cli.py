@@ -17,7 +17,7 @@ import sys
 
 from . import __version__, log, signals
 from .errors import Diverged, InputError, Interrupted, exit_code
-from .runtime.launcher import launched_rank
+from .runtime.launcher import launched_rank, launched_size, record_exit
 
 
 class _Parser(argparse.ArgumentParser):
@@ -39,6 +39,7 @@ _EXTENSIONS = [
     ("pi", ".participation.pi", "stationary participation distribution pi_R of the Markov sampler"),
     ("availability", ".participation.show", "print or plot the p_i^t trajectories of a config"),
     ("markov-plot", ".results.markov_plots", "Figure 1 study (pi_R vs R) and per-client participation shares"),
+    ("dp-factor", ".privacy.dpfactor", "error and sensitivity of banded_mf's factor for N rounds, B bands"),
 ]
 
 
@@ -195,29 +196,23 @@ def main(argv: list[str] | None = None) -> int:
         return exit_code(e, launched_rank())
 
 
-def _record_exit(code: int) -> None:
-    """Rank 0 writes its exit code to ``$FEDMPI_EXIT_FILE`` (set by launch/fedmpi-launch): some
-    launchers report another code when the ranks were interrupted (Open MPI's mpiexec sent
-    SIGTERM returns 1 although every rank checkpointed and exited 3)."""
-    path = os.environ.get("FEDMPI_EXIT_FILE")
-    if path and launched_rank() == 0:
-        try:
-            with open(path, "w") as fh:
-                fh.write(f"{code}\n")
-        except OSError:
-            pass
-
-
 def entry() -> None:
     """The console command: ``main`` with the stop signals trapped from the start to the exit of a
     run or sweep (before torch is imported; Python would otherwise restore the killing default
-    handlers when ``main`` returns), and rank 0's exit code recorded for launch/fedmpi-launch."""
+    handlers when ``main`` returns), and rank 0's exit code recorded for launch/fedmpi-launch.
+
+    Under launch/fedmpi-launch (``FEDMPI_EXIT_FILE`` set) every rank of a multi-rank run exits 0
+    after an ending all ranks agreed on (2 bad input, 3 interrupted, 4 diverged), and the launcher
+    returns rank 0's recorded code: a rank's non-zero exit makes Open MPI print its failure banner
+    ("prterun detected that one or more processes exited with non-zero status") and srun one
+    error line per rank, for what is no failure of the job."""
     code = 1
     if _stops(sys.argv[1:]):  # a stop signal from now on: exit 3, never a kill
         signals.install()
     try:
         code = main()
     finally:
-        _record_exit(code)
+        recorded = record_exit(code)
         signals.ignore_from_now()  # the code is settled; teardown must not turn it into a kill
-    sys.exit(code)
+    agreed = code in (2, 3, 4) and launched_size() > 1 and os.environ.get("FEDMPI_EXIT_FILE")
+    sys.exit(0 if agreed and (recorded or launched_rank() != 0) else code)

@@ -1,6 +1,6 @@
 """Keeps the generated pages true: ``python -m fedmpi.docs`` rewrites the config reference
-(docs/CONFIG.md) and the tables of what works with what (docs/GUARANTEES.md), both from the
-components' own declarations."""
+(docs/CONFIG.md), the tables of what works with what (docs/GUARANTEES.md), both from the
+components' own declarations, and the plug-in API reference (docs/PLUGINS.md, ``fedmpi.apidoc``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import dataclasses
 import os
 import re
 
-from . import plugins
+from . import apidoc, plugins
 from .config import reference
 from .participation import ClientInfo
 from .participation.probs import DATA_KINDS, WithBaseParams
@@ -67,24 +67,26 @@ def combinations_table() -> str:
     for e in MECHANISMS.entries(builtin_only=True):
         if e.name == "none":
             continue
-        mechanisms.append(f"| `{e.name}` | {'yes' if _amplifies(e.obj) else 'no'} | {e.obj.needs or '-'} |")
+        mechanisms.append(f"| `{e.name}` | {_amplifies(e.obj)} | {e.obj.needs or '-'} |")
     return "\n".join(rows) + "\n\n" + "\n".join(kinds) + "\n\n" + "\n".join(mechanisms)
 
 
-def _amplifies(cls: type) -> bool:
-    """Whether mechanism ``cls`` accounts Poisson sampling as amplification (its event differs)."""
+def _amplifies(cls: type) -> str:
+    """The samplings mechanism ``cls`` has an amplified analysis for (``Mechanism.amplifies``), or 'no'."""
     import torch
 
     from .participation import Sampling
 
     mechanism = cls(cls.Params(), 1, 0, torch.device("cpu"))
-    poisson = Sampling("poisson", 1.0, q=0.1)
-    return mechanism.event(poisson, True, 1.0, 10) != mechanism.event(poisson, False, 1.0, 10)
+    kinds = [text for kind, text in (("poisson", "Poisson sampling"), ("fixed_size", "a uniform sample of fixed size"))
+             if mechanism.amplifies(Sampling(kind, 1.0, q=0.1, m=10, size=1, separation=2**31))]
+    return ", ".join(kinds) or "no"
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REFERENCE = os.path.join(ROOT, "docs", "CONFIG.md")
 GUARANTEES = os.path.join(ROOT, "docs", "GUARANTEES.md")
+PLUGINS = os.path.join(ROOT, "docs", "PLUGINS.md")
 
 
 def _rewrite(path: str, markers: tuple[str, str], body: str) -> bool:
@@ -109,6 +111,12 @@ def update_combinations(path: str = GUARANTEES) -> bool:
     return _rewrite(path, COMBINATIONS, combinations_table())
 
 
+def update_plugin_api(path: str = PLUGINS) -> bool:
+    """Rewrite the plug-in API reference between its markers; True when the file changed."""
+    return _rewrite(path, apidoc.MARKERS, apidoc.page())
+
+
 if __name__ == "__main__":
-    for path, update in ((REFERENCE, update_reference), (GUARANTEES, update_combinations)):
+    for path, update in ((REFERENCE, update_reference), (GUARANTEES, update_combinations),
+                         (PLUGINS, update_plugin_api)):
         print("updated" if update(path) else "up to date", path)

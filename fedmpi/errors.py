@@ -28,6 +28,17 @@ class Diverged(Exception):
     exit_code = 4
 
 
+class RankLost(ConnectionError):
+    """Another rank was lost: its process or node died (a connection closed without a goodbye, or
+    no heartbeat for ``runtime.lost_after_s``; ``runtime.watch``). The result file is marked
+    ``failed`` naming the rank and node, the last checkpoint is kept. Exit code 5, so that a
+    batch script requeues the job (slurm/job.sh) and the rerun resumes; ``code`` is 1 instead
+    when the run was lost again before any newer checkpoint (``runtime.watch.lost_code``)."""
+
+    exit_code = 5
+    code = 5
+
+
 class WriteFailed(Exception):
     """A result file or checkpoint could not be written during a run (disk full, I/O error).
     Exit code 1 with one line; the last checkpoint and the result file as of its last flush stay

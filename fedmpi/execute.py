@@ -59,4 +59,4 @@ def _world(cfg: Config) -> World:
     from .runtime import World
 
     return World.create(cfg.runtime.device, cfg.runtime.backend, cfg.runtime.timeout_s, cfg.runtime.threads,
-                        cfg.runtime.tf32, cfg.runtime.collectives)
+                        cfg.runtime.tf32, cfg.runtime.collectives, cfg.runtime.lost_after_s)

@@ -81,7 +81,7 @@ class ClientMetricsConfig:
 class MetricInput:
     """What a registered metric sees, on rank 0."""
 
-    rounds_done: int
+    rounds_done: int  # rounds completed at this evaluation (0 = before training)
     row: Mapping[str, float]  # the metrics computed so far at this evaluation
     clients: Mapping[str, np.ndarray]  # 'loss', 'acc' (classification): (m,) float64; empty when off
     sizes: np.ndarray  # (m,) samples the per-client values were computed on

@@ -34,12 +34,14 @@ from . import checkpoint, guards, provenance, signals
 from .build import Components, build_components, check_state
 from .checkpointer import Checkpointer
 from .config import Config
-from .errors import Diverged, InputError, Interrupted, WriteFailed
+from .errors import Diverged, InputError, Interrupted, RankLost, WriteFailed
 from .evaluator import Evaluator
-from .metrics import stop_at
+from .metrics import client_sizes, stop_at
 from .registry import CALLBACKS, METRICS
 from .runtime import World
-from .runtime.launcher import agree_on_error, restart_count
+from .runtime.folders import check_shared
+from .runtime.launcher import agree_on_error, record_exit, restart_count
+from .runtime.watch import checkpoint_round, lost_code, lost_notes
 
 Callback = Callable[[Components, int], None]  # (run, t) at round t, on every rank
 EvalCallback = Callable[[Components, int, dict], "str | None"]  # (run, rounds_done, row) -> reason to stop
@@ -88,6 +90,8 @@ class Runner:
                                              f"job {job}, which resumes")
         try:
             agree(world, lambda: self._claim_output(overwrite, inputs))
+            # ranks on several nodes: the output (and checkpoint) folder must be shared (exit 2 if not)
+            agree(world, lambda: check_shared(world, os.path.dirname(os.path.abspath(out_path))))
             agree(world, lambda: self._setup(resume, fresh=overwrite))
         except BaseException:  # set-up failed or was stopped (here or on another rank): let go of the file
             if self.writer is not None:
@@ -99,6 +103,8 @@ class Runner:
             if world.rank == 0:
                 shutil.rmtree(checkpoint.folder_for(out_path), ignore_errors=True)
             world.barrier()  # before any rank saves a checkpoint of its own
+        if self.writer is not None:  # for the launcher's watch, should this process be killed (runtime.watch)
+            world.report(f"file {os.path.abspath(out_path)}\t{os.path.abspath(self.checkpointer.folder)}")
 
     def _claim_output(self, overwrite: bool, inputs: tuple[str, ...]) -> None:
         """Rank 0 locks the result file before anything reads or writes it (results/hdf5.py)."""
@@ -148,12 +154,14 @@ class Runner:
                               run.m, cfg.runtime.log_availability, resume_at=resume_at,
                               claim_=self.claim, flush_s=cfg.runtime.flush_s,
                               client_arrays=self.evaluator.client_arrays, notes=notes, rows_through=rows_through,
-                              round_series=tuple(run.algorithm.round_record()))
+                              round_series=run.algorithm.round_record())
         self.writer = writer  # set before anything else: a failure below still finishes the file
         writer.add_sidecars(extra)
         if resume_at is None:
             hist = run.task.label_hist
-            writer.write_group("partition", {"samples": run.task.sizes.astype(np.int64),
+            local_test = ({"local_test_samples": client_sizes(run.task).astype(np.int64)}
+                          if run.task.local_test_order is not None else {})  # the weights of the clients' test metrics
+            writer.write_group("partition", {"samples": run.task.sizes.astype(np.int64), **local_test,
                                              **({"label_hist": hist} if hist is not None else {})})
             for name, arrays in run.algorithm.static_groups().items():
                 writer.write_group(name, arrays)
@@ -204,6 +212,9 @@ class Runner:
             raise
         except Diverged:
             self.status = "diverged"
+            raise
+        except RankLost as e:
+            self._note_lost(e)
             raise
         finally:
             self.close_loop()
@@ -315,6 +326,14 @@ class Runner:
         enabled = self.world.rank == 0 and not self.quiet and self.cfg.runtime.progress
         return progress.start(self.cfg.rounds, start, enabled, self.label)
 
+    def _note_lost(self, e: RankLost) -> None:
+        """Rank 0: the lost rank goes into the result file (``lost``, ``lost_checkpoint``) and ``e.code``
+        says whether the job should requeue (5) or not (1: lost again at the same checkpoint)."""
+        if self.writer is not None:
+            saved = checkpoint_round(self.checkpointer.folder)
+            e.code = lost_code(self.writer.f.attrs.get("lost_checkpoint"), saved)
+            self.writer.notes.update(lost_notes(str(e), saved, e.code))
+
     def _finish(self, status: str, rounds_done: int | None) -> None:
         final = None
         if status == "completed":
@@ -326,9 +345,11 @@ class Runner:
             except BaseException as e:  # (disk full, a state that is not finite): the file says so
                 if self.writer is not None:
                     self.writer.finish("diverged" if isinstance(e, Diverged) else "failed")
+                    self.world.report("closed")
                 raise
         if self.writer is not None:
             self.writer.finish(status, final, rounds_done)
+            self.world.report("closed")
 
 
 def _by_moment(cfg: Config, extra: Iterable[Callback | tuple[str, Callable]]) -> dict[str, list[Callable]]:
@@ -398,13 +419,20 @@ def run(cfg: Config, world: World, out_path: str, quiet: bool = False, resume: b
         world.barrier()  # rank 0 has marked the file: now every rank may exit (srun --kill-on-bad-exit)
         raise
     except Exception as e:  # a failure on one rank must end the whole job, reported once
-        return end_job(world, e)
+        return end_job(world, e, runner.writer)
 
 
-def end_job(world: World, e: Exception) -> int:
-    """After ``e`` on this rank, past set-up: report it once (a peer's death as such) and end the
-    whole MPI job, so no rank is left waiting; 1 in a one-process world."""
-    if isinstance(e, WriteFailed):  # disk full: the message says what is kept
+def end_job(world: World, e: Exception, writer=None) -> int:
+    """After ``e`` on this rank, past set-up: report it once (a peer's death as such, a lost rank
+    with what ``writer``'s file kept) and end the whole MPI job, so no rank is left waiting; the
+    exit code (5 for a lost rank: resumable, else 1)."""
+    code = 1
+    if isinstance(e, RankLost):  # rank 0 reports it (the file says it too); exit 5: resumable
+        code = e.code if world.rank == 0 else RankLost.code
+        if world.rank == 0:
+            kept = writer.notes.get("lost", str(e)) if writer is not None else str(e)
+            print(f"fedmpi: {kept}", file=sys.stderr)
+    elif isinstance(e, WriteFailed):  # disk full: the message says what is kept
         print(f"fedmpi: rank {world.rank}: {e}", file=sys.stderr)
     elif _is_peer_failure(e):  # a consequence of another rank's death: that rank reports its own error
         print(f"fedmpi: rank {world.rank}: lost contact with another rank ({type(e).__name__}); "
@@ -424,5 +452,8 @@ def end_job(world: World, e: Exception) -> int:
             closer.start()
             closer.join(_ABORT_GRACE_S)
             time.sleep(max(0.0, end - time.monotonic()))
-        world.comm.Abort(1)
-    return 1
+        else:
+            record_exit(code)  # before Abort, which ends this process: launch/fedmpi-launch returns it
+            world.leave_watch()  # this end is reported: no loss for the launcher's watch to settle
+        world.comm.Abort(code)
+    return code

@@ -8,6 +8,14 @@
 #   3, the job ends CANCELLED; submitting the same command again continues it.
 # - Exit 3 with no signal here (scancel -s USR1 reaches the ranks only): requeued as a preemption.
 # (scontrol requeue and Slurm's own preemption send TERM and requeue the job themselves.)
+# - Exit 5: a rank was lost (its process or its node died; the result file says which, and that the
+#   last checkpoint is kept): requeued, and the next start resumes from that checkpoint, on the
+#   nodes it then gets (--nodes=1-2 runs on one if the other is gone). First a probe step asks
+#   every node of the job: if one does not answer, Slurm has not yet noticed that it is down, and a
+#   job requeued now could be given it again, so the script waits until Slurm declares it down
+#   and requeues the job itself (NODE_FAIL; at most SlurmdTimeout + 60 s, then it requeues anyway).
+#   fedmpi exits 1 instead of 5 when the run was lost again before any newer checkpoint: a loss
+#   that repeats is not requeued forever.
 set -euo pipefail
 warned="" cancelled="" step=""
 forward() { if [[ -n "$step" ]]; then kill -USR1 "$step" 2>/dev/null || true; fi; }
@@ -30,5 +38,17 @@ if [[ $code -eq 3 && -z "$cancelled" ]]; then
   scontrol requeue "$SLURM_JOB_ID" || echo "requeue refused; submit the same command again to continue"
 elif [[ $code -eq 3 ]]; then
   echo "fedmpi stopped by scancel and checkpointed: $job; submit the same command again to continue"
+elif [[ $code -eq 5 && -z "$cancelled" ]]; then
+  echo "fedmpi lost a rank; asking every node of $job whether it answers"
+  if ! timeout 60 srun --mpi=none --overlap --nodes="${SLURM_JOB_NUM_NODES:-1}" --ntasks-per-node=1 \
+       --kill-on-bad-exit=1 true >/dev/null 2>&1; then
+    wait_s=$(( $(scontrol show config | awk '$1 == "SlurmdTimeout" {print $3 + 0}') + 60 ))
+    echo "fedmpi lost a rank and a node of $job does not answer: waiting for Slurm to declare it down" \
+         "and requeue the job (at most $wait_s s)"
+    sleep "$wait_s" & wait $! || true   # Slurm ends this script when it requeues the job
+    [[ -z "$cancelled" ]] || exit $code
+  fi
+  echo "fedmpi lost a rank and kept its last checkpoint; requeueing $job"
+  scontrol requeue "$SLURM_JOB_ID" || echo "requeue refused; submit the same command again to continue"
 fi
 exit $code

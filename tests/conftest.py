@@ -60,8 +60,10 @@ def fedmpi(args: list[str], ranks: int = 0, timeout: float = 300, env: dict | No
 
 @pytest.fixture(autouse=True)
 def _own_folder(tmp_path, monkeypatch) -> None:
-    """Each test works in its own temporary folder, never in the checkout."""
+    """Each test works in its own temporary folder, never in the checkout, with its own cache folder
+    (optimised privacy factors, $FEDMPI_CACHE)."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FEDMPI_CACHE", str(tmp_path / ".fedmpi-cache"))
 
 
 _CACHES = ("__pycache__", ".pytest_cache", ".hypothesis", ".ruff_cache", ".egg-info")

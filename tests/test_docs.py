@@ -51,3 +51,40 @@ def test_the_table_of_what_works_with_what_is_current():
     text = open(GUARANTEES, encoding="utf-8").read()
     block = text.split(COMBINATIONS[0], 1)[1].split(COMBINATIONS[1], 1)[0].strip()
     assert block == combinations_table(), "run: python -m fedmpi.docs"
+
+
+def test_the_plugin_api_reference_is_current():
+    """docs/PLUGINS.md's reference is generated from the code (fedmpi/apidoc.py): a changed
+    signature, docstring or contract row makes it stale."""
+    from fedmpi import apidoc, plugins
+    from fedmpi.docs import PLUGINS
+
+    plugins.load()
+    text = open(PLUGINS, encoding="utf-8").read()
+    block = text.split(apidoc.MARKERS[0], 1)[1].split(apidoc.MARKERS[1], 1)[0].strip()
+    assert block == apidoc.page(), "run: python -m fedmpi.docs"
+
+
+def test_every_hook_has_a_contract_and_every_declaration_a_description():
+    """A public method of ServerAlgorithm is a hook with a row in base.py's contract tables, or a
+    helper (apidoc.HELPERS); a class attribute it declares has a docstring bullet or a comment."""
+    from fedmpi import apidoc
+
+    assert apidoc.undocumented() == []
+    rules = apidoc.contracts()
+    assert rules["select"]["ranks"].startswith("every rank") and rules["select"]["collective"] == "no"
+    assert rules["server_update"]["ranks"] == "rank 0 only" and rules["finish_round"]["collective"] == "yes"
+    assert rules["private_part"]["ranks"] == "rank 0 only"
+
+
+def test_the_attribute_table_covers_what_an_algorithm_holds():
+    """Every attribute a built centralized algorithm holds after a round is in the table of what an
+    algorithm holds (with what it is after a resume)."""
+    from conftest import synthetic_config
+    from fedmpi import apidoc, config
+    from fedmpi.build import build_components
+    from fedmpi.runtime import World
+
+    algo = build_components(config.from_dict(synthetic_config()), World()).algorithm
+    algo.round(0)
+    assert set(vars(algo)) <= set(apidoc.ATTRIBUTES), set(vars(algo)) - set(apidoc.ATTRIBUTES)

@@ -147,3 +147,97 @@ def test_loss_weighted_reads_the_per_client_losses():
             ell = [((x - u[i]) ** 2 / 2 + ((x - u[i]) / 2) ** 2 / 2) / 2 for i in active]
             x = x + sum(e * (1 - Q) * (u[i] - x) for e, i in zip(ell, active)) / sum(ell)
         assert scalar(algo.x) == pytest.approx(x, rel=1e-6, abs=1e-6), t
+
+
+# ----------------------------------------------------------------------------- the Oort example (docs/PLUGINS.md)
+
+OORT = ["--set", "algorithm={name: my_oort, select: 3, epsilon: 0.6, epsilon_min: 0.3}",
+        "--set", "availability={kind: stationary, base: {kind: uniform, lo: 0.5, hi: 0.9}}"]
+
+
+def same_client_rounds(a, b) -> None:
+    with h5py.File(a, "r") as fa, h5py.File(b, "r") as fb:
+        x, y = fa["client_rounds/sq_loss"][:], fb["client_rounds/sq_loss"][:]
+        assert x.shape == (6, 7) and np.array_equal(x, y, equal_nan=True)
+        assert np.isfinite(x).sum(1).tolist() == [3] * 6  # K = 3 clients trained each round, NaN for the rest
+
+
+@pytest.mark.mpi
+def test_oort_selection_is_the_same_on_one_and_two_ranks_and_after_a_kill(tmp_path):
+    """The Oort-style example: its draws, utilities and per-client quantity are the same bits on 1
+    and 2 ranks, and after a kill and a resume (its state is declared; ``self.outputs`` is not
+    needed across rounds)."""
+    one, two, killed = tmp_path / "one.h5", tmp_path / "two.h5", tmp_path / "killed.h5"
+    run(one, *OORT)
+    run(two, *OORT, ranks=2)
+    same(one, two)
+    same_client_rounds(one, two)
+    p = run(killed, *OORT, env=fault_plugin.env("0:3:kill"), check=False)
+    assert p.returncode != 0
+    run(killed, *OORT, ranks=2)  # resumed on 2 ranks
+    same(one, killed)
+    same_client_rounds(one, killed)
+
+
+def test_oort_is_refused_under_privacy_with_one_line(tmp_path):
+    pytest.importorskip("dp_accounting")
+    p = run(tmp_path / "r.h5", *OORT, "--set", "privacy={mechanism: gaussian, clip: 1.0, noise_multiplier: 1.0}",
+            check=False)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "privacy.mechanism: algorithm.name 'my_oort' selects clients by their data" in p.stderr
+
+
+def test_oort_explores_then_exploits_by_its_utility():
+    """In process: the first rounds try untried clients; a client's utility is |B_i| sqrt(sq_loss)
+    from its own per-sample losses; once every client is tried, the exploited ones are among the
+    best scores (above the cutoff), and the draws do not depend on anything but seed and round."""
+    load([PLUGIN])
+    cfg = config.load(CONFIG, ["rounds=12", "task.spiral_samples=600", "task.clients=8", "task.width=8",
+                               "algorithm={name: my_oort, select: 4, epsilon: 0.5, epsilon_min: 0.25, cutoff: 0.9}",
+                               "availability={kind: always}"])
+    algo = build_components(cfg, World()).algorithm
+    algo.round(0)
+    first = algo.active.copy()
+    assert len(first) == 4 and algo.tried.sum() == 4
+    out = algo.outputs
+    b = cfg.train.batch_size
+    assert np.array_equal(algo.utility[out.ids], out.steps * b * np.sqrt(out.extra["sq_loss"]))
+    algo.round(1)
+    assert algo.tried.sum() == 6  # eps_1 K = 0.49 x 4 -> 2 untried ones explored, 2 tried ones exploited
+    for t in range(2, 12):
+        before = algo.utility.copy()
+        bonus = np.sqrt(0.1 * np.log(t) / np.maximum(algo.last, 1))
+        picked = algo.select(t, np.arange(8))
+        assert len(picked) == 4 and len(set(picked)) == 4
+        score = before + bonus
+        assert np.array_equal(picked, algo.select(t, np.arange(8)))  # keyed draws: the same again
+        floor = np.sort(score)[::-1][3] * 0.9
+        exploit = [i for i in picked if score[i] >= floor]
+        assert len(exploit) >= 4 - round(max(0.25, 0.5 * 0.98 ** t) * 4)
+        algo.round(t)
+    again = build_components(cfg, World()).algorithm
+    again.round(0)
+    assert np.array_equal(again.active, first)
+
+
+def test_oort_cells_pack_in_a_sweep_with_their_own_quantities(tmp_path):
+    """A sweep of Oort cells (two seeds) and FedAvgM cells run packed in one process: each Oort
+    cell's file, its /client_rounds/sq_loss included, is the bits of the cell run alone."""
+    import yaml
+
+    overrides = dict(a.split("=", 1) for a in SMALL[1::2] + OORT[3::2])
+    data = {"base": CONFIG, "out": str(tmp_path / "cells"),
+            "set": {k: yaml.safe_load(v) for k, v in overrides.items()},
+            "variants": [{"label": "oort", "algorithm": yaml.safe_load(OORT[1].split("=", 1)[1])},
+                         {"label": "avgm", "algorithm": {"name": "my_fedavgm"}}],
+            "grid": {"seed": [0, 1]}}
+    sweep = tmp_path / "s.sweep.yaml"
+    sweep.write_text(yaml.safe_dump(data, sort_keys=False))
+    p = fedmpi(["sweep", str(sweep), "--pack", "4", "--plugin", PLUGIN])
+    assert "4 runs trained together" in p.stderr, p.stderr
+    for seed in (0, 1):
+        alone = tmp_path / f"alone{seed}.h5"
+        run(alone, *OORT, "--set", f"seed={seed}")
+        packed = tmp_path / "cells" / "oort" / f"seed={seed}.h5"
+        same(alone, packed)
+        same_client_rounds(alone, packed)

@@ -215,6 +215,7 @@ def test_per_user_test_metrics_and_fairness_match_their_rederivation(tmp_path):
         np.testing.assert_array_equal(f["clients/acc"][-1], acc)
         m = {k: f[f"metrics/client_acc_{k}"][-1] for k in FAIR}
         n = np.array(TEST_SIZES)
+        np.testing.assert_array_equal(f["partition/local_test_samples"][:], n)  # the weights of 'weighted'
         assert m["weighted"] == pytest.approx(f["metrics/test_acc"][-1])  # every test sample is some user's
         assert m["weighted"] == pytest.approx((acc * n).sum() / n.sum()) and m["mean"] == pytest.approx(acc.mean())
         assert m["var"] == pytest.approx(np.var(acc)) and m["min"] == acc.min()

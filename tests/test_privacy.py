@@ -92,7 +92,8 @@ def test_adaptive_clipping_follows_the_quantile_of_the_update_norms():
 
 def test_adaptive_clipping_spends_part_of_the_budget_on_the_count():
     def privacy(sigma: float, count_noise: float | None, cohort: float = 10.0) -> Privacy:
-        params = PrivacyParams("gaussian", 1.0, sigma, target_quantile=0.5, count_noise=count_noise)
+        params = PrivacyParams("gaussian", 1.0, sigma, target_quantile=0.5, count_noise=count_noise,
+                               count_bits="uncentred")  # centred: tests/test_privacy_reports.py
         return Privacy(params, Sampling("none", cohort), 10, 0, 1, World())
 
     assert privacy(2.0, 4.0).sigma_update == pytest.approx((2.0 ** -2 - 4.0 ** -2) ** -0.5)
@@ -628,7 +629,7 @@ def test_a_plugin_mechanism_is_one_file(tmp_path):
 
     plugin = os.path.join(ROOT, "examples", "fedmpi_examples")
     banded = {"mechanism": "banded_mf", "clip": 0.5, "noise_multiplier": 0.3, "band": 3}
-    own = {**banded, "mechanism": "own_factor", "factor": [1.0, 0.5, 0.375]}
+    own = {**banded, "mechanism": "own_factor", "coefficients": [1.0, 0.5, 0.375]}
     outs = {}
     for name, privacy in (("banded", banded), ("own", own)):
         outs[name] = str(tmp_path / f"{name}.h5")
@@ -637,5 +638,6 @@ def test_a_plugin_mechanism_is_one_file(tmp_path):
     with h5py.File(outs["banded"]) as a, h5py.File(outs["own"]) as b:
         assert np.array_equal(a["final/params"][:], b["final/params"][:])
         assert np.array_equal(a["metrics/epsilon"][:], b["metrics/epsilon"][:])
-    assert "privacy.factor" in cli_error(tmp_path, markov_cfg({**own, "factor": [1.0, 0.5]}), "--plugin", plugin)
+    assert "privacy.coefficients" in cli_error(tmp_path, markov_cfg({**own, "coefficients": [1.0, 0.5]}), "--plugin",
+                                             plugin)
     assert "privacy.band" in cli_error(tmp_path, markov_cfg(own, R=1), "--plugin", plugin)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import stat
 import subprocess
@@ -56,3 +57,22 @@ def test_usr1_requeues_and_term_stops(tmp_path, template, srun_code, sig):
     with h5py.File(out, "r") as f:
         assert f.attrs["status"] == "interrupted"
     assert not os.path.exists(tmp_path / "runs" / ".fedmpi-exit-4242")  # the launcher removes it
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("case, code", [("interrupted", 3), ("bad input", 2)])
+def test_an_agreed_ending_prints_no_open_mpi_banner(tmp_path, case, code):
+    """Issue 35: a clean interruption (exit 3) made Open MPI print its failure banner ("prterun
+    detected that one or more processes exited with non-zero status"). Under fedmpi-launch the
+    ranks exit 0 after an ending they all agreed on and the launcher returns rank 0's code."""
+    if shutil.which("mpiexec") is None:
+        pytest.skip("mpiexec not found")
+    over = {"train.lr": -1.0} if code == 2 else {}
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=20, runtime={"progress": False}, **over))
+    env = dict(os.environ, PYTHONPATH=ROOT, PYTHON=sys.executable, FEDMPI_LAUNCHER="mpiexec",
+               FEDMPI_PLUGINS=os.path.join(ROOT, "tests", "fault_plugin.py"), FEDMPI_TEST_FAULT="0:2:usr1")
+    p = subprocess.run(["bash", os.path.join(ROOT, "launch", "fedmpi-launch"), "-n", "2", cfg, "--out",
+                        str(tmp_path / "r.h5"), "--quiet"], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == code, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("fedmpi: " + ("interrupted:" if code == 3 else "error:")), p.stderr

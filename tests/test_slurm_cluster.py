@@ -1,5 +1,6 @@
-"""fedmpi on a real one-node Slurm (tests/slurm/cluster.sh): the templates from a fresh checkout,
-preemption and requeue, time limits, scancel, job arrays and exit codes.
+"""fedmpi on one node of the tests' real Slurm (tests/slurm/cluster.sh): the templates from a fresh
+checkout, preemption and requeue, time limits, scancel, job arrays and exit codes (across its two
+nodes: tests/test_slurm_nodes.py).
 
 Marked ``slurm``: they run when a cluster is up (``tests/slurm/cluster.sh up``, as root) or
 may be started (``FEDMPI_SLURM=1``, as .ci/run's Slurm step sets), and are skipped otherwise.

@@ -8,6 +8,9 @@ Load it with ``fedmpi run CONFIG --plugin examples/fedmpi_examples`` (or
   ships the same rule as ``fedavgm``: this file shows how such an algorithm is written);
 - algorithm ``my_loss_weighted``: FedAvg weighted by each client's training loss this round
   (``lossweighted.py``: how an algorithm reads the per-client numbers, ``ClientOutputs``);
+- algorithm ``my_oort``: Oort-style selection by a utility from each client's per-sample training
+  losses, with exploration (``oort.py``: a per-client quantity of local training, reproducible
+  random draws, declared state, a privacy refusal);
 - model ``resmlp``: an MLP with residual blocks, ``task.width`` and ``task.blocks`` (``model.py``);
 - dataset ``spirals``: interleaved 2-D spirals from numpy arrays, ``task.spiral_samples``,
   ``task.arms``, ``task.noise`` (``dataset.py``);
@@ -15,4 +18,4 @@ Load it with ``fedmpi run CONFIG --plugin examples/fedmpi_examples`` (or
   ``privacy.factor`` (``mechanism.py``).
 """
 
-from . import dataset, fedavgm, lossweighted, mechanism, model  # noqa: F401  (each registers its component)
+from . import dataset, fedavgm, lossweighted, mechanism, model, oort  # noqa: F401  (each registers its component)

@@ -68,7 +68,8 @@ Inside ``round(t)``:
 | 3b. privacy: each update clipped to ``privacy.clip`` (``fedmpi.privacy``) | every rank; adaptive: collective | its C |
 | 3c. ``self.outputs``: all active clients' ``ClientOutputs`` (if ``client_outputs``) | collective | -- |
 | 4. ``contribution(...)`` (default ``weights``) | every rank, on blocks, twice each | nothing: pure |
-| 5. one reproducible sum of the rows into rank 0; privacy: its noise on ``private_part`` | collective | -- |
+| 5. one reproducible sum of the rows into rank 0 | collective | -- |
+| 5b. privacy: its noise on ``private_part(t, total)`` | rank 0 only | nothing: pure |
 | 6. ``server_update(t, active, total)`` -> x^{t+1} | rank 0 only | server state |
 | 7. broadcast of x^{t+1} | collective | -- |
 | 8. ``after_round(t, active, local, start, end)`` | every rank | client and replicated state |
@@ -83,7 +84,9 @@ sample count, the same bits on every rank; steps 4-8
 read it, and so does ``select`` of the next round (None before the first round of a process: it
 is not checkpointed, so an algorithm that needs it across rounds keeps what it needs in its
 declared state). ``outputs.sum(values)`` sums per-client numbers reproducibly
-(``engine.reduce.client_sum``).
+(``engine.reduce.client_sum``). A class that declares ``client_quantities``
+(``engine.quantities.ClientQuantity``, e.g. ``MEAN_SQUARED_LOSS``) gets each one, computed from the
+per-sample losses of local training, in ``self.outputs.extra[name]``.
 """
 
 from __future__ import annotations
@@ -96,6 +99,7 @@ import torch
 
 from ..engine.local_step import StepTerm
 from ..engine.local import LocalStats, Training
+from ..engine.quantities import ClientQuantity, check_quantities
 from ..engine.reduce import client_sum, gather_clients, reproducible_sum_blocks
 from ..engine.threads import one_thread
 from ..errors import InputError
@@ -132,26 +136,30 @@ class ServerParams(AlgorithmParams):
 class Context:
     """What an algorithm may use: config, world, task, trainer, participation."""
 
-    cfg: Config
-    world: World
-    task: Task
-    trainer: LocalTrainer
-    participation: Participation | None
+    cfg: Config  # the run's resolved config
+    world: World  # ranks, devices and the collectives (``fedmpi.runtime``)
+    task: Task  # the data on this rank's device, the model, the clients' shares (``fedmpi.task``)
+    trainer: LocalTrainer  # local training of many clients at once (``engine.local``)
+    participation: Participation | None  # the availability model (None for an algorithm without one)
 
     @property
     def m(self) -> int:
+        """The number of clients."""
         return self.task.m
 
     @property
     def spec(self) -> ParamSpec:
+        """The model's layout (``engine.params.ParamSpec``): flat rows <-> named parameters."""
         return self.trainer.spec
 
     @property
     def shard(self) -> tuple[int, int]:
+        """[lo, hi): the client ids this rank owns."""
         return self.world.shard(self.m)
 
     @property
     def device(self) -> torch.device:
+        """This rank's device (models and data live there)."""
         return self.world.device
 
     def local(self, ids: np.ndarray) -> np.ndarray:
@@ -178,7 +186,8 @@ class ClientOutputs:
     minibatch loss of its first step (at its start model: an unbiased estimate of F_i(x^t) when
     it starts from x^t); ``steps``: local steps it did (tau_i); ``delta_sq``: ||Delta_i||^2 (after
     privacy clipping; NaN unless the algorithm declares ``delta_norms``); ``samples``: its number
-    of training samples n_i."""
+    of training samples n_i; ``extra``: the algorithm's ``client_quantities`` by name (NaN for a
+    client whose training did not fill them: an own ``local_training`` that ignores ``self.stats``)."""
 
     ids: np.ndarray
     loss: np.ndarray
@@ -186,6 +195,7 @@ class ClientOutputs:
     steps: np.ndarray
     delta_sq: np.ndarray
     samples: np.ndarray
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
 
     @classmethod
     def gather(cls, world: World, ids: np.ndarray, local: np.ndarray, stats: LocalStats, delta_sq: np.ndarray,
@@ -194,10 +204,12 @@ class ClientOutputs:
         n = len(local)
         nan = np.full(n, np.nan)
         filled = stats.loss is not None
+        names = [q.name for q in stats.quantities]
         rows = np.stack([stats.loss if filled else nan, stats.first_loss if filled else nan,
-                         stats.steps if filled else np.zeros(n), delta_sq, sizes[local]], 1) if n else np.zeros((0, 5))
+                         stats.steps if filled else np.zeros(n), delta_sq, sizes[local],
+                         *(stats.extra.get(k, nan) for k in names)], 1) if n else np.zeros((0, 5 + len(names)))
         cols = gather_clients(world, ids, local, rows).T
-        return cls(np.asarray(ids), *cols)
+        return cls(np.asarray(ids), *cols[:5], extra=dict(zip(names, cols[5:])))
 
     def at(self, clients: np.ndarray) -> np.ndarray:
         """Positions of ``clients`` (a subset of ``ids``) in the arrays."""
@@ -240,9 +252,11 @@ class Algorithm(Stateful):
     sections: tuple[str, ...] = ()  # top-level config sections of its own (e.g. ``topology``)
     reads: tuple[Reads, ...] = ()  # keys of other sections it reads (``fedmpi.schema.Reads``)
     needs_participation: bool = False
+    #: labels of the models ``evaluation_snapshot`` returns: ``""`` logs ``test_acc``/``test_loss``,
+    #: ``"server"`` logs ``test_acc_server``...
     evaluated_models: tuple[str, ...] = ("",)
-    metrics: tuple[str, ...] = ()
-    client_rows: int = 0
+    metrics: tuple[str, ...] = ()  # the names of its own metrics (``Snapshot.metrics``)
+    client_rows: int = 0  # model-sized float32 rows it keeps per client (for the up-front memory check)
     #: what privacy needs to know (``fedmpi.privacy.Private``), why it cannot apply (a string), or
     #: None: nothing declared (refused under ``privacy:``)
     private: Private | str | None = None
@@ -307,6 +321,10 @@ class ServerAlgorithm(Algorithm):
     #: True (implies ``client_outputs``): ``self.outputs.delta_sq`` holds ||Delta_i||^2 (one more
     #: pass over the updates, ~2.5% of an anchor-task round: benchmarks/RESULTS.md); False: NaN
     delta_norms = False
+    #: per-client quantities of local training (``engine.quantities.ClientQuantity``; implies
+    #: ``client_outputs``): ``self.outputs.extra[name]``; the trainer keeps every per-sample loss
+    #: only when some are declared (benchmarks/RESULTS.md)
+    client_quantities: tuple[ClientQuantity, ...] = ()
     #: True: a client's part of the round (steps 2-4 and 8) reads only replicated state and the
     #: client's id, so any rank may train it, and the round splits the active clients evenly over
     #: the ranks by position instead of by shard (a random cohort splits unevenly by shard and the
@@ -346,10 +364,10 @@ class ServerAlgorithm(Algorithm):
         self.active = active
         local = self.assigned(active)
         start = self.start_models(local)
-        self.stats = LocalStats()  # filled by the local training
+        self.stats = LocalStats(quantities=self.client_quantities)  # filled by the local training
         request = TrainingRequest(start, local, t, active=active)
         if self.trains_by_default():  # the trainer's whole input: a packed sweep trains it with others'
-            wanted = self.client_outputs or self.delta_norms  # the losses cost ~6% of a round: only when read
+            wanted = self.reads_outputs()  # the losses cost ~6% of a round: only when read
             request.lr_scale = self.lr_scale(t, local)
             request.terms = tuple(self.local_terms(t, local, start))
             request.stats = self.stats if wanted else None
@@ -367,7 +385,7 @@ class ServerAlgorithm(Algorithm):
         number of clients that trained (the same on every rank)."""
         t, active, local, start = request.t, request.active, request.local, request.start
         end = self.privacy.clip(t, start, end)  # privacy: ||Delta_i|| <= C
-        if self.client_outputs or self.delta_norms:
+        if self.reads_outputs():
             norms = self._delta_sq(start, end) if self.delta_norms else np.full(len(local), np.nan)
             self._outputs = ClientOutputs.gather(self.world, active, local, self.stats, norms, self._sizes)
         buf = reproducible_sum_blocks(  # one reduction; rows made block by block to bound memory
@@ -380,6 +398,11 @@ class ServerAlgorithm(Algorithm):
         self.world.broadcast_(self.x)
         self.after_round(t, active, local, start, end)
         return len(active)
+
+    def reads_outputs(self) -> bool:
+        """Whether ``self.outputs`` is gathered: the class declares ``client_outputs``,
+        ``delta_norms`` or ``client_quantities``."""
+        return bool(self.client_outputs or self.delta_norms or self.client_quantities)
 
     @classmethod
     def trains_by_default(cls) -> bool:
@@ -399,7 +422,7 @@ class ServerAlgorithm(Algorithm):
     def outputs(self) -> ClientOutputs | None:
         """This round's ``ClientOutputs`` (from step 3c; the last round's in ``select``; None before
         the first round of a process). Only for a class that declares ``client_outputs = True``."""
-        if not (self.client_outputs or self.delta_norms):
+        if not self.reads_outputs():
             raise TypeError(f"{type(self).__name__}: declare client_outputs = True to read self.outputs "
                             f"(the per-client gather costs a collective a round, so it is opt-in)")
         return self._outputs
@@ -429,6 +452,7 @@ class ServerAlgorithm(Algorithm):
         return self.x.expand(len(local), -1)
 
     def lr_scale(self, t: int, local: np.ndarray) -> torch.Tensor | None:
+        """Factors (n,) of each local active client's step size (default None: all 1)."""
         return None
 
     def local_terms(self, t: int, local: np.ndarray, start: torch.Tensor) -> tuple[StepTerm, ...]:
@@ -442,7 +466,7 @@ class ServerAlgorithm(Algorithm):
         ``self.stats`` (``engine.local.LocalStats``, fresh each round) for ``self.outputs`` when the
         class declares ``client_outputs``; an override that does not fill it leaves its clients'
         losses NaN and steps 0."""
-        wanted = self.client_outputs or self.delta_norms  # the losses cost ~6% of a round: only when read
+        wanted = self.reads_outputs()  # the losses cost ~6% of a round: only when read
         return self.ctx.trainer.train(start, local, t, lr_scale=self.lr_scale(t, local),
                                       terms=self.local_terms(t, local, start), stats=self.stats if wanted else None)
 
@@ -491,12 +515,23 @@ class ServerAlgorithm(Algorithm):
 
     def after_round(self, t: int, active: np.ndarray, local: np.ndarray,
                     start: torch.Tensor, end: torch.Tensor) -> None:
-        pass
+        """After the broadcast of x^{t+1}: update client state of ``local`` (from ``start``, ``end``)
+        and replicated state (e.g. from ``self.outputs``), the same on every rank (default: nothing)."""
 
     # ---------------------------------------------------------------- outputs
-    def round_record(self) -> dict[str, float]:
-        """Under privacy the noise multiplier of the round, ``privacy/noise_multiplier``."""
-        return {"privacy/noise_multiplier": float(self.privacy.sigma)} if self.privacy.on else {}
+    def round_record(self) -> dict[str, float | np.ndarray]:
+        """Under privacy the noise multiplier of the round, ``privacy/noise_multiplier``; for each
+        ``client_quantities`` entry with ``store``, ``client_rounds/<name>``: its value for every
+        client that trained this round, NaN for the others (m float64; all NaN at set-up)."""
+        record: dict[str, float | np.ndarray] = {}
+        if self.privacy.on:
+            record["privacy/noise_multiplier"] = float(self.privacy.sigma)
+        for q in self.client_quantities:
+            if q.store:
+                row = record[f"client_rounds/{q.name}"] = np.full(self.m, np.nan)
+                if self._outputs is not None:
+                    row[self._outputs.ids] = self._outputs.extra[q.name]
+        return record
 
     def evaluation_snapshot(self) -> Snapshot:
         return Snapshot({"": self.x})
@@ -516,6 +551,7 @@ class ServerAlgorithm(Algorithm):
         return state
 
     def load_state_dict(self, state: State) -> None:
+        """The declared state from a checkpoint (client rows: this rank's shard), and privacy's."""
         super().load_state_dict(state)
         if self.privacy.on:
             mine = {k.removeprefix("privacy."): v for k, v in state.shared.items() if k.startswith("privacy.")}
@@ -530,6 +566,10 @@ def register(name: str) -> Callable[[type[Algorithm]], type[Algorithm]]:
     def deco(cls: type[Algorithm]) -> type[Algorithm]:
         if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
             raise TypeError(f"algorithm {name!r}: register a subclass of fedmpi.algorithms.Algorithm")
+        if issubclass(cls, ServerAlgorithm):
+            check_quantities(cls.__name__, cls.client_quantities)
+        elif getattr(cls, "client_quantities", ()):
+            raise TypeError(f"{cls.__name__}.client_quantities: only a ServerAlgorithm's round gathers them")
         return ALGORITHMS.register(name, params=_params_of(cls), check=cls.check_config, sections=cls.sections,
                                    reads=cls.reads)(cls)
 

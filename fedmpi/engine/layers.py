@@ -311,9 +311,12 @@ class StackedNet:
         return self.value_and_gradients(loss, params, x, y, weights, keys, value=False)[1]
 
     def value_and_gradients(self, loss, params: Params, x: Tensor, y: Tensor, weights: Tensor | None,
-                            keys: Params | None, value: bool = True) -> tuple[Tensor | Deferred | None, Params]:
+                            keys: Params | None, value: bool = True,
+                            samples: bool = False) -> tuple[Tensor | Deferred | Samples | None, Params]:
         """``gradients`` and, if ``value``, each client's minibatch loss (n,) from the same forward
-        pass (None otherwise); the closed form defers it (``Deferred``)."""
+        pass (None otherwise); the closed form defers it (``Deferred``, which holds the per-sample
+        losses too). ``samples``: also each sample's loss (``Samples``; the minibatch loss is their
+        mean, the same bits as without)."""
         if self.closed_form(loss):
             with torch.no_grad():
                 h = x
@@ -327,8 +330,14 @@ class StackedNet:
         leaves = {name: v.detach().requires_grad_(True) for name, v in params.items()}
         with torch.enable_grad():
             out = self.forward(leaves, x, keys)
-            losses = per_client(loss)(out, y) if weights is None else (per_sample(loss)(out, y) * weights).sum(-1)
+            each = per_sample(loss)(out, y) if samples or weights is not None else None
+            if weights is not None:
+                losses = (each * weights).sum(-1)
+            else:  # a ``Loss``'s minibatch loss is the mean of its per-sample losses: the same ops
+                losses = each.mean(-1) if each is not None and isinstance(loss, Loss) else per_client(loss)(out, y)
             grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
+        if samples and value:
+            return Samples(losses.detach(), each.detach()), dict(zip(leaves, grads))
         return (losses.detach() if value else None), dict(zip(leaves, grads))
 
 
@@ -342,11 +351,29 @@ class Deferred:
         self.loss, self.raw, self.weights = loss, raw, weights
 
 
-def minibatch_losses(values: list[Tensor | Deferred]) -> np.ndarray:
-    """(steps, n) float64 on the host from each step's (n,) losses or ``Deferred`` (all of one kind)."""
+class Samples:
+    """One step's minibatch losses (n,) with the per-sample losses (n, b) they come from
+    (``engine.quantities``)."""
+
+    def __init__(self, mean: Tensor, each: Tensor):
+        self.mean, self.each = mean, each
+
+
+def minibatch_losses(values: list[Tensor | Deferred | Samples]) -> np.ndarray:
+    """(steps, n) float64 on the host from each step's (n,) losses, ``Samples`` or ``Deferred``
+    (all of one kind)."""
+    if isinstance(values[0], Samples):
+        return torch.stack([v.mean for v in values]).double().cpu().numpy()
     if not isinstance(values[0], Deferred):
         return torch.stack(values).double().cpu().numpy()
     first = values[0]
     raw = torch.stack([v.raw for v in values]).double().cpu().numpy()
     weights = None if first.weights is None else torch.stack([v.weights for v in values]).double().cpu().numpy()
     return first.loss.minibatch_losses(raw, weights)
+
+
+def sample_losses(values: list[Deferred | Samples]) -> np.ndarray:
+    """(steps, n, b) float64 on the host: each step's per-sample losses (all of one kind)."""
+    if isinstance(values[0], Samples):
+        return torch.stack([v.each for v in values]).double().cpu().numpy()
+    return values[0].loss.sample_losses(torch.stack([v.raw for v in values]).double().cpu().numpy())

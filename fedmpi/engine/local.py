@@ -26,12 +26,13 @@ the client id (``models.dropout``). On CPU, training runs with one intra-op thre
 Clients may do different numbers of steps (``steps_of``: ``train.local_epochs``, a file,
 stragglers' draws): a block runs its largest count and a client that is done gets a zero step size, so its
 rows stay exactly where they were (the same bits as training it alone). ``LocalStats`` asks the
-trainer for each client's minibatch losses, taken from the gradient pass itself (no extra pass).
+trainer for each client's minibatch losses, taken from the gradient pass itself (no extra pass),
+and, for the quantities an algorithm declares (``engine.quantities``), its per-sample losses.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -44,9 +45,10 @@ from ..models import has_conv
 from ..models.dropout import KeyedDropout
 from ..models.losses import per_sample
 from .graphs import StepGraphs
-from .layers import Deferred, StackedNet, conv_impl, minibatch_losses
+from .layers import Deferred, Samples, StackedNet, conv_impl, minibatch_losses, sample_losses
 from .local_step import LocalStep, StepTerm, TrainConfig, lr_at  # noqa: F401 (lr_at: re-exported)
 from .params import ParamSpec
+from .quantities import ClientQuantity, SampleLosses
 from .shapes import MAX_FIXED_BLOCK, fixed_shapes, pad_rows
 from .steps import StepCounts
 from .threads import one_thread
@@ -60,20 +62,40 @@ class LocalStats:
     """What one ``train`` call reports per trained client, in the order of its rows (filled by the
     trainer; host float64/int64 arrays): ``loss`` the mean of its minibatch losses over the steps it
     took, ``first_loss`` the minibatch loss of its first step (at the start model), ``steps`` the
-    number of steps it took."""
+    number of steps it took; and for each of ``quantities`` (``engine.quantities.ClientQuantity``,
+    asked for by the caller) its value in ``extra[name]``."""
 
     loss: np.ndarray | None = None
     first_loss: np.ndarray | None = None
     steps: np.ndarray | None = None
+    quantities: tuple[ClientQuantity, ...] = ()
+    extra: dict[str, np.ndarray] = field(default_factory=dict)
 
     def begin(self, steps: np.ndarray) -> None:
         """Before training clients that take ``steps`` (n,): losses 0 (NaN at the start model)."""
         n = len(steps)
         self.loss, self.first_loss, self.steps = np.zeros(n), np.full(n, np.nan), steps.copy()
+        self.extra = {q.name: np.full(n, np.nan) for q in self.quantities}
 
-    def add(self, rows: slice, losses: np.ndarray) -> None:
-        """Clients ``rows``'s minibatch losses (steps, n) of a block (0 after a client's last step)."""
-        self.first_loss[rows], self.loss[rows] = losses[0], losses.sum(0) / np.maximum(self.steps[rows], 1)
+    def add(self, rows: slice, losses: BlockLosses) -> None:
+        """Clients ``rows``'s losses of a block (``BlockLosses`` cut to those clients)."""
+        means = losses.means
+        self.first_loss[rows], self.loss[rows] = means[0], means.sum(0) / np.maximum(self.steps[rows], 1)
+        for q in self.quantities:
+            self.extra[q.name][rows] = q.of(losses.samples)
+
+
+@dataclass
+class BlockLosses:
+    """A block's recorded losses: ``means`` (S, n) the minibatch losses (0 after a client's last
+    step), ``samples`` the per-sample losses when asked for (``SampleLosses``), else None."""
+
+    means: np.ndarray
+    samples: SampleLosses | None = None
+
+    def cut(self, cols: slice) -> BlockLosses:
+        """The clients ``cols`` of the block."""
+        return BlockLosses(self.means[:, cols], None if self.samples is None else self.samples.rows(cols))
 
 
 @dataclass
@@ -306,11 +328,12 @@ class LocalTrainer:
                 xs, ids, rates, todo = (pad_rows(v[rows], extra) for v in (x, clients, lr, steps))
                 rule = LocalStep(self.cfg, [(term, self.spec.views(pad_rows(term.rows[rows], extra)))
                                             for term in terms])
-                losses = self._train_block(xs, ids, t, rates, todo, rule, stats is not None)
+                losses = self._train_block(xs, ids, t, rates, todo, rule, stats is not None,
+                                           stats is not None and bool(stats.quantities))
                 if extra:
                     x[rows] = xs[:k]
                 if losses is not None:
-                    stats.add(rows, losses[:, :k])
+                    stats.add(rows, losses.cut(slice(0, k)))
         return x
 
     def step_sizes(self, t: int, n: int, lr_scale: torch.Tensor | None = None) -> torch.Tensor:
@@ -345,38 +368,49 @@ class LocalTrainer:
         return per_client
 
     def _train_block(self, x: torch.Tensor, clients: np.ndarray, t: int, lr: torch.Tensor,
-                     steps: np.ndarray, rule: LocalStep, record: bool = False) -> np.ndarray | None:
+                     steps: np.ndarray, rule: LocalStep, record: bool = False,
+                     samples: bool = False) -> BlockLosses | None:
         """Local steps (``rule``) on the rows of ``x`` in place, parameter by parameter (no (n, d)
         gradient copy); client j takes ``steps[j]`` of them (afterwards its step size is 0).
-        ``record``: returns the minibatch losses (steps, n), zero for the clients that are done.
-        Replayed as a CUDA graph (``engine.graphs``) when the trainer has them and the algorithm
-        adds no terms to the step (their rows are the algorithm's, not the graph's buffers)."""
-        inp = self.step_inputs(clients, t, steps, masks=self.replays(rule))
-        return self.block_steps(x, inp, lr, steps, rule, record)
+        ``record``: returns the minibatch losses, zero for the clients that are done, and with
+        ``samples`` the per-sample losses (``BlockLosses``). Replayed as a CUDA graph
+        (``engine.graphs``) when the trainer has them, the algorithm adds no terms to the step
+        (their rows are the algorithm's, not the graph's buffers) and no per-sample losses are
+        asked for (an algorithm's ``client_quantities``: the loop then runs kernel by kernel)."""
+        inp = self.step_inputs(clients, t, steps, masks=self.replays(rule, samples))
+        return self.block_steps(x, inp, lr, steps, rule, record, samples)
 
-    def replays(self, rule: LocalStep) -> bool:
+    def replays(self, rule: LocalStep, samples: bool = False) -> bool:
         """Whether a block with step rule ``rule`` runs its steps as a graph replay."""
-        return self._graphs is not None and not rule.terms
+        return self._graphs is not None and not rule.terms and not samples
 
     def block_steps(self, x: torch.Tensor, inp: StepInputs, lr: torch.Tensor, steps: np.ndarray, rule: LocalStep,
-                    record: bool = False) -> np.ndarray | None:
+                    record: bool = False, samples: bool = False) -> BlockLosses | None:
         """The rest of ``_train_block`` once its inputs ``inp`` are made (``step_inputs``, with
-        ``masks=replays(rule)``): the step loop, replayed or not, and the losses (``record``)."""
-        if self.replays(rule):
+        ``masks=replays(rule, samples)``): the step loop, replayed or not, and the losses (``record``,
+        ``samples``)."""
+        if self.replays(rule, samples):
             losses = self._graphs.run(x, inp, lr, record)
         else:
-            losses = self.run_steps(x, inp, lr, rule, record)
+            losses = self.run_steps(x, inp, lr, rule, record, samples)
         if not losses:
             return None
         values = minibatch_losses(losses)  # (steps, n), host float64
-        values[np.arange(len(losses))[:, None] >= steps[None, :]] = 0.0  # clients that were done
-        return values
+        done = np.arange(len(losses))[:, None] >= steps[None, :]
+        values[done] = 0.0  # clients that were done
+        if not samples:
+            return BlockLosses(values)
+        each = sample_losses(losses)  # (steps, n, b)
+        each[done] = 0.0
+        weights = None if inp.weights is None else inp.weights.double().cpu().numpy()
+        return BlockLosses(values, SampleLosses(each, ~done, weights))
 
     def run_steps(self, x: torch.Tensor, inp: StepInputs, lr: torch.Tensor, rule: LocalStep,
-                  record: bool = False) -> list[torch.Tensor | Deferred]:
+                  record: bool = False, samples: bool = False) -> list[torch.Tensor | Deferred | Samples]:
         """The step loop of ``_train_block`` on the rows of ``x`` in place, from ``inp``: device
         operations only (no host value is read or made). Returns each step's minibatch losses
-        (tensors or ``layers.Deferred``) when ``record``, else []."""
+        (tensors or ``layers.Deferred``) when ``record``, else []; with ``samples`` each step's
+        per-sample losses too (``layers.Samples`` or ``Deferred``)."""
         params = self.spec.views(x)
         shape = {name: (-1, *[1] * (v.dim() - 1)) for name, v in params.items()}
         rates = {name: lr.view(s) for name, s in shape.items()}
@@ -386,7 +420,7 @@ class LocalTrainer:
                 rates = {name: torch.where(inp.going[j], lr, 0.0).view(s) for name, s in shape.items()}
             xb, yb, wb = self._minibatch(inp, j, n)
             keys = {} if inp.keys is None else {name: inp.keys[j] for name in self._key_names}
-            loss, g = self.value_and_gradients(x, xb, yb, wb, keys, record, params)
+            loss, g = self.value_and_gradients(x, xb, yb, wb, keys, record, params, samples=record and samples)
             if record:
                 losses.append(loss)
             if self.cfg.grad_clip is not None:
@@ -420,17 +454,23 @@ class LocalTrainer:
 
     def value_and_gradients(self, x: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor, wb: torch.Tensor | None,
                             keys: dict[str, torch.Tensor] | None = None, value: bool = True,
-                            params: dict[str, torch.Tensor] | None = None,
-                            ) -> tuple[torch.Tensor | None, dict[str, torch.Tensor]]:
+                            params: dict[str, torch.Tensor] | None = None, samples: bool = False,
+                            ) -> tuple[torch.Tensor | Deferred | Samples | None, dict[str, torch.Tensor]]:
         """``param_gradients`` and, if ``value``, the minibatch losses (n,) of the same pass (else
-        None); ``params``: ``spec.views(x)`` when the caller holds them already."""
+        None); ``params``: ``spec.views(x)`` when the caller holds them already. ``samples``: the
+        per-sample losses too (``layers.Samples`` or ``Deferred``): from the same pass on the stacked
+        layers, else from one more forward pass per client (``sample_losses_at``)."""
         if keys is None:
             if self._key_names:
                 raise ValueError("param_gradients: this model has dropout; pass keys=dropout_keys(clients, t, step)")
             keys = {}
         if self.path == "batched" and self.net is not None:
             return self.net.value_and_gradients(self.task.loss, params or self.spec.views(x), self.task.inputs(xb),
-                                                yb, wb, keys, value)
+                                                yb, wb, keys, value, samples)
+        if samples:
+            each = self.sample_losses_at(x, xb, yb, keys)
+            loss, g = self.value_and_gradients(x, xb, yb, wb, keys, True, params)
+            return Samples(loss, each), g
         if self.path == "batched":
             if x.shape[0] == 1:  # vmap over one client takes other kernels (other rounding): compute it as a pair
                 loss, pair = self.value_and_gradients(
@@ -449,3 +489,16 @@ class LocalTrainer:
             rows.append(torch.autograd.grad(loss, p)[0])
             losses.append(loss.detach())
         return (torch.stack(losses) if value else None), self.spec.views(torch.stack(rows))
+
+    def sample_losses_at(self, x: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor,
+                         keys: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Per-sample losses (n, b) of each client's minibatch at its row of ``x``, client by client
+        (one forward pass each: its numbers do not depend on the others in the block)."""
+        each = per_sample(self.task.loss)
+        rows = []
+        with torch.no_grad():
+            for i in range(x.shape[0]):
+                out = functional_call(self.task.model, {**self.spec.views(x[i]), **{n: k[i] for n, k in keys.items()}},
+                                      (self.task.inputs(xb[i]),))
+                rows.append(each(out.unsqueeze(0), yb[i].unsqueeze(0))[0])
+        return torch.stack(rows)

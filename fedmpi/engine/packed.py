@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 import torch
 
-from .local import LocalTrainer, StepInputs, Training
+from .local import BlockLosses, LocalTrainer, StepInputs, Training
 from .local_step import LocalStep, StepTerm, TrainConfig
 from .shapes import pad_rows
 from .threads import one_thread
@@ -176,6 +176,7 @@ class PackedTrainer:
         lr = torch.cat([self.trainers[k].step_sizes(work.t, len(work.clients), work.lr_scale) for k, work, _ in runs])
         steps = np.concatenate([s for _, _, s in runs])
         record = any(work.stats is not None for _, work, _ in runs)
+        samples = any(work.stats is not None and work.stats.quantities for _, work, _ in runs)
         self.block.task.model.train()
         chunk, total = self.block_rows(), x.shape[0]
         with one_thread(device):
@@ -186,8 +187,8 @@ class PackedTrainer:
                           if ends[j] < a + k and ends[j + 1] > a]
                 xs, rates, todo = (pad_rows(v[a:a + k], extra) for v in (x, lr, steps))
                 rule = self._rule(runs, ends, pieces, a, extra)
-                inp = self._inputs(runs, ends, pieces, extra, self.block.replays(rule))
-                losses = self.block.block_steps(xs, inp, rates, todo, rule, record)
+                inp = self._inputs(runs, ends, pieces, extra, self.block.replays(rule, samples))
+                losses = self.block.block_steps(xs, inp, rates, todo, rule, record, samples)
                 if extra:
                     x[a:a + k] = xs[:k]
                 if losses is not None:
@@ -230,12 +231,12 @@ class PackedTrainer:
         return _stacked(parts)
 
     @staticmethod
-    def _report(runs: list, ends: np.ndarray, pieces: list, a: int, losses: np.ndarray) -> None:
+    def _report(runs: list, ends: np.ndarray, pieces: list, a: int, losses: BlockLosses) -> None:
         """Each piece's clients' losses into its run's stats (as ``LocalTrainer.train_``)."""
         for j, lo, hi in pieces:
             stats = runs[j][1].stats
             if stats is not None:
-                stats.add(slice(lo - ends[j], hi - ends[j]), losses[:, lo - a:hi - a])
+                stats.add(slice(lo - ends[j], hi - ends[j]), losses.cut(slice(lo - a, hi - a)))
 
 
 def _stacked(parts: list[tuple[StepInputs, int]]) -> StepInputs:

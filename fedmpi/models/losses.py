@@ -58,6 +58,10 @@ class Loss:
         g, raw = self._grad_and_raw(out, y)
         return self._scale(g, out, weights), raw
 
+    def sample_losses(self, raw: np.ndarray) -> np.ndarray:
+        """The per-sample losses (..., b) from stacked raw losses (host)."""
+        return self._finish(raw)
+
     def minibatch_losses(self, raw: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
         """The minibatch losses (...,) (mean, or ``weights``-weighted sum) from stacked raw losses (host)."""
         each = self._finish(raw)

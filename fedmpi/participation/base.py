@@ -44,8 +44,8 @@ class AvailabilityParams:
 class ClientInfo:
     """What a participation model may know about the clients (built by the task)."""
 
-    m: int
-    seed: int
+    m: int  # the number of clients
+    seed: int  # the run's seed (draw from fedmpi.rng streams keyed by it)
     label_hist: np.ndarray | None = None  # (m, classes) sample counts per class, None for quadratic
     group: np.ndarray | None = None  # (m,) data group of each client (partition 'groups'), else None
     rounds: int | None = None  # the run's rounds (None: no run, e.g. fedmpi availability's preview)
@@ -99,9 +99,11 @@ class Participation(Stateful):
         self.seed = seed
 
     def available(self, t: int) -> np.ndarray:
+        """The sorted global ids of the clients available in round t (every rank, t = 0, 1, ... in order)."""
         raise NotImplementedError
 
     def probabilities(self, t: int) -> np.ndarray | None:
+        """The true p_i^t (m,) of a Bernoulli kind, else None."""
         return None
 
     def sampling(self, rounds: int) -> Sampling | None:

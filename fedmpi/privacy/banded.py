@@ -1,17 +1,20 @@
 """``privacy.mechanism: banded_mf`` -- DP-FTRL with banded matrix-factorization noise
 (Choquette-Choo et al. 2023; docs/PRIVACY.md, "Theorem used for banded MF").
 
-y = C^{-1} z for a lower-triangular b-banded Toeplitz C -- the square root of the prefix-sum
-matrix truncated to b bands, scaled to unit column norm -- solved one round at a time from the
-last b - 1 values of y:
+y = C^{-1} z for a lower-triangular b-banded Toeplitz C of unit column norm -- the square root of
+the prefix-sum matrix truncated to b bands, or the factor optimised for the run's rounds
+(``privacy.factor``, fedmpi/privacy/factors.py) -- solved one round at a time from the last b - 1
+values of y:
 
     y_t = (z_t - sum_{j=1}^{b-1} c_j y_{t-j}) / c_0          (O(b d) memory: ``history``)
 
 Under b-min-separation (every client's participations >= b rounds apart) the columns one client
 touches are orthogonal, so its sensitivity is sqrt(k) C max_j ||C[:, j]|| = sqrt(k) C: the
-accountant composes k Gaussians of multiplier sigma, with no amplification. Without that
-separation the bound fails: refused. An optimised factor replaces ``coefficients`` (a plug-in's:
-examples/fedmpi_examples/mechanism.py); an amplified variant would replace ``event``.
+accountant composes k Gaussians of multiplier sigma; where the kind also samples each client
+independently (Poisson, e.g. ``cyclic``) and the algorithm's release hides who took part, k
+Poisson-subsampled Gaussians (amplified banded MF, Choquette-Choo et al. 2023, Theorem 4;
+docs/PRIVACY.md). Without that separation the bound fails: refused. A factor of one's own
+replaces ``coefficients`` (a plug-in's: examples/fedmpi_examples/mechanism.py).
 """
 
 from __future__ import annotations
@@ -24,26 +27,20 @@ import torch
 
 from ..errors import InputError
 from ..participation import Sampling
-from ..schema import opt
+from ..schema import Reads, opt
+from . import factors
+from .factors import sqrt_coefficients as banded_sqrt_coefficients  # noqa: F401  (its old name)
 from .mechanism import Mechanism, register, standard_normal
 from .params import PrivacyParams
-
-
-def banded_sqrt_coefficients(b: int) -> np.ndarray:
-    """c_0..c_{b-1} of the b-banded square root of the prefix-sum matrix, scaled to unit norm.
-
-    The prefix-sum matrix is the Toeplitz matrix of 1 / (1 - x); its square root has the
-    coefficients of (1 - x)^{-1/2}: c_j = binom(2j, j) / 4^j (c_{j} = c_{j-1} (2j - 1) / (2j)).
-    Keeping b of them and dividing by their L2 norm makes every full column of C unit-norm."""
-    c = np.ones(b)
-    for j in range(1, b):
-        c[j] = c[j - 1] * (2 * j - 1) / (2 * j)
-    return c / np.linalg.norm(c)
 
 
 @dataclass
 class BandedParams(PrivacyParams):
     band: int = opt(1, "b: bands of banded_mf's factor (1 = independent noise); needs separation >= b", ge=1)
+    factor: factors.Factor = opt(
+        "sqrt", "banded_mf's factor C: sqrt (the prefix-sum matrix's square root, truncated to b bands) or "
+                "optimized (least expected squared error of the prefix sums for the run's rounds; computed once, "
+                "cached in $FEDMPI_CACHE or $XDG_CACHE_HOME/fedmpi)")
 
 
 @register("banded_mf")
@@ -53,15 +50,18 @@ class BandedMF(Mechanism):
     derived = ("c",)  # the factor's coefficients, from privacy.band
     state_key = "privacy.band"
     needs = "participations >= b = `privacy.band` rounds apart (the kind's separation)"
+    reads = Mechanism.reads + (
+        Reads("rounds", "optimises the banded factor for the run's rounds (privacy.factor: optimized)",
+              lambda r: r >= 1, expect=">= 1", when=lambda cfg: cfg.privacy.factor == "optimized"),)
 
-    def __init__(self, params: BandedParams, dim: int, seed: int, device: torch.device):
-        super().__init__(params, dim, seed, device)
+    def __init__(self, params: BandedParams, dim: int, seed: int, device: torch.device, rounds: int = 0):
+        super().__init__(params, dim, seed, device, rounds)
         self.c = self.coefficients()
         self.history = torch.zeros(len(self.c) - 1, dim, dtype=torch.float64, device=device)
 
     def coefficients(self) -> np.ndarray:
         """c_0..c_{b-1} (b = ``privacy.band``), the factor's first column, of unit norm (c_0 > 0)."""
-        return banded_sqrt_coefficients(self.params.band)
+        return factors.coefficients(self.params.factor, self.rounds, self.params.band)
 
     @classmethod
     def state_bytes(cls, params: BandedParams, dim: int) -> int:
@@ -84,7 +84,16 @@ class BandedMF(Mechanism):
         self.history = torch.cat([y[None], self.history[:-1]])
         return y
 
+    def amplifies(self, sampling: Sampling) -> bool:
+        """Poisson sampling in rounds >= b apart (b-min-separation, e.g. ``cyclic`` with groups >= b)."""
+        return sampling.kind == "poisson" and sampling.separation >= self.params.band
+
     def event(self, sampling: Sampling, amplified: bool, sigma: float, rounds: int) -> Any:
+        """k x Gaussian(sigma); amplified (Poisson sampling, separation >= b): k x PoissonSampled(q,
+        Gaussian(sigma)), jax_privacy's ``amplified_bandmf_event`` (k = ceil(T / b) for cyclic, K = b)."""
         import dp_accounting as dp
 
-        return dp.SelfComposedDpEvent(dp.GaussianDpEvent(sigma), sampling.participations(rounds))
+        one = dp.GaussianDpEvent(sigma)
+        if amplified and self.amplifies(sampling):
+            one = dp.PoissonSampledDpEvent(sampling.q, one)
+        return dp.SelfComposedDpEvent(one, sampling.participations(rounds))

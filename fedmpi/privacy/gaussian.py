@@ -25,6 +25,9 @@ class Gaussian(Mechanism):
     def noise(self, t: int, dim: int) -> torch.Tensor:
         return standard_normal(self.seed, t, dim, self.device)
 
+    def amplifies(self, sampling: Sampling) -> bool:
+        return sampling.kind in ("poisson", "fixed_size")
+
     def relation(self, sampling: Sampling, amplified: bool) -> Relation:
         return "replace_one" if amplified and sampling.kind == "fixed_size" else "add_or_remove"
 

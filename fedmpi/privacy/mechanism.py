@@ -9,7 +9,8 @@ follows from its shape (docs/PRIVACY.md):
   that state costs (``state_bytes``, in the up-front memory check);
 - ``sensitivity`` of one client's participation, in units of the clip C, and ``event``: the
   ``dp_accounting`` event of ``rounds`` rounds that the accountant composes, with its
-  ``relation`` (add/remove or replace-one neighbours);
+  ``relation`` (add/remove or replace-one neighbours), amplified by the kind's sampling where
+  ``amplifies`` says it has that analysis;
 - ``check``: what it needs of the availability model's ``Sampling`` (banded MF: a minimum
   separation).
 
@@ -45,8 +46,9 @@ class Mechanism(Stateful):
         Reads("rounds", "calibrates the noise to privacy.epsilon over the run's rounds", lambda r: r >= 1,
               expect=">= 1", when=lambda cfg: cfg.privacy.epsilon is not None),)
 
-    def __init__(self, params: PrivacyParams, dim: int, seed: int, device: torch.device):
-        self.params, self.dim, self.seed, self.device = params, dim, seed, device
+    def __init__(self, params: PrivacyParams, dim: int, seed: int, device: torch.device, rounds: int = 0):
+        """``rounds``: the run's rounds (``cfg.rounds``; 0 where no run is meant, e.g. a table of docs)."""
+        self.params, self.dim, self.seed, self.device, self.rounds = params, dim, seed, device, rounds
 
     @classmethod
     def check_config(cls, cfg: Any) -> None:
@@ -68,6 +70,11 @@ class Mechanism(Stateful):
     def noise(self, t: int, dim: int) -> torch.Tensor:
         """y_t, float64 (dim,) on the device, at unit scale (rank 0, rounds in order)."""
         raise NotImplementedError
+
+    def amplifies(self, sampling: Sampling) -> bool:
+        """Whether ``event`` has an amplified analysis for this sampling (asked only where the
+        algorithm's release hides who took part); the default: none."""
+        return False
 
     def sensitivity(self, sampling: Sampling, amplified: bool) -> float:
         """How far one client's participation can move what the noise covers, in units of C."""

@@ -25,11 +25,23 @@ class PrivacyParams:
               "privacy.clip then being the initial C; null = a fixed C", gt=0, lt=1)
     clip_lr: float = opt(0.2, "adaptive clipping: eta_C in C <- C exp(-eta_C (unclipped share - quantile))", gt=0)
     count_noise: Optional[float] = opt(
-        None, "adaptive clipping: std of the noise on the count of unclipped updates (> noise_multiplier); "
-              "null = expected cohort / 20", gt=0)
+        None, "adaptive clipping: std of the noise on the sum of the bits (count_bits: centred: 2 x it > "
+              "noise_multiplier; uncentred: it > noise_multiplier); null = expected cohort / 20", gt=0)
+    count_bits: Literal["centred", "uncentred"] = opt(
+        "centred", "adaptive clipping: the bits whose noisy sum estimates the unclipped share: centred (b_i - 1/2, "
+                   "sensitivity 1/2, as TFF) or uncentred (b_i, sensitivity 1: a quarter of the RDP budget more)")
+    noise_cohort_size: Optional[int] = opt(
+        None, "noise as for an expected cohort of this many clients (pfl-research's noise_cohort_size): std sigma C / "
+              "noise_cohort_size on the mean instead of sigma C / n~; the epsilon reported is that production "
+              "cohort's (the same sampling over m noise_cohort_size / n~ clients), not this run's", ge=1)
     delta: float = opt(1e-6, "delta of the (epsilon, delta) guarantee reported as the metric epsilon", gt=0, lt=1)
     epsilon: Optional[float] = opt(None, "target epsilon after all rounds: calibrates noise_multiplier "
                                          "(then leave it null)", gt=0)
+    amplification: Literal["auto", "required", "off"] = opt(
+        "auto", "amplification by sampling in the accountant: auto = claimed where the availability kind samples "
+                "at random, the algorithm's release hides who took part and the mechanism has the analysis "
+                "(banded_mf: Poisson sampling, separation >= band); required = refuse a run where it is not; "
+                "off = never (every participation charged in full)")
     accountant: Literal["rdp", "pld"] = opt(
         "rdp", "dp-accounting's accountant of the epsilon metric and the calibration: rdp (Renyi DP) or pld "
                "(privacy loss distributions: tighter, seconds per evaluation)")

@@ -11,13 +11,16 @@ which part of the sum holds sum_i s_i Delta_i and the bound a / n >= |s_i|
 (``ServerAlgorithm.private_part``); the noise is then sigma C a / n * y_t on that part.
 
 Adaptive clipping (Andrew et al. 2021, ``privacy.target_quantile`` gamma): C follows the gamma
-quantile of the update norms through a noisy count of the unclipped ones,
+quantile of the update norms through a noisy sum of centred bits (``privacy.count_bits``),
 
-    share    =  (#{i : ||Delta_i|| <= C} + sigma_b xi_t) / n~          xi_t ~ N(0, 1), every rank
+    share    =  (sum_i (b_i - 1/2) + sigma_b xi_t) / n~ + 1/2      b_i = [||Delta_i|| <= C], xi_t ~ N(0, 1)
     C        <- C exp(-eta_C (share - gamma))
 
-and the updates get the multiplier sigma_u = (sigma^-2 - sigma_b^-2)^(-1/2) instead of sigma, so
-the pair (sum, count) -- sensitivities C and 1 -- is one Gaussian mechanism of multiplier sigma.
+and the updates get the multiplier sigma_u = (sigma^-2 - (2 sigma_b)^-2)^(-1/2) instead of sigma, so
+the pair (sum, bits) -- sensitivities C and 1/2 -- is one Gaussian mechanism of multiplier sigma
+(uncentred bits: share = (sum_i b_i + sigma_b xi_t) / n~, sensitivity 1, sigma_b in place of 2 sigma_b).
+
+``privacy.noise_cohort_size`` N scales every noise by n~ / N (the noise of a cohort of N).
 
 The availability kind says how it picks clients (``Participation.sampling``), the algorithm what
 its release shows (``Private``); amplification by sampling is claimed when the kind samples at
@@ -58,11 +61,13 @@ class Privacy(Stateful):
                  world: World, amplified: bool = True):
         self.params, self.sampling, self.seed, self.world = params, sampling, seed, world
         self.on = params.mechanism != "none"
-        self.amplified = self.on and amplified and sampling.kind != "none"
         self.sigma = np.float64(0.0)  # float64 in checkpoints (a Python float would be saved as float32)
         self.mechanism = None
+        self.amplified = False
         if self.on:
-            self.mechanism = MECHANISMS.get(params.mechanism).obj(params, dim, seed, world.device)
+            self.mechanism = MECHANISMS.get(params.mechanism).obj(params, dim, seed, world.device, rounds)
+            self.amplified = (amplified and params.amplification != "off" and sampling.kind != "none"
+                              and self.mechanism.amplifies(sampling))
             accounting.check(self.mechanism, sampling, self.amplified, params.accountant)
             self.sigma = np.float64(params.noise_multiplier if params.epsilon is None else
                                     accounting.calibrate(self.mechanism, sampling, self.amplified, params.epsilon,
@@ -70,9 +75,11 @@ class Privacy(Stateful):
         self.C = np.float64(params.clip or 0.0)  # the clip of the next round (0: none)
         self.C_used = self.C  # the clip of the current round, which scales its noise
         self.adaptive = self.on and params.target_quantile is not None
-        if self.adaptive and self.sigma > 0 and self.sigma_count <= self.sigma:
-            raise InputError(f"privacy.count_noise: adaptive clipping needs the count's noise "
-                             f"{self.sigma_count:g} > the noise multiplier sigma = {self.sigma:.4g}")
+        if self.adaptive and self.sigma > 0 and self.sigma_count / self.count_sensitivity <= self.sigma:
+            twice = "2 x " if self.count_sensitivity < 1 else ""
+            raise InputError(f"privacy.count_noise: adaptive clipping needs {twice}the count's noise "
+                             f"{self.sigma_count:g} > the noise multiplier sigma = {self.sigma:.4g} "
+                             f"(privacy.count_bits: {params.count_bits})")
 
     @classmethod
     def of_run(cls, cfg: Any, participation: Participation | None, declared: Private | None, dim: int,
@@ -86,6 +93,8 @@ class Privacy(Stateful):
         sampling = sampling_of(cfg, participation)
         privacy = cls(p, sampling, cfg.rounds, cfg.seed, dim, world, amplified=declared.amplifiable)
         privacy.mechanism.check(cfg, sampling, privacy.amplified)
+        if p.amplification == "required" and not privacy.amplified:
+            raise InputError(f"privacy.amplification: required, but {not_amplified(cfg, sampling, declared)}")
         return privacy
 
     @property
@@ -94,16 +103,28 @@ class Privacy(Stateful):
         return self.sampling.cohort
 
     @property
+    def noise_scale(self) -> float:
+        """n~ / N with ``privacy.noise_cohort_size`` N (the noise of a cohort of N), else 1."""
+        n = self.params.noise_cohort_size
+        return 1.0 if n is None else self.cohort / n
+
+    @property
     def sigma_count(self) -> float:
-        """sigma_b, the noise multiplier of adaptive clipping's count."""
-        return self.params.count_noise or self.cohort / 20
+        """sigma_b, the std of the noise on adaptive clipping's bits (as for N clients with
+        ``noise_cohort_size``: the run's is scaled by ``noise_scale``)."""
+        return self.params.count_noise or (self.params.noise_cohort_size or self.cohort) / 20
+
+    @property
+    def count_sensitivity(self) -> float:
+        """How far one client moves the sum of the bits: 1/2 centred, 1 uncentred."""
+        return 0.5 if self.params.count_bits == "centred" else 1.0
 
     @property
     def sigma_update(self) -> float:
         """sigma_u, the multiplier of the noise on the sum (sigma without adaptive clipping)."""
         if not (self.adaptive and self.sigma > 0):
             return self.sigma
-        return (self.sigma ** -2 - self.sigma_count ** -2) ** -0.5
+        return (self.sigma ** -2 - (self.sigma_count / self.count_sensitivity) ** -2) ** -0.5
 
     def clip(self, t: int, start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
         """End models whose updates end - start are clipped to norm C (``end`` itself without clipping);
@@ -115,16 +136,20 @@ class Privacy(Stateful):
         delta = end - start
         norm = delta.double().norm(dim=1)
         if self.adaptive:
-            self._adapt(t, int((norm <= C).sum()))
+            self._adapt(t, int((norm <= C).sum()), norm.shape[0])
         scale = (C / torch.clamp(norm, min=C)).to(delta.dtype)  # min(1, C / ||Delta_i||)
         return start + delta * scale[:, None]
 
-    def _adapt(self, t: int, unclipped: int) -> None:
+    def _adapt(self, t: int, unclipped: int, clients: int) -> None:
         """C <- C exp(-eta_C (share - gamma)) from the noisy count over all ranks (collective)."""
-        count = float(self.world.allreduce_sum_(torch.tensor([float(unclipped)], dtype=torch.float64,
-                                                                device=self.world.device))[0])
+        count, n = self.world.allreduce_sum_(torch.tensor([float(unclipped), float(clients)], dtype=torch.float64,
+                                                          device=self.world.device)).tolist()
         xi = float(rng.normal(rng.key(self.seed, "privacy_count", t), 0)) if self.sigma > 0 else 0.0
-        share = (count + self.sigma_count * xi) / self.cohort
+        noise = self.sigma_count * self.noise_scale * xi
+        if self.params.count_bits == "centred":
+            share = (count - n / 2 + noise) / self.cohort + 0.5
+        else:
+            share = (count + noise) / self.cohort
         p = self.params
         self.C = np.float64(self.C * np.exp(-p.clip_lr * (share - p.target_quantile)))
 
@@ -138,7 +163,8 @@ class Privacy(Stateful):
         """sigma_u C bound / divisor * y_t (y_t the mechanism's), float64, for a sum of s_i Delta_i with
         |s_i| <= bound / divisor (default: the mean, 1 / n~); rank 0, rounds in order, only when ``noisy``."""
         y = self.mechanism.noise(t, dim).to(device)
-        return y * float(self.sigma_update * self.C_used * bound / (self.cohort if divisor is None else divisor))
+        scale = self.sigma_update * self.C_used * bound / (self.cohort if divisor is None else divisor)
+        return y * float(scale if self.params.noise_cohort_size is None else scale * self.noise_scale)
 
     def add_noise(self, t: int, part: torch.Tensor, bound: float, divisor: float) -> None:
         """Add ``noise`` to ``part``, the private view of the summed rows, in place (rank 0)."""
@@ -178,3 +204,15 @@ def sampling_of(cfg: Any, participation: Participation | None) -> Sampling:
         raise InputError(f"availability.kind: {kind!r} expects {sampling.cohort:g} clients per round (are all p_i "
                          f"0?), and privacy.mechanism divides the noisy sum by that expected cohort")
     return sampling
+
+
+def not_amplified(cfg: Any, sampling: Sampling, declared: Private) -> str:
+    """Why amplification by sampling is not claimed for ``cfg`` (naming the keys)."""
+    kind, name, mechanism = cfg.availability.kind, cfg.algorithm.name, cfg.privacy.mechanism
+    if not declared.amplifiable:
+        return (f"algorithm.name {name!r} shows who took part in its release (its privacy declaration), "
+                f"so every participation is charged in full")
+    if sampling.kind == "none":
+        return f"availability.kind {kind!r} picks clients with nothing random to amplify"
+    return (f"privacy.mechanism {mechanism!r} has no amplified analysis for availability.kind {kind!r} "
+            f"({sampling.kind.replace('_', '-')} sampling)")

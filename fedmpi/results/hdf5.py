@@ -4,7 +4,8 @@ Layout: root attributes ``config`` (resolved YAML), ``fedmpi_version``, ``world_
 ``seed``, ``status`` (one of ``STATUSES``), ``rounds_done``;
 ``/metrics/<name>`` 1-D chunked resizable datasets aligned with ``/metrics/round``;
 ``/availability/mask`` (rounds x m uint8) when requested; per-round numbers the algorithm reports
-(``round_series``, one float64 per round run: ``/privacy/noise_multiplier``); ``/clients/<name>``
+(``round_series``, one float64 per round run: ``/privacy/noise_multiplier``; or one row of m float64
+per round run: ``/client_rounds/<name>``, a declared per-client quantity); ``/clients/<name>``
 (evaluations x m float64, rows aligned with ``/metrics/round``) for per-client metrics when requested; ``notes``
 attributes (e.g. ``stopped_early``) set by the run; ``/final/params``; extra groups
 (``/partition``, ``/topology``) written once.
@@ -330,10 +331,11 @@ class ResultWriter:
     def __init__(self, path: str, config_yaml: str, seed: int, world_size: int, metrics: list[str],
                  m: int, log_mask: bool, resume_at: int | None = None, claim_: Claim | None = None,
                  flush_s: float = 0.0, client_arrays: Iterable[str] = (), notes: dict[str, Any] | None = None,
-                 rows_through: int | None = None, round_series: Iterable[str] = ()):
+                 rows_through: int | None = None, round_series: Iterable[str] | dict[str, Any] = ()):
         """``resume_at``: continue the file after a checkpoint of that round (rows after
         ``rows_through``, default ``resume_at``, are dropped), with this run's config stored.
-        ``round_series``: datasets of one float64 per round run (``append_round``)."""
+        ``round_series``: datasets of one entry per round run (``append_round``), by name: a
+        number, or a row whose width the value gives."""
         self.path = path
         self.notes = dict(notes or {})  # root attributes, written at every flush
         self.claim = claim_
@@ -341,7 +343,10 @@ class ResultWriter:
         self._rows: list[dict[str, float]] = []
         self._mask_rows: list[np.ndarray] = []
         self._client_rows: list[dict[str, np.ndarray]] = []
-        self._series = {name: [] for name in round_series}  # per-round numbers (/privacy/noise_multiplier)
+        # per-round numbers (/privacy/noise_multiplier) or rows (/client_rounds/<name>): name -> row width (0: a number)
+        series = round_series if isinstance(round_series, dict) else dict.fromkeys(round_series, 0.0)
+        self._widths = {name: int(np.size(v)) if np.ndim(v) else 0 for name, v in series.items()}
+        self._series = {name: [] for name in self._widths}
         self._rounds_done = resume_at or 0
         self._last_flush = time.monotonic()
         self.sidecars: list = []
@@ -373,7 +378,7 @@ class ResultWriter:
             self.f.create_dataset(f"clients/{n}", shape=(0, m), maxshape=(None, m), chunks=_client_chunks(m),
                                   dtype=np.float64)
         for name in self._series:
-            self.f.create_dataset(name, shape=(0,), maxshape=(None,), chunks=(1024,), dtype=np.float64)
+            self.f.create_dataset(name, **self._series_layout(name), shape=(0, *self._row(name)))
         self.mask = None
         if log_mask:
             self.mask = self.f.create_dataset("availability/mask", shape=(0, m), maxshape=(None, m),
@@ -404,11 +409,12 @@ class ResultWriter:
         for name in self._series:  # one value per round run: those after the checkpoint go
             ds = self.f.get(name)
             if ds is None:  # a file from before the series existed: its rounds were not recorded
-                ds = self.f.create_dataset(name, data=np.full(rounds_done, np.nan), maxshape=(None,), chunks=(1024,))
+                ds = self.f.create_dataset(name, data=np.full((rounds_done, *self._row(name)), np.nan),
+                                           **self._series_layout(name))
             if ds.shape[0] < rounds_done:
                 raise InputError(f"{self.path}: holds {ds.shape[0]} rows of /{name}, fewer than the checkpoint's "
                                  f"{rounds_done} rounds; --overwrite starts afresh")
-            ds.resize((rounds_done,))
+            ds.resize((rounds_done, *self._row(name)))
         self.mask = self.f.get("availability/mask")
         if self.mask is not None:
             if self.mask.shape[0] < rounds_done:
@@ -454,6 +460,17 @@ class ResultWriter:
         self.f.attrs["config"] = config_yaml
         self.f.flush()
 
+    def _row(self, name: str) -> tuple[int, ...]:
+        """The shape of one round's entry of series ``name``: () for a number, (m,) for a row."""
+        return (self._widths[name],) if self._widths[name] else ()
+
+    def _series_layout(self, name: str) -> dict[str, Any]:
+        """Dataset keywords of series ``name``: resizable along the rounds, float64."""
+        w = self._widths[name]
+        if not w:
+            return {"maxshape": (None,), "chunks": (1024,), "dtype": np.float64}
+        return {"maxshape": (None, w), "chunks": _client_chunks(w), "dtype": np.float64}
+
     def _client_sets(self) -> list[h5py.Dataset]:
         return list(self.f["clients"].values()) if "clients" in self.f else []
 
@@ -494,8 +511,8 @@ class ResultWriter:
         else:
             self._maybe_flush()
 
-    def append_round(self, values: dict[str, float]) -> None:
-        """Add one round's value to each per-round dataset (``round_series``)."""
+    def append_round(self, values: dict[str, Any]) -> None:
+        """Add one round's value (a number, or a row of m) to each per-round dataset (``round_series``)."""
         for name, value in values.items():
             self._series[name].append(value)
 
@@ -514,7 +531,11 @@ class ResultWriter:
             need += len(self.names) * new_chunks * 8 * 1024
             need += sum(2 * ds.chunks[0] * ds.chunks[1] * 8 + len(self._rows) * ds.shape[1] * 8
                         for ds in self._client_sets())
-        need += sum(2 * 8 * 1024 for rows in self._series.values() if rows)  # a new chunk each
+        for name, rows in self._series.items():  # new chunks each, and the rows
+            if rows:
+                w = max(self._widths[name], 1)
+                need += 2 * 8 * (1024 if not self._widths[name] else self.f[name].chunks[0] * min(w, 2**17))
+                need += 8 * w * len(rows)
         if self._mask_rows:
             (rows, cols), n = self.mask.chunks, self.mask.shape[0]
             touched = -(-(n + len(self._mask_rows)) // rows) - n // rows
@@ -563,7 +584,7 @@ class ResultWriter:
             if rows:
                 ds = self.f[name]
                 n = ds.shape[0]
-                ds.resize((n + len(rows),))
+                ds.resize((n + len(rows), *self._row(name)))
                 ds[n:] = np.asarray(rows, dtype=np.float64)
                 rows.clear()
         if self._mask_rows:

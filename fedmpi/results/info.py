@@ -6,7 +6,9 @@ config keys whose values differ between the files, then the last metrics, then (
 float32 bytes): two runs with the same digest ended with bit-identical models, and with several
 files a line says so or gives the largest difference from the first file. ``made by`` is the
 run's provenance (``fedmpi.provenance``): fedmpi's source hash, each plug-in and input file with
-its hash, and what of it has changed since.
+its hash, and what of it has changed since. ``privacy`` (runs with ``privacy:``) is the mechanism
+and the noise multiplier sigma the rounds used (``/privacy/noise_multiplier``), calibrated to
+``privacy.epsilon`` or given, which a paper reports beside epsilon.
 """
 
 from __future__ import annotations
@@ -95,6 +97,9 @@ def describe(path: str, show_config: bool = True) -> str:
              f"fedmpi {attrs.get('fedmpi_version')}"]
     lines.append(f"final params: {params_digest(path) or '- (not finished)'}")
     lines += made_by(attrs)
+    private = privacy_line(r)
+    if private:
+        lines.append(f"privacy:    {private}")
     n = len(metrics.get("round", []))
     lines.append(f"evaluations: {n}")
     if n:
@@ -109,6 +114,35 @@ def describe(path: str, show_config: bool = True) -> str:
         lines.append("config:")
         lines += ["  " + ln for ln in str(attrs.get("config", "")).rstrip().splitlines()]
     return "\n".join(lines)
+
+
+def noise_multiplier(r: Result) -> str:
+    """The noise multiplier the run's rounds used (``/privacy/noise_multiplier``): one value, or the
+    first and last where a resume changed it; '-' before the first round."""
+    sigma = r.records("privacy").get("noise_multiplier")
+    sigma = np.asarray([] if sigma is None else sigma, dtype=np.float64).ravel()
+    sigma = sigma[np.isfinite(sigma)]  # NaN: rounds of a file from before the record
+    if not sigma.size:
+        return "-"
+    if np.all(sigma == sigma[0]):
+        return f"{sigma[0]:.6g}"
+    return f"{sigma[0]:.6g} .. {sigma[-1]:.6g} (changed at a resume)"
+
+
+def privacy_line(r: Result) -> str | None:
+    """Mechanism, noise multiplier and how it was set, delta and accountant; None without privacy."""
+    flat = r.flat_config()
+    mechanism = flat.get("privacy.mechanism")
+    if mechanism in (None, "none"):
+        return None
+    target = flat.get("privacy.epsilon")
+    how = f"calibrated to epsilon {target:g} over {flat.get('rounds')} rounds" if isinstance(target, (int, float)) \
+        else "given"
+    production = flat.get("privacy.noise_cohort_size")
+    if production:
+        how += f"; noise as for a cohort of {production}, epsilon that cohort's"
+    return (f"{mechanism}, noise multiplier {noise_multiplier(r)} ({how}), delta {flat.get('privacy.delta', 1e-6):g}, "
+            f"accountant {flat.get('privacy.accountant', 'rdp')}")
 
 
 def made_by(attrs: dict) -> list[str]:
@@ -145,6 +179,8 @@ def compare(paths: list[str], show_config: bool = True) -> str:
             ["rounds", *(str(r.rounds_done) for r in runs)],
             ["world size", *(str(r.attrs.get("world_size")) for r in runs)],
             ["final params", *(params_digest(p) or "-" for p in paths)],
+            *([["noise multiplier", *(noise_multiplier(r) if privacy_line(r) else "-" for r in runs)]]
+              if any(privacy_line(r) for r in runs) else []),
             ["vs first file", "", *(params_difference(paths[0], p) for p in paths[1:])],
             ["differing config keys:", *blank]]
     rows += [[f"  {k}", *(str(f.get(k, "-")) for f in flats)] for k in differ] or [["  (none)", *blank]]

@@ -2,13 +2,15 @@
 
 Torch-free, so the command line can ask before anything heavy is imported. Variables of Open
 MPI, MPICH / Intel MPI (PMI), PMIx and SLURM, in that order of preference. Also: whether MPI's
-world is what the launcher asked for (``check_world_size``), and whether this is a restart of
-a requeued SLURM job (``restart_count``).
+world is what the launcher asked for (``check_world_size``), whether this is a restart of
+a requeued SLURM job (``restart_count``), the node this rank runs on (``node_name``,
+``local_rank_hint``), and rank 0's exit code for launch/fedmpi-launch (``record_exit``).
 """
 
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any, Callable
 
 from ..errors import InputError, Interrupted
@@ -100,3 +102,33 @@ def restart_count() -> int:
     """How many times SLURM has requeued this job (``SLURM_RESTART_COUNT``; 0 outside SLURM)."""
     v = os.environ.get("SLURM_RESTART_COUNT", "")
     return int(v) if v.isdigit() else 0
+
+
+LOCAL_RANK_VARS = ("SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK")
+
+
+def node_name() -> str:
+    """The node this rank runs on, as the launcher names it: ``SLURMD_NODENAME`` under Slurm
+    (two Slurm nodes may share a machine and its host name), else the host name."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def local_rank_hint(rank: int) -> int:
+    """This rank's place among its node's ranks as the launcher numbered them (``SLURM_LOCALID``,
+    Open MPI's, MPICH's), ``rank`` when none says: the order in which a node's ranks take its GPUs."""
+    return _first(LOCAL_RANK_VARS, rank)[0]
+
+
+def record_exit(code: int) -> bool:
+    """Rank 0 writes its exit code to ``$FEDMPI_EXIT_FILE`` (set by launch/fedmpi-launch, which
+    returns it: launchers report other codes when ranks were interrupted or ended by a failed peer).
+    True when written (False: not rank 0, no such variable, or the file cannot be written)."""
+    path = os.environ.get("FEDMPI_EXIT_FILE")
+    if not path or launched_rank() != 0:
+        return False
+    try:
+        with open(path, "w") as fh:
+            fh.write(f"{code}\n")
+        return True
+    except OSError:
+        return False

@@ -12,7 +12,10 @@ same as a single process, under ``mpiexec`` (Open MPI, MPICH) and under ``srun``
   the requested one and the ranks and GPUs per node (NCCL when every rank has a GPU of its
   own, gloo with tensors staged through host memory when ranks share a GPU);
   ``torch.cuda.set_device`` happens before the first collective; every collective has
-  ``runtime.timeout_s``, so a dead rank ends the job instead of hanging it.
+  ``runtime.timeout_s``, so a dead rank ends the job instead of hanging it;
+- with several ranks every rank beats a heartbeat to the watch (``watch.py``), so a rank lost
+  with its process or node (on another node: no pid to look at, maybe no reset either) ends a
+  polled collective within ``runtime.lost_after_s`` with ``RankLost`` naming it and its node.
 
 Tensors move only through the methods below (collectives, ``send_recv_``, ``gather_to_server``).
 Collectives on tensors in host memory (CPU runs, and CUDA tensors staged through the host) go
@@ -31,6 +34,7 @@ import collections
 import ctypes
 import datetime
 import os
+import pickle
 import socket
 import sys
 import time
@@ -42,9 +46,10 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from ..errors import InputError
+from ..errors import InputError, RankLost
 from ..schema import opt
-from .launcher import announced_size, check_world_size, wants_mpi
+from .launcher import agree_on_error, announced_size, check_world_size, local_rank_hint, node_name, wants_mpi
+from .watch import Heartbeat, Hub, advertised_host
 
 
 @dataclass
@@ -58,6 +63,10 @@ class WorldParams:
     tf32: bool = opt(False, "let CUDA matmuls and convolutions round inputs to TF32 (faster on Ampere and later, "
                             "~1e-3 relative error); false = full float32, as on CPU")
     timeout_s: float = opt(300.0, "collective timeout: a dead rank ends the job after this", gt=0)
+    lost_after_s: float = opt(
+        30.0, "a rank not heard from for this long (every rank beats a heartbeat each second from a thread of "
+              "its own) is lost, as is one whose connection closed: the run ends failed, resumable (exit 5; "
+              "docs/SLURM.md)", ge=3)
     collectives: Literal["mpi", "torch"] = opt(
         "mpi", "transport of collectives on tensors in host memory: mpi (mpi4py, shared memory on a node), "
         "torch (torch.distributed gloo). CUDA tensors with NCCL and point-to-point exchanges always use "
@@ -175,6 +184,12 @@ def _gpu_identity(local_rank: int) -> str:
         return f"{os.environ.get('CUDA_VISIBLE_DEVICES', '*')}/{index}"
 
 
+def _span(ranks: list[int]) -> str:
+    """"0-3" for consecutive ranks, else "0,2"."""
+    consecutive = ranks == list(range(ranks[0], ranks[-1] + 1))
+    return f"{ranks[0]}-{ranks[-1]}" if consecutive and len(ranks) > 2 else ",".join(map(str, ranks))
+
+
 _SPIN_S = 0.005  # longest spin of a waiting rank before it naps between polls
 
 
@@ -216,6 +231,9 @@ class World:
     timeout_s: float = 300.0  # runtime.timeout_s: how long a polled MPI collective waits
     _notices: Any = field(default=None, repr=False, compare=False)  # communicator of "I failed" notices
     _node_peers: tuple = field(default=(), repr=False, compare=False)  # (rank, pid) of the other ranks here
+    nodes: tuple = ()  # the node of each rank, by rank (``launcher.node_name``)
+    _watch: Optional[Heartbeat] = field(default=None, repr=False, compare=False)  # this rank's heartbeat
+    _hub: Optional[Hub] = field(default=None, repr=False, compare=False)  # rank 0's hub, without fedmpi-launch's
     # the last tensors handed to torch.distributed, held until ``close`` (see ``_hold``)
     _held: collections.deque = field(default_factory=lambda: collections.deque(maxlen=4), repr=False,
                                    compare=False)
@@ -223,10 +241,16 @@ class World:
     # ------------------------------------------------------------------ set-up
     @classmethod
     def create(cls, device: str = "auto", backend: str = "auto", timeout_s: float = 300.0,
-               threads: int | None = None, tf32: bool = False, collectives: str = "mpi") -> "World":
+               threads: int | None = None, tf32: bool = False, collectives: str = "mpi",
+               lost_after_s: float = 30.0) -> "World":
         """This process's world. Collective over the MPI job (mpi4py only, before any torch
         collective); raises InputError, on every rank alike, for a device/backend that cannot work.
-        On CUDA it sets deterministic cuDNN and the float32 precision (``set_cuda_math``)."""
+        On CUDA it sets deterministic cuDNN and the float32 precision (``set_cuda_math``).
+
+        Nodes: which ranks share a node comes from the launcher (``SLURMD_NODENAME``, else the
+        host name) within MPI's shared-memory groups (a machine), so two Slurm nodes on one
+        machine are two nodes; a rank's local rank is its place among its node's ranks. With
+        several ranks every rank beats a heartbeat to the watch (``runtime.watch``)."""
         comm = None
         rank, size, local_rank, local_size = 0, 1, 0, 1
         keep_freed_memory()
@@ -234,6 +258,8 @@ class World:
         gpu_of = _gpu_identity if looks_for_gpu else (lambda r: None)
         node_gpus = [gpu_of(0)]  # the GPU each rank of this node binds to, by local rank
         peers: tuple = ()
+        node_names: tuple = (node_name(),)
+        all_local = True
         if wants_mpi():
             announced = announced_size()  # before MPI starts (a singleton sets variables of its own)
             try:
@@ -244,7 +270,12 @@ class World:
             comm = MPI.COMM_WORLD
             rank, size = comm.Get_rank(), comm.Get_size()
             check_world_size(size, announced)
-            node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+            node_names = tuple(comm.allgather(node_names[0]))
+            machine = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+            all_local = machine.Get_size() == size
+            names = sorted(set(node_names))
+            node = machine.Split(color=names.index(node_names[rank]), key=local_rank_hint(rank))
+            machine.Free()
             local_rank, local_size = node.Get_rank(), node.Get_size()
             node_gpus = node.allgather(gpu_of(local_rank))
             peers = tuple(p for p in node.allgather((rank, os.getpid())) if p[0] != rank)
@@ -268,14 +299,51 @@ class World:
         world = cls(rank, size, local_rank, local_size, dev, choice.name if size > 1 else "none", comm,
                     staged=choice.staged and size > 1, ranks_on_device=sharing, timeout_s=timeout_s,
                     mpi_collectives=size > 1 and collectives != "torch")
+        world.nodes = node_names
         if world.mpi_collectives:
             world._notices = comm.Dup()  # collective: on every rank alike
             world._node_peers = peers
         if size > 1:
+            world._join_watch(lost_after_s, all_local)
+            if rank == 0 and len(set(node_names)) > 1:  # which rank runs where, for the job's log
+                where = {n: [r for r in range(size) if node_names[r] == n] for n in dict.fromkeys(node_names)}
+                print(f"fedmpi: {size} ranks on {len(where)} nodes: "
+                      + ", ".join(f"{n} (rank{'s' if len(rs) > 1 else ''} {_span(rs)})" for n, rs in where.items()),
+                      file=sys.stderr)
             if rank == 0 and choice.notice:
                 print(choice.notice, file=sys.stderr)
             world._init_torch_dist(choice.name, timeout_s)
         return world
+
+    def _join_watch(self, lost_after_s: float, all_local: bool) -> None:
+        """Collective: every rank's heartbeat to the hub of ``FEDMPI_WATCH`` (launch/fedmpi-launch's),
+        else to one that rank 0 starts in a thread. InputError on every rank when one cannot reach it."""
+        address = os.environ.get("FEDMPI_WATCH", "")
+        if not address and self.rank == 0:
+            self._hub = Hub().start()
+            address = f"{advertised_host(all_local)}:{self._hub.port}"
+        address = address or self.comm.bcast(None, root=0)
+        if self._hub is not None:
+            self.comm.bcast(address, root=0)
+        error = None
+        try:
+            self._watch = Heartbeat(address, self.rank, self.nodes[self.rank], lost_after_s)
+        except OSError as e:
+            error = InputError(f"runtime: rank {self.rank} on node {self.nodes[self.rank]} cannot reach the watch "
+                               f"at {address} ({e.strerror or e}); set FEDMPI_WATCH_ADDR to an address of "
+                               f"{'the launching node' if os.environ.get('FEDMPI_WATCH') else 'rank 0'}"
+                               f"that every node reaches")
+        agree_on_error(self.comm.allgather, error)
+
+    def report(self, line: str) -> None:
+        """Tell the watch something that whoever settles a lost run needs (rank 0: ``file OUT\tCKPT``
+        when it starts writing a result file, ``closed`` when it has finished it). Not collective."""
+        if self._watch is not None:
+            self._watch.report(line)
+
+    def lost(self) -> str:
+        """The watch's verdict: which rank (and node) was lost, "" while every rank is alive."""
+        return self._watch.lost if self._watch is not None else ""
 
     def _init_torch_dist(self, backend: str, timeout_s: float) -> None:
         addr = os.environ.get("MASTER_ADDR")
@@ -309,7 +377,17 @@ class World:
         if finished and self._notices is not None:
             self._notices.Free()  # collective, as close(finished=True) is (a sweep makes a world per cell)
             self._notices = None
+        self.leave_watch()
         self._held.clear()
+
+    def leave_watch(self) -> None:
+        """Say goodbye to the watch (this rank's end is no loss) and stop rank 0's own hub. Not collective."""
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
+        if self._hub is not None:
+            self._hub.close()
+            self._hub = None
 
     def abandon(self) -> None:
         """This rank failed on its own (not collective): tell the other ranks, so that one
@@ -361,6 +439,8 @@ class World:
                 continue  # the spin: the clock, the notices and the machine every 32 polls
             if self._notices.Iprobe(tag=self._NOTICE_TAG) and not _completes(request):
                 raise ConnectionError(f"{what}: rank {self._notices.recv(tag=self._NOTICE_TAG)} failed")
+            if self._watch is not None and self._watch.lost and not _completes(request):
+                raise RankLost(f"{self._watch.lost}; this rank was waiting in: {what}")
             waited = time.monotonic() - start
             if waited > self.timeout_s:
                 raise TimeoutError(f"{what}: timed out after runtime.timeout_s = {self.timeout_s:g} s "
@@ -527,8 +607,27 @@ class World:
                 recv[r0:r1].copy_(into[r0:r1])
 
     def allgather_obj(self, obj: Any) -> list:
-        return [obj] if self.comm is None else self.comm.allgather(obj)
+        """Every rank's ``obj`` (picklable), in rank order. Polled like the tensor collectives (a
+        lost or failed peer ends it, ``_wait``) when collectives go through MPI."""
+        if self.comm is None:
+            return [obj]
+        if self._notices is None:
+            return self.comm.allgather(obj)
+        from mpi4py import MPI
+
+        data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), dtype=np.uint8)
+        sizes = np.zeros(self.size, dtype=np.int64)
+        self._wait(self.comm.Iallgather(np.array([data.size], dtype=np.int64), sizes), "gather of objects")
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        out = np.empty(int(sizes.sum()), dtype=np.uint8)
+        self._wait(self.comm.Iallgatherv(data, [out, sizes, starts, MPI.BYTE]), "gather of objects")
+        return [pickle.loads(out[a:a + n].tobytes()) for a, n in zip(starts, sizes)]
 
     def barrier(self) -> None:
-        if self.comm is not None:
+        """Every rank waits for all (polled like ``allgather_obj``)."""
+        if self.comm is None:
+            return
+        if self._notices is None:
             self.comm.Barrier()
+        else:
+            self._wait(self.comm.Ibarrier(), "barrier")

@@ -49,6 +49,8 @@ KIND = {
 }
 #: each mechanism: its keys (noise_multiplier is set per check)
 PRIVACY = {"none": None, "gaussian": {"clip": 0.5}, "banded_mf": {"clip": 0.5, "band": 2}}
+#: declared variants of a mechanism, each a value of the privacy axis: name -> (mechanism, its keys)
+VARIANTS = {"banded_opt": ("banded_mf", {"clip": 0.5, "band": 2, "factor": "optimized"})}
 SIGMA = 0.7
 #: the kinds of local work (``train.*``); ``file`` names a steps file written by ``steps_file``
 WORK = {
@@ -80,9 +82,9 @@ class Combo:
         cfg["availability"] = {"kind": self.kind, **copy.deepcopy(KIND.get(self.kind, {}))}
         cfg["train"].update({k: os.path.join(folder, v) if k == "local_steps_file" else v
                              for k, v in WORK[self.work].items()})
-        if PRIVACY.get(self.privacy, {}) is not None:
-            cfg["privacy"] = {"mechanism": self.privacy, **PRIVACY.get(self.privacy, {"clip": 0.5}),
-                              "noise_multiplier": sigma}
+        mechanism, keys = VARIANTS.get(self.privacy, (self.privacy, PRIVACY.get(self.privacy, {"clip": 0.5})))
+        if keys is not None:
+            cfg["privacy"] = {"mechanism": mechanism, **keys, "noise_multiplier": sigma}
         return cfg
 
 
@@ -92,10 +94,11 @@ def steps_file(folder: str) -> None:
 
 
 def axes() -> tuple[list[str], list[str], list[str], list[str]]:
-    """The built-in algorithms, availability kinds, privacy mechanisms and kinds of local work."""
+    """The built-in algorithms, availability kinds, privacy mechanisms (and their ``VARIANTS``) and
+    kinds of local work."""
     plugins.load()
     return (ALGORITHMS.names(builtin_only=True), AVAILABILITY.names(builtin_only=True),
-            MECHANISMS.names(builtin_only=True), list(WORK))
+            MECHANISMS.names(builtin_only=True) + list(VARIANTS), list(WORK))
 
 
 def every() -> list[Combo]:
@@ -114,7 +117,9 @@ def sample(n: int = 40) -> list[Combo]:
                Combo("scaffold", "always", "none", "file"), Combo("scaffold", "sine", "none", "momentum"),
                Combo("fedswe", "trace", "banded_mf", "geometric"),
                Combo("fedavg_active", "trace", "gaussian", "epochs"),
-               Combo("dspodfl", "always", "none", "uniform"), Combo("fedprox", "cohort", "gaussian", "lognormal")]
+               Combo("dspodfl", "always", "none", "uniform"), Combo("fedprox", "cohort", "gaussian", "lognormal"),
+               Combo("fedavg_active", "cyclic", "banded_opt", "fixed"),
+               Combo("fedadam", "cyclic", "banded_mf", "fixed")]
     return list(dict.fromkeys(picked))[:n]
 
 
