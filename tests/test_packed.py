@@ -187,7 +187,7 @@ def _sweep(tmp_path, name: str = "s", **extra) -> str:
                          {"label": "prox", "algorithm.name": "fedprox", "algorithm.mu": 0.1},
                          {"label": "scaffold", "algorithm.name": "scaffold"},
                          {"label": "dsp", "algorithm.name": "dspodfl", "availability.kind": "always",
-                          "topology.kind": "ring"}],
+                          "topology.kind": "ring", "train.local_steps_draw": "fixed"}],
             "grid": {"seed": [0, 1]}, **extra}
     path = tmp_path / f"{name}.sweep.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
