@@ -8,14 +8,13 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from fedmpi.participation.probs import BaseProbConfig
 from fedmpi.errors import InputError
 from fedmpi.participation import ClientInfo, base_probabilities, build, show
 from fedmpi.participation.probs import class_weights
 from helpers import availability_params
+from helpers.properties import given, settings, st
 
 
 def make(kind: str, p, m: int | None = None, seed: int = 0, group=None, hist=None, **kw):

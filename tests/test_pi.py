@@ -10,12 +10,11 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from fedmpi.errors import InputError
 from fedmpi.participation.pi import (
     add_arguments, figure1, l1_to_uniform, run_cli, state_space_size, stationary_exact, stationary_mc)
+from helpers.properties import given, settings, st
 
 P5 = np.array([0.1, 0.2, 0.3, 0.5, 0.9])
 
