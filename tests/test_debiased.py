@@ -201,6 +201,7 @@ def plot_cli(argv: list[str]) -> int:
     return args._handler(args)
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_two_ranks_identical_and_plots(tmp_path):
     one, two = str(tmp_path / "one.h5"), str(tmp_path / "two.h5")

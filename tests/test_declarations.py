@@ -57,6 +57,7 @@ def refused(tmp_path, cfg: dict, *args: str):
     return p.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source, name", [(FORGETFUL, "forgetful"), (LATE, "late")], ids=["init", "first_round"])
 def test_state_that_is_neither_declared_nor_derived_is_refused(source, name, tmp_path):
     """An undeclared array would not be checkpointed: the resumed run would start it afresh and
