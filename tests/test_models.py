@@ -103,7 +103,7 @@ def test_hinge_matches_multi_margin_loss():
     torch.testing.assert_close(loss_fn("mlp")(logits, y), F.cross_entropy(logits, y))
 
 
-@pytest.mark.parametrize("name", list(ARCHS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "vgg11" else n for n in ARCHS])
 def test_vmapped_grad_equals_loop(name):
     n, b = 2, 2
     small = MLPParams(hidden=32)

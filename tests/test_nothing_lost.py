@@ -410,6 +410,7 @@ def _fill_empty_reference(owner, pools, m):
             counts[i] += 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(6))
 def test_dirichlet_repair_is_fast_and_gives_the_same_clients(seed):
     import importlib

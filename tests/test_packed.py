@@ -218,6 +218,7 @@ def _check(path: str, reference: dict) -> None:
         _same(reference[c.name], c.path)
 
 
+@pytest.mark.slow
 def test_packed_sweep_equals_unpacked(tmp_path, capsys, reference):
     path = _sweep(tmp_path)
     assert main(["sweep", path, "--pack", "8"]) == 0
@@ -290,6 +291,7 @@ def test_interrupted_group_checkpoints_every_cell_and_resumes(tmp_path, referenc
         assert not os.path.exists(c.path + ".ckpt")
 
 
+@pytest.mark.slow
 def test_one_cell_that_fails_leaves_the_others(tmp_path, capsys, reference):
     """In one packed group: a cell that diverges ends diverged (exit 4), a cell with bad input at
     set-up exit 2, a cell whose plug-in callback raises fails (exit 1), a cell that a callback

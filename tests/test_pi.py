@@ -96,6 +96,7 @@ def test_exact_pi_against_rational_values(p, B, R, expected):
     np.testing.assert_allclose(got, [float(v) for v in expected], rtol=0, atol=1e-14)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("B,R", [(1, 1), (1, 2), (2, 1), (2, 0)])
 def test_monte_carlo_matches_exact(B, R):
     # Client i participates in a round with q_i = B pi_i. Over T rounds the count's binomial std

@@ -115,6 +115,7 @@ def test_epsilon_is_the_libraries_answer_for_poisson_sampling(tmp_path):
     assert eps[0] == 0 and np.all(np.diff(eps) > 0)
 
 
+@pytest.mark.slow
 def test_the_pld_accountant_gives_the_libraries_answer(tmp_path):
     q, sigma, delta = 0.4, 1.1, 1e-6
     cfg = synthetic_config(algorithm={"name": "fedavg_active"},
@@ -142,6 +143,7 @@ def test_pld_refuses_the_fixed_size_cohort_it_has_no_event_for(tmp_path):
     assert len(p.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_a_pld_target_epsilon_calibrates_with_pld():
     cfg = config.from_dict(markov_cfg({"mechanism": "gaussian", "clip": 1.0, "epsilon": 4.0, "accountant": "pld"},
                                       rounds=30))
