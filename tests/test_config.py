@@ -5,13 +5,12 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from conftest import synthetic_config
 from fedmpi import config
 from fedmpi.errors import InputError
 from fedmpi.results.paths import output_path
+from helpers.properties import given, settings, st
 
 
 def err(data: dict, world_size: int = 1) -> str:

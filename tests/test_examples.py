@@ -81,6 +81,7 @@ def test_model_and_dataset_take_their_own_keys():
     assert shapes == [(5, 2), (5,), (5, 5), (5,), (4, 5), (4,)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, needle", [
     (["--set", "algorithm.betta=0.5"], "algorithm.betta: unknown key (allowed: name, global_lr, beta)"),
     (["--set", "algorithm.beta=1.5"], "algorithm.beta: must be < 1, got 1.5"),
@@ -95,6 +96,7 @@ def test_a_typo_in_a_plugin_parameter_is_exit_2_naming_the_key(tmp_path, args, n
     assert len(lines) == 1 and lines[0] == f"fedmpi: error: {needle}" and "Traceback" not in p.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_one_rank_equals_two_ranks_with_mpiexec_and_the_launcher(tmp_path):
     one, two, launched = tmp_path / "one.h5", tmp_path / "two.h5", tmp_path / "launch.h5"
@@ -111,6 +113,7 @@ def test_one_rank_equals_two_ranks_with_mpiexec_and_the_launcher(tmp_path):
         assert f.attrs["world_size"] == 2 and "name: my_fedavgm" in f.attrs["config"]
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_checkpoint_and_resume(tmp_path):
     """Killed at round 3 (checkpoint of round 2) then resumed, and stopped by SIGUSR1 then resumed

@@ -22,6 +22,7 @@ def _shim(folder, name: str, body: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("template, srun_code, sig", [("single_node_gpus.sbatch", "", signal.SIGUSR1),
                                                       ("cpu_ranks.sbatch", "", signal.SIGUSR1),
                                                       ("multi_node.sbatch", "137", signal.SIGUSR1),

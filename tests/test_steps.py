@@ -114,12 +114,14 @@ def test_bad_values_name_the_key(key, value):
         config.from_dict(synthetic_config(**{f"train__{key}": value}))
 
 
+@pytest.mark.slow
 def test_bad_draw_exits_2_on_the_cli(tmp_path):
     cfg = write_config(tmp_path / "c.yaml", synthetic_config())
     p = fedmpi(["run", cfg, "--quiet", "--set", "train.local_steps_draw=poisson"], check=False)
     assert p.returncode == 2 and "train.local_steps_draw" in p.stderr and "lognormal" in p.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 @pytest.mark.parametrize("draw", ["geometric", "lognormal"])
 def test_one_and_two_ranks_give_the_same_bits(draw, tmp_path):
