@@ -165,6 +165,7 @@ def same_client_rounds(a, b) -> None:
         assert np.isfinite(x).sum(1).tolist() == [3] * 6  # K = 3 clients trained each round, NaN for the rest
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_oort_selection_is_the_same_on_one_and_two_ranks_and_after_a_kill(tmp_path):
     """The Oort-style example: its draws, utilities and per-client quantity are the same bits on 1
@@ -182,6 +183,7 @@ def test_oort_selection_is_the_same_on_one_and_two_ranks_and_after_a_kill(tmp_pa
     same_client_rounds(one, killed)
 
 
+@pytest.mark.slow
 def test_oort_is_refused_under_privacy_with_one_line(tmp_path):
     pytest.importorskip("dp_accounting")
     p = run(tmp_path / "r.h5", *OORT, "--set", "privacy={mechanism: gaussian, clip: 1.0, noise_multiplier: 1.0}",
@@ -223,6 +225,7 @@ def test_oort_explores_then_exploits_by_its_utility():
     assert np.array_equal(again.active, first)
 
 
+@pytest.mark.slow
 def test_oort_cells_pack_in_a_sweep_with_their_own_quantities(tmp_path):
     """A sweep of Oort cells (two seeds) and FedAvgM cells run packed in one process: each Oort
     cell's file, its /client_rounds/sq_loss included, is the bits of the cell run alone."""

@@ -60,6 +60,7 @@ def test_usr1_requeues_and_term_stops(tmp_path, template, srun_code, sig):
     assert not os.path.exists(tmp_path / "runs" / ".fedmpi-exit-4242")  # the launcher removes it
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 @pytest.mark.parametrize("case, code", [("interrupted", 3), ("bad input", 2)])
 def test_an_agreed_ending_prints_no_open_mpi_banner(tmp_path, case, code):
