@@ -6,7 +6,8 @@ Layout: root attributes ``config`` (resolved YAML), ``fedmpi_version``, ``world_
 ``/availability/mask`` (rounds x m uint8) when requested; per-round numbers the algorithm reports
 (``round_series``, one float64 per round run: ``/privacy/noise_multiplier``); ``/clients/<name>``
 (evaluations x m float64, rows aligned with ``/metrics/round``) for per-client metrics when requested; ``notes``
-attributes (e.g. ``stopped_early``) set by the run; ``/final/params``; extra groups
+attributes (e.g. ``stopped_early``) set by the run; ``/events/<column>`` (one row per task the
+virtual clock ran, ``fedmpi.clock.events``) when the run has a clock; ``/final/params``; extra groups
 (``/partition``, ``/topology``) written once.
 
 Safety. A writer first *claims* its path (:func:`claim`): an exclusive ``flock`` on the file,
@@ -38,6 +39,7 @@ import h5py
 import numpy as np
 
 from .. import __version__
+from ..clock.events import EVENT_COLUMNS, OUTCOMES
 from ..errors import InputError, WriteFailed
 
 STATUSES = ("running", "completed", "interrupted", "failed", "diverged")
@@ -312,7 +314,7 @@ class ResultWriter:
     def __init__(self, path: str, config_yaml: str, seed: int, world_size: int, metrics: list[str],
                  m: int, log_mask: bool, resume_at: int | None = None, claim_: Claim | None = None,
                  flush_s: float = 0.0, client_arrays: Iterable[str] = (), notes: dict[str, Any] | None = None,
-                 round_series: Iterable[str] = ()):
+                 round_series: Iterable[str] = (), events: bool = False):
         self.path = path
         self.notes = dict(notes or {})  # root attributes, written at every flush
         self.claim = claim_
@@ -321,6 +323,7 @@ class ResultWriter:
         self._mask_rows: list[np.ndarray] = []
         self._client_rows: list[dict[str, np.ndarray]] = []
         self._series = {name: [] for name in round_series}  # per-round numbers (/privacy/noise_multiplier)
+        self._events: list[dict[str, np.ndarray]] | None = [] if events else None  # the clock's /events
         self._rounds_done = resume_at or 0
         self._last_flush = time.monotonic()
         self.sidecars: list = []
@@ -352,6 +355,11 @@ class ResultWriter:
                                   chunks=(max(1, min(64, 2**17 // max(m, 1))), min(m, 2**17)), dtype=np.float64)
         for name in self._series:
             self.f.create_dataset(name, shape=(0,), maxshape=(None,), chunks=(1024,), dtype=np.float64)
+        if events:
+            g = self.f.create_group("events")
+            g.attrs["outcomes"] = ",".join(OUTCOMES)
+            for n, dtype in EVENT_COLUMNS.items():
+                g.create_dataset(n, shape=(0,), maxshape=(None,), chunks=(4096,), dtype=dtype)
         self.mask = None
         if log_mask:
             self.mask = self.f.create_dataset("availability/mask", shape=(0, m), maxshape=(None, m),
@@ -387,6 +395,13 @@ class ResultWriter:
                 raise InputError(f"{self.path}: holds {ds.shape[0]} rows of /{name}, fewer than the checkpoint's "
                                  f"{rounds_done} rounds; --overwrite starts afresh")
             ds.resize((rounds_done,))
+        if self._events is not None:  # the events of rounds after the checkpoint go
+            g = self.f.get("events")
+            if g is None or "round" not in g:
+                raise InputError(f"{self.path}: has no /events to continue; --overwrite starts afresh")
+            keep_events = int(np.searchsorted(g["round"][:], rounds_done, side="left"))
+            for ds in g.values():
+                ds.resize((keep_events,))
         self.mask = self.f.get("availability/mask")
         if self.mask is not None:
             if self.mask.shape[0] < rounds_done:
@@ -453,6 +468,11 @@ class ResultWriter:
         for name, value in values.items():
             self._series[name].append(value)
 
+    def append_events(self, events: dict[str, np.ndarray]) -> None:
+        """Add the clock's events of one round (``fedmpi.clock.events``: {column: array})."""
+        if self._events is not None and len(events["round"]):
+            self._events.append(events)
+
     def _maybe_flush(self) -> None:
         if time.monotonic() - self._last_flush >= self.flush_s:
             self.flush()
@@ -469,6 +489,9 @@ class ResultWriter:
             need += sum(2 * ds.chunks[0] * ds.chunks[1] * 8 + len(self._rows) * ds.shape[1] * 8
                         for ds in self._client_sets())
         need += sum(2 * 8 * 1024 for rows in self._series.values() if rows)  # a new chunk each
+        if self._events:
+            n = sum(len(e["round"]) for e in self._events)
+            need += 7 * (2 * 8 * 4096 + n * 8)
         if self._mask_rows:
             (rows, cols), n = self.mask.chunks, self.mask.shape[0]
             touched = -(-(n + len(self._mask_rows)) // rows) - n // rows
@@ -520,6 +543,13 @@ class ResultWriter:
                 ds.resize((n + len(rows),))
                 ds[n:] = np.asarray(rows, dtype=np.float64)
                 rows.clear()
+        if self._events:
+            for name, ds in self.f["events"].items():
+                rows = np.concatenate([e[name] for e in self._events])
+                n = ds.shape[0]
+                ds.resize((n + len(rows),))
+                ds[n:] = rows
+            self._events.clear()
         if self._mask_rows:
             n, k = self.mask.shape[0], len(self._mask_rows)
             self.mask.resize((n + k, self.mask.shape[1]))
