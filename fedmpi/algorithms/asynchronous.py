@@ -20,8 +20,10 @@ arrival order on rank 0, so any number of ranks gives the same bits, and the que
 updates and the clock are the run's state: a resumed run continues them exactly.
 
 When nothing is left in flight before K updates are kept (every client trained from x^t and
-failed or was stale), the step uses the updates it has. Clients the clock drops are recorded in
-``/events``; asynchronous algorithms have no client state, so nothing else follows from a drop.
+failed or was stale), the step uses the updates it has. With availability in time (``clock.slot``)
+a free slot is filled at the next availability step when that comes before the next arrival.
+Clients the clock drops are recorded in ``/events``; asynchronous algorithms have no client
+state, so nothing else follows from a drop.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ from typing import Literal, Optional
 import numpy as np
 import torch
 
-from ..clock.durations import Durations
 from ..clock.flight import Flight
 from ..engine.threads import one_thread
 from ..errors import InputError
@@ -66,12 +67,16 @@ def staleness_weight(kind: str, tau: np.ndarray, a: float, b: int) -> np.ndarray
     return np.where(tau <= b, 1.0, 1.0 / (a * (tau - b) + 1.0))
 
 
+#: with availability in time, the most availability steps a server step waits with nothing in flight
+#: before it steps with what arrived (a trace that never brings a client back must not hang the run)
+MAX_IDLE_STEPS = 100_000
+
+
 class AsyncAlgorithm(ServerAlgorithm):
     """Asynchronous FL on the virtual clock (the module docstring); subclasses give ``buffer_size``,
     what the server keeps of an update (``keep``) and the server ``step``."""
 
     Params = AsyncParams
-    needs_participation = False  # every client is available at any virtual time
     packs = False  # one server step is not one training phase: a packed sweep runs it alone
     private = "an asynchronous server: its releases are per arrival, which the round-based accountant does not cover"
     shared_state = ("flight.client", "flight.dispatch", "flight.finish", "flight.version", "flight.steps",
@@ -85,6 +90,10 @@ class AsyncAlgorithm(ServerAlgorithm):
         if not c.on:
             raise InputError(f"clock.kind: algorithm.name {name} is asynchronous: it runs on the virtual clock "
                              f"(set clock.kind: constant, lognormal or file)")
+        if cfg.availability.kind != "always" and c.slot is None:
+            raise InputError(f"availability.kind: algorithm.name {name} dispatches at virtual times: set "
+                             f"clock.slot (seconds per step of {cfg.availability.kind!r}) or leave availability.kind: "
+                             f"always")
         for key, used in (("deadline", c.deadline is not None), ("over_select", c.over_select > 0)):
             if used:
                 raise InputError(f"clock.{key}: algorithm.name {name} is asynchronous: it has no rounds to cut "
@@ -97,8 +106,8 @@ class AsyncAlgorithm(ServerAlgorithm):
         super().__init__(ctx)
         p = self.params
         trainer = ctx.trainer
-        self.flight = Flight(p.concurrency, self.m, Durations(self.cfg.clock, self.m, self.cfg.seed), self.cfg.seed,
-                             trainer.steps_of)
+        self.flight = Flight(p.concurrency, self.m, self.durations(), self.cfg.seed,
+                             trainer.steps_of, None if self.in_time is None else self.in_time.at)
         self.held = torch.zeros(p.concurrency, ctx.spec.dim, device=ctx.device)  # updates in flight (rank 0)
         self.flight.fill(0)
 
@@ -131,8 +140,14 @@ class AsyncAlgorithm(ServerAlgorithm):
         kept: list[tuple[int, int, int]] = []  # (client, staleness, slot or -1: trained this step)
         fresh: list[tuple[int, int]] = []  # (client, steps) trained from x^t, in this order
         source: list[int] = []  # for each kept update: its row in ``fresh`` or -1 - its slot in ``held``
+        idle = 0  # availability steps waited with nothing in flight
         while len(kept) < K:
             slot = flight.next_arrival()
+            if self._wait_for_clients(slot, t):  # availability in time: a free slot waits for the next step
+                idle = idle + 1 if slot is None else 0
+                if idle < MAX_IDLE_STEPS:
+                    continue
+                break
             if slot is None:  # nothing in flight: step with what arrived
                 break
             tau = t - int(flight.version[slot])
@@ -164,6 +179,22 @@ class AsyncAlgorithm(ServerAlgorithm):
         self.active = np.sort(np.array([k[0] for k in kept], dtype=np.int64))
         flight.fill(t + 1)
         return len(kept)
+
+    def _wait_for_clients(self, slot: int | None, t: int) -> bool:
+        """With availability in time, when a task slot is free and the kind's next step comes before
+        the next arrival (or nothing is in flight but some idle client may become available): move
+        ``now`` there and dispatch who is available; True when it did."""
+        flight = self.flight
+        if self.in_time is None or flight.busy.all():
+            return False
+        boundary = self.in_time.next_change(flight.now)
+        if slot is not None and boundary >= flight.finish[slot]:
+            return False
+        if slot is None and not flight.idle(t).any():  # nobody could be dispatched from x^t at any time
+            return False
+        flight.now = boundary
+        flight.fill(t)
+        return True
 
     def _train(self, t: int, work: list[tuple[int, int]]) -> torch.Tensor | None:
         """The ``keep`` rows of ``work`` (client, steps) trained from x^t on the engine, each rank an

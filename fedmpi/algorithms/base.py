@@ -97,6 +97,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import torch
 
+from ..clock.availability import InTime
 from ..clock.durations import Durations
 from ..clock.rounds import RoundClock
 from ..engine.local_step import StepTerm
@@ -265,14 +266,19 @@ class Algorithm(Stateful):
         if not cls.needs_participation and cfg.availability.kind != "always":
             raise InputError(f"availability.kind: algorithm {cfg.algorithm.name!r} does not use availability "
                              f"(leave availability.kind: always)")
+        step = getattr(cls, "own_server_step", None)
+        if step is not None and cfg.algorithm.global_lr != 1.0:
+            raise InputError(f"algorithm.global_lr: {cfg.algorithm.name} {step} (leave it at 1), "
+                             f"got {cfg.algorithm.global_lr}")
         if cfg.clock.on and not issubclass(cls, ServerAlgorithm):
             raise InputError(f"clock.kind: algorithm.name {cfg.algorithm.name} is decentralized (its delays are "
                              f"sporadicity's); the clock times a server's rounds (leave clock.kind: none)")
-        if cfg.clock.drops and getattr(cls, "needs_probabilities", False):
-            key = next(k for k, on in (("deadline", cfg.clock.deadline is not None),
-                                       ("over_select", cfg.clock.over_select > 0), ("dropout", True)) if on)
+        c = cfg.clock
+        if (c.drops or c.slot is not None) and getattr(cls, "needs_probabilities", False):
+            key = next(k for k, on in (("slot", c.slot is not None), ("deadline", c.deadline is not None),
+                                       ("over_select", c.over_select > 0), ("dropout", True)) if on)
             raise InputError(f"clock.{key}: algorithm.name {cfg.algorithm.name} weights clients by their true "
-                             f"availability p_i^t, which clients the clock drops no longer have")
+                             f"availability p_i^t in round t, which the clock changes")
 
     def round(self, t: int) -> int:
         """Run round (iteration) t; return the number of clients that trained (the same on every rank)."""
@@ -336,6 +342,9 @@ class ServerAlgorithm(Algorithm):
     #: Ignored when the class declares ``client_state``, which lives on the owning rank. Either way
     #: the same bits (each client's training is its own; the sum is exact).
     clients_anywhere = False
+    #: why it sets its own server step (e.g. "sets its own server step size"): then
+    #: ``algorithm.global_lr`` must stay 1; None: eta_g applies
+    own_server_step: str | None = None
     #: False: its round is not the three phases (an asynchronous server step), so a packed sweep
     #: (``fedmpi.packed``) runs it alone
     packs = True
@@ -355,6 +364,8 @@ class ServerAlgorithm(Algorithm):
         self.privacy = Privacy.of_run(self.cfg, ctx.participation, declaration(type(self), self.cfg.algorithm.name)
                                       if on else None, ctx.spec.dim, ctx.world)
         self.clock = self.make_clock()  # None without ``clock:``
+        slot = self.cfg.clock.slot  # availability asked at virtual times (``fedmpi.clock.availability``)
+        self.in_time = InTime(ctx.participation, slot, self.m) if slot is not None and ctx.participation else None
 
     def make_clock(self) -> RoundClock | None:
         """The synchronous rounds' clock (``fedmpi.clock.rounds``) when ``clock.kind`` is not none:
@@ -363,7 +374,12 @@ class ServerAlgorithm(Algorithm):
         if not c.on:
             return None
         keep = self.cfg.availability.size if c.over_select > 0 else None
-        return RoundClock(Durations(c, self.m, self.cfg.seed), keep)
+        return RoundClock(self.durations(), keep)
+
+    def durations(self) -> Durations:
+        """The clients' task durations (``fedmpi.clock.durations``; a device map needs the batch and
+        the model size)."""
+        return Durations(self.cfg.clock, self.m, self.cfg.seed, self.cfg.train.batch_size, self.ctx.spec.dim)
 
     # ---------------------------------------------------------------- the round
     def round(self, t: int) -> int:
@@ -376,12 +392,15 @@ class ServerAlgorithm(Algorithm):
     def begin_round(self, t: int) -> TrainingRequest:
         """Steps 1-2 of round t (every rank): who trains, from which models and, with the default
         training (``trains_by_default``), with which step sizes, terms and stats to fill."""
-        available = self.ctx.participation.available(t)
+        timed = self.in_time is not None
+        available = self.in_time.at(self.clock.now) if timed else self.ctx.participation.available(t)
         active = self.select(t, available)
         if self.clock is not None:  # 1b: the clients the clock keeps (deadline, over-selection, dropout)
             cohort = self.clock.round(t, active, self.ctx.trainer.steps_of(active, t))
             if len(cohort.failed) or len(cohort.late):
                 self.failures(t, cohort.failed, cohort.late)
+            if timed and not len(active):  # nobody to ask: the round waits for the next availability step
+                self.clock.now = self.in_time.next_change(self.clock.now)
             active = cohort.kept
         self.active = active
         local = self.assigned(active)
@@ -565,6 +584,8 @@ class ServerAlgorithm(Algorithm):
         state = super().state_dict()
         if self.clock is not None:  # the virtual time the next round starts at
             state.shared["clock.now"] = torch.tensor(self.clock.now, dtype=torch.float64)
+        if self.in_time is not None:  # the availability step reached and who is available in it
+            state.shared.update(self.in_time.state_dict().shared)
         if self.privacy.on:  # privacy hook: sigma, C and the mechanism's state (banded MF's noise history)
             state.shared.update({f"privacy.{k}": v for k, v in self.privacy.state_dict().shared.items()})
         return state
@@ -575,6 +596,8 @@ class ServerAlgorithm(Algorithm):
             if "clock.now" not in state.shared:
                 raise InputError("checkpoint: no saved clock.now (written by another version?)")
             self.clock.now = float(state.shared["clock.now"].item())
+        if self.in_time is not None:
+            self.in_time.load_state_dict(state.shared)
         if self.privacy.on:
             mine = {k.removeprefix("privacy."): v for k, v in state.shared.items() if k.startswith("privacy.")}
             self.privacy.load_state_dict(State(shared=mine))

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..errors import InputError
 from ..schema import opt
 from .asynchronous import AsyncAlgorithm, AsyncParams
 from .base import register
@@ -31,13 +30,7 @@ class FedAsyncParams(AsyncParams):
 class FedAsync(AsyncAlgorithm):
     Params = FedAsyncParams
     buffer_size = 1
-
-    @classmethod
-    def check_config(cls, cfg) -> None:
-        super().check_config(cfg)
-        if cfg.algorithm.global_lr != 1.0:
-            raise InputError(f"algorithm.global_lr: fedasync mixes by algorithm.alpha (leave global_lr at 1), "
-                             f"got {cfg.algorithm.global_lr}")
+    own_server_step = "mixes each arrival in by algorithm.alpha"
 
     def keep(self, start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
         return end  # x_i, the client's model

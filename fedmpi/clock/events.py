@@ -3,7 +3,8 @@ version, and whether its work counted (``/events`` in the result file, docs/FILE
 
 One event per task, written in the order the server processed them: a synchronous round's asked
 clients by id, an asynchronous server step's arrivals in (finish time, client id) order. Columns:
-``round`` (the round or server step that processed it), ``client``, ``dispatch`` and ``finish``
+``round`` (t + 1 for the round or server step t that processed it: the rounds done when it was
+written, as every ``round`` column of a result file), ``client``, ``dispatch`` and ``finish``
 (virtual seconds; for a failed task, when it failed), ``version`` (the model version it trained
 from: the round, or the server steps done at its dispatch), ``staleness`` (server steps between
 its dispatch and its arrival; 0 in a synchronous round) and ``outcome`` (``OUTCOMES``)."""
@@ -32,7 +33,7 @@ class Events:
             staleness: np.ndarray, outcome: np.ndarray) -> None:
         """Append events (arrays of one length, or scalars broadcast to it) processed in round ``t``."""
         n = len(np.atleast_1d(client))
-        for name, value in (("round", t), ("client", client), ("dispatch", dispatch), ("finish", finish),
+        for name, value in (("round", t + 1), ("client", client), ("dispatch", dispatch), ("finish", finish),
                             ("version", version), ("staleness", staleness), ("outcome", outcome)):
             self.columns[name].append(np.broadcast_to(np.asarray(value, dtype=EVENT_COLUMNS[name]), (n,)))
 

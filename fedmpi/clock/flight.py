@@ -6,7 +6,9 @@ steps, whether it fails (``clock.dropout``) and whether its update was computed.
 (finish time, client id) order. A dispatch picks a client uniformly among the idle ones (not in
 flight) that have not trained from the current version yet (a client trains at most once from one
 model: its minibatches are keyed by the version), from the stream (seed, "dispatch", n) of the
-n-th dispatch; with none such, the slot waits for the next version. Every array here is the same
+n-th dispatch; with none such, the slot waits for the next version. With availability in time
+(``clock.slot``, ``availability``) only the clients available at the dispatch time are drawn.
+Every array here is the same
 on every rank, and all of it is the run's state (checkpointed, so a resumed run continues the
 same queue).
 """
@@ -28,8 +30,10 @@ class Flight:
     """M slots of tasks in flight, the clock ``now`` and the dispatch counter."""
 
     def __init__(self, concurrency: int, m: int, durations: Durations, seed: int,
-                 steps_of: Callable[[np.ndarray, int], np.ndarray]):
+                 steps_of: Callable[[np.ndarray, int], np.ndarray],
+                 available: Callable[[float], np.ndarray] | None = None):
         self.durations, self.seed, self.steps_of, self.m = durations, seed, steps_of, m
+        self.available = available  # ids available at a virtual time (None: everyone, always)
         self.client = np.full(concurrency, FREE, dtype=np.int64)
         self.dispatch = np.zeros(concurrency)
         self.finish = np.zeros(concurrency)
@@ -46,13 +50,20 @@ class Flight:
     def busy(self) -> np.ndarray:
         return self.client != FREE
 
+    def idle(self, version: int) -> np.ndarray:
+        """(m,) bool: the clients not in flight that have not trained from ``version``."""
+        idle = self.last_version != version
+        idle[self.client[self.busy]] = False
+        return idle
+
     def fill(self, version: int) -> None:
         """Dispatch into every free slot at ``now`` from model ``version`` (while clients are left)."""
+        up = np.ones(self.m, dtype=bool)
+        if self.available is not None:
+            up[:] = False
+            up[self.available(self.now)] = True
         for slot in np.flatnonzero(~self.busy):
-            idle = np.ones(self.m, dtype=bool)
-            idle[self.client[self.busy]] = False
-            idle &= self.last_version != version
-            candidates = np.flatnonzero(idle)
+            candidates = np.flatnonzero(self.idle(version) & up)
             if not len(candidates):
                 return
             n = self.dispatched

@@ -23,12 +23,15 @@ class ClockParams:
     comm_time: float = opt(0.0, "virtual seconds of a task's download and upload (lognormal: median device)",
                            ge=0)
     sigma: float = opt(0.5, "lognormal: spread of the devices' speeds, v_i = exp(sigma z_i)", ge=0, le=10)
-    file: Optional[str] = opt(None, "file: CSV with header client,step_time,comm_time, one row per client")
+    file: Optional[str] = opt(None, "file: CSV with header client,step_time,comm_time, one row per client, or "
+                                    "FedScale's device-capacity map (pickle or JSON)")
     deadline: Optional[float] = opt(None, "synchronous: seconds after a round starts; later clients are "
                                           "dropped as stragglers (null: wait for all)", gt=0)
     over_select: float = opt(0.0, "synchronous: ask ceil((1 + f) K) clients of a cohort of K, keep the "
                                   "first K to report (needs availability.kind: cohort)", ge=0, le=10)
     dropout: float = opt(0.0, "probability that a task fails mid-way (its work is lost)", ge=0, lt=1)
+    slot: Optional[float] = opt(None, "seconds per step of the availability kind, asked at the virtual time a "
+                                      "client is asked (null: one step per round)", gt=0)
 
     @property
     def on(self) -> bool:
@@ -53,7 +56,7 @@ def check(cfg: Any) -> None:
     c = cfg.clock
     if not c.on:
         for key, idle in (("deadline", c.deadline is None), ("over_select", c.over_select == 0),
-                          ("dropout", c.dropout == 0)):
+                          ("dropout", c.dropout == 0), ("slot", c.slot is None)):
             if not idle:
                 raise InputError(f"clock.{key}: needs a clock (set clock.kind: constant, lognormal or file)")
         return
@@ -64,6 +67,9 @@ def check(cfg: Any) -> None:
     if c.over_select > 0 and cfg.availability.kind != "cohort":
         raise InputError(f"clock.over_select: over-selection asks more clients of a cohort of K "
                          f"(availability.kind: cohort), got availability.kind {cfg.availability.kind!r}")
+    if c.slot is not None and cfg.privacy.mechanism != "none":
+        raise InputError("clock.slot: privacy.mechanism accounts for one availability draw per round, which "
+                         "slots of virtual time are not (leave clock.slot: null)")
     if c.over_select > 0 and cfg.privacy.mechanism != "none":
         raise InputError("clock.over_select: privacy.mechanism divides the noisy sum by the expected cohort of "
                          "those asked, which keeping the first K of them would shrink (leave over_select: 0)")

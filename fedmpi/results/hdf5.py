@@ -399,7 +399,7 @@ class ResultWriter:
             g = self.f.get("events")
             if g is None or "round" not in g:
                 raise InputError(f"{self.path}: has no /events to continue; --overwrite starts afresh")
-            keep_events = int(np.searchsorted(g["round"][:], rounds_done, side="left"))
+            keep_events = int(np.searchsorted(g["round"][:], rounds_done, side="right"))
             for ds in g.values():
                 ds.resize((keep_events,))
         self.mask = self.f.get("availability/mask")

@@ -67,6 +67,7 @@ CLOCK = {
     "none": None, "lognormal": {"kind": "lognormal", "step_time": 1.0, "comm_time": 0.5, "sigma": 0.8},
     "deadline": {"kind": "lognormal", "step_time": 1.0, "sigma": 0.8, "deadline": 3.0, "dropout": 0.2},
     "overselect": {"kind": "constant", "step_time": 1.0, "over_select": 0.5},
+    "slots": {"kind": "lognormal", "step_time": 1.0, "sigma": 0.8, "slot": 2.0},  # availability in time
 }
 
 
@@ -118,7 +119,7 @@ def every() -> list[Combo]:
         Combo(a, k, "none", "fixed", c) for a, k, c in itertools.product(algorithms, kinds, clocks)]
 
 
-def sample(n: int = 48) -> list[Combo]:
+def sample(n: int = 52) -> list[Combo]:
     """A fixed spread of the matrix: every algorithm, kind, mechanism and kind of local work, each
     paired with a rotating choice of the others, plus the combinations issue #32 found wrong and a
     few of each clock setting (issue #33)."""
@@ -138,7 +139,9 @@ def sample(n: int = 48) -> list[Combo]:
                Combo("fedavg_active", "stationary", "gaussian", "fixed", "deadline"),
                Combo("mifa", "stationary", "none", "fixed", "deadline"),
                Combo("fedknown", "stationary", "none", "fixed", "deadline"),
-               Combo("scaffold", "always", "none", "fixed", "overselect")]
+               Combo("scaffold", "always", "none", "fixed", "overselect"),
+               Combo("fedbuff", "stationary", "none", "fixed", "slots"),
+               Combo("fedavg_active", "markov", "none", "momentum", "slots")]
     return list(dict.fromkeys(picked))[:n]
 
 
