@@ -339,3 +339,33 @@ def test_fedscale_device_map(tmp_path):
     path.write_bytes(pickle.dumps({0: Evil()}))
     with pytest.raises(InputError, match="unreadable device map"):
         Durations(ClockParams(kind="file", file=str(path)), 1, seed=0)
+
+
+def test_packed_sweep_with_clocks_equals_unpacked(tmp_path, capsys):
+    """Synchronous runs with a clock pack (the clock acts in begin_round) and give their unpacked
+    bits, times and events; an asynchronous cell runs alone, saying why."""
+    import yaml
+
+    from fedmpi.cli import main
+    from fedmpi.results import sweepfile
+
+    write_config(tmp_path / "base.yaml", SYNC)
+    files = {}
+    for name, pack in (("alone", ["--quiet"]), ("packed", ["--pack", "4"])):
+        data = {"base": "base.yaml", "out": str(tmp_path / name),
+                "variants": [{"label": "over"}, {"label": "deadline", "clock.over_select": 0.0},
+                             {"label": "buff", "algorithm.name": "fedbuff", "algorithm.concurrency": 4, "algorithm.buffer": 2,
+                              "availability.kind": "always",
+                              "clock.deadline": None, "clock.over_select": 0.0}],
+                "grid": {"seed": [0, 1]}}
+        path = tmp_path / f"{name}.sweep.yaml"
+        path.write_text(yaml.safe_dump(data, sort_keys=False))
+        assert main(["sweep", str(path), *pack]) == 0
+        files[name] = {c.name: c.path for c in sweepfile.load(str(path)).cells}
+    assert "cannot pack (algorithm fedbuff is asynchronous" in capsys.readouterr().err
+    for cell, a in files["alone"].items():
+        with h5py.File(a) as fa, h5py.File(files["packed"][cell]) as fb:
+            assert np.array_equal(fa["final/params"][:], fb["final/params"][:]), cell
+            assert np.array_equal(fa["metrics/time"][:], fb["metrics/time"][:]), cell
+            ea, eb = events(fa), events(fb)
+            assert all(np.array_equal(ea[k], eb[k]) for k in ea), cell
