@@ -354,8 +354,8 @@ def test_packed_sweep_with_clocks_equals_unpacked(tmp_path, capsys):
     for name, pack in (("alone", ["--quiet"]), ("packed", ["--pack", "4"])):
         data = {"base": "base.yaml", "out": str(tmp_path / name),
                 "variants": [{"label": "over"}, {"label": "deadline", "clock.over_select": 0.0},
-                             {"label": "buff", "algorithm.name": "fedbuff", "algorithm.concurrency": 4, "algorithm.buffer": 2,
-                              "availability.kind": "always",
+                             {"label": "buff", "algorithm.name": "fedbuff", "algorithm.concurrency": 4,
+                              "algorithm.buffer": 2, "availability.kind": "always",
                               "clock.deadline": None, "clock.over_select": 0.0}],
                 "grid": {"seed": [0, 1]}}
         path = tmp_path / f"{name}.sweep.yaml"

@@ -148,6 +148,7 @@ def test_every_shipped_config_loads_with_every_algorithm_of_its_family(path):
     for entry in ALGORITHMS.entries(builtin_only=True):
         if _family(entry.obj) == family and not (private and not _private(entry)):
             more = ["algorithm.max_echo=4"] if private and entry.name == "fedswe" else []  # its sensitivity
+            more += ["algorithm.global_lr=1"] if getattr(entry.obj, "own_server_step", None) else []  # its own step
             assert config.load(path, [f"algorithm.name={entry.name}", *more]).algorithm.name == entry.name
 
 
