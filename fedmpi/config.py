@@ -39,8 +39,8 @@ import yaml
 
 from . import plugins, registry, schema, yamlio
 from .algorithms.base import AlgorithmParams, ServerParams  # noqa: F401  (public names)
-from .clock import ClockParams
-from .clock import check as check_clock
+from .clock.params import ClockParams
+from .clock.params import check as check_clock
 from .data.datasets import DatasetParams, PartitionConfig, TaskConfig  # noqa: F401  (public names)
 from .decentral.sporadicity import ProbDistConfig, SporadicityConfig  # noqa: F401
 from .decentral.topology import TopologyConfig

@@ -14,7 +14,8 @@ from fault_plugin import inject
 
 from fedmpi import config
 from fedmpi.build import build_components
-from fedmpi.clock import ClockParams, Durations
+from fedmpi.clock.durations import Durations
+from fedmpi.clock.params import ClockParams
 from fedmpi.clock.events import OUTCOMES
 from fedmpi.clock.rounds import RoundClock
 from fedmpi.errors import InputError
