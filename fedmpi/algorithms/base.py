@@ -40,7 +40,7 @@ The runner calls (every "collective" method must be called on every rank, in the
 | ``static_groups()`` once, fresh runs only | rank 0 | no | nothing |
 | ``virtual_time()`` at each evaluation (with a clock) | every rank | no | nothing |
 | ``round_events()`` after each round (with a clock) | every rank | no | hands its events over |
-| ``make_clock()`` / ``durations()`` once, in ``__init__`` (with a clock; an override gives other rounds' clock or task times) | every rank | no | nothing |
+| ``make_clock()`` / ``durations()`` once, in ``__init__`` (with a clock) | every rank | no | nothing |
 | ``state_dict()`` / ``load_state_dict(state)`` | every rank | no | load: its state |
 
 ``ServerAlgorithm`` is the centralized round (docs/DESIGN.md). Its ``round(t)`` is three phases,
