@@ -45,6 +45,10 @@ ATTRIBUTES = {
     "privacy": ("the run's ``fedmpi.privacy.Privacy``: ``on``, ``noisy``, ``cohort``, ``sigma``, ``clip``",
                 "restored (its mechanism's state)"),
     "stats": ("this round's ``LocalStats`` (set in ``begin_round``; filled by the training)", "set each round"),
+    "clock": ("the synchronous rounds' ``fedmpi.clock.rounds.RoundClock`` (``now``, ``events``), None without "
+              "``clock:``", "rebuilt; ``now`` restored"),
+    "in_time": ("``fedmpi.clock.availability.InTime``: the availability kind stepped in virtual seconds "
+                "(``clock.slot``), else None", "rebuilt; its step and set restored"),
 }
 
 

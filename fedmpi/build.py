@@ -13,6 +13,7 @@ makes every rank agree on it).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ import torch
 
 from . import guards, rng
 from .algorithms.base import Algorithm, Context
+from .clock.params import asked
 from .config import Config
 from .data.arrays import DataArrays
 from .data.datasets import checked_arrays, dataset_arrays
@@ -30,7 +32,7 @@ from .engine.local import LocalTrainer
 from .errors import InputError
 from .models import build_model, loss_fn
 from .models.losses import mse
-from .participation import ClientInfo
+from .participation import AvailabilityParams, ClientInfo
 from .participation import Participation
 from .participation import build as build_participation
 from .registry import ALGORITHMS, MECHANISMS
@@ -56,13 +58,20 @@ def build_components(cfg: Config, world: World, participation: Participation | N
     trainer = LocalTrainer(task, cfg.train, cfg.seed)
     cls = ALGORITHMS.get(cfg.algorithm.name).obj
     if participation is None and cls.needs_participation:
-        participation = build_participation(cfg.availability, task.client_info(cfg.seed, cfg.rounds))
+        participation = build_participation(asked_availability(cfg), task.client_info(cfg.seed, cfg.rounds))
     check_memory(cfg, world, task.m, trainer.spec.dim, task, trainer.path)
     check_step_inputs(cfg, world, trainer)
     components = Components(cfg, world, task, trainer, participation)
     components.algorithm = cls(Context(cfg, world, task, trainer, participation))
     check_state(components)
     return components
+
+
+def asked_availability(cfg: Config) -> AvailabilityParams:
+    """``cfg.availability``, with a cohort of K drawing ceil((1 + f) K) clients under
+    ``clock.over_select`` f (the clock keeps the first K to report: ``fedmpi.clock.rounds``)."""
+    f = cfg.clock.over_select
+    return dataclasses.replace(cfg.availability, size=asked(cfg.availability.size, f)) if f > 0 else cfg.availability
 
 
 def check_state(run: Components) -> None:

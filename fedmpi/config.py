@@ -39,6 +39,8 @@ import yaml
 
 from . import plugins, registry, schema, yamlio
 from .algorithms.base import AlgorithmParams, ServerParams  # noqa: F401  (public names)
+from .clock.params import ClockParams
+from .clock.params import check as check_clock
 from .data.datasets import DatasetParams, PartitionConfig, TaskConfig  # noqa: F401  (public names)
 from .decentral.sporadicity import ProbDistConfig, SporadicityConfig  # noqa: F401
 from .decentral.topology import TopologyConfig
@@ -89,6 +91,7 @@ class Config:
     evaluation: EvaluationConfig = opt(EvaluationConfig(), "evaluation")
     runtime: RuntimeConfig = opt(RuntimeConfig(), "processes, devices, checkpoints")
     privacy: PrivacyParams = opt(PrivacyParams(), "client-level differential privacy (centralized)")
+    clock: ClockParams = opt(ClockParams(), "virtual time: client durations, deadlines, over-selection")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -112,6 +115,7 @@ class Config:
         d = self.to_dict()
         keep = {k: d[k] for k in ("seed", "task", "train", "algorithm", "availability", "topology", "sporadicity")}
         keep.update({"privacy": d["privacy"]} if self.privacy.mechanism != "none" else {})  # old digests stay valid
+        keep.update({"clock": d["clock"]} if self.clock.on else {})  # no clock: old digests stay valid
         if "privacy" in keep:  # band moved to banded_mf's own keys; 1 before: old digests stay valid
             keep["privacy"].setdefault("band", 1)
         keep.update(self.reads_outside_digest())  # e.g. rounds, when the noise is calibrated to them
@@ -179,7 +183,7 @@ class Config:
 
 
 #: the top-level keys and sections ``Config.resume_digest`` covers (privacy when it is on)
-_DIGESTED = ("seed", "task", "train", "algorithm", "availability", "topology", "sporadicity", "privacy")
+_DIGESTED = ("seed", "task", "train", "algorithm", "availability", "topology", "sporadicity", "privacy", "clock")
 
 
 def differing_keys(a: dict[str, str], b: dict[str, str]) -> list[str]:
@@ -501,6 +505,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         if r.supports is not None and not r.supports(value):
             raise InputError(f"{r.key}: {who} {r.why}; it needs {r.expect}, got {_show(value)}")
     check_privacy(cfg)
+    check_clock(cfg)
     check_metrics(cfg)
 
 

@@ -89,6 +89,7 @@ class Evaluator:
             if scalar:
                 names.append(f"x{sfx}")
         private = ["epsilon"] if cfg.privacy.mechanism != "none" else []  # privacy (#27): the accountant's
+        private += ["time"] if cfg.clock.on else []  # the clock: virtual seconds (fedmpi.clock)
         clients = metrics.summary_names(task.classes, cfg.evaluation.clients.summaries) if self.per_client else []
         extra = clients + list(cfg.evaluation.metrics)
         taken = set(names) | set(algo.metrics) | set(private) | set(RUN_METRICS) | set(clients)
@@ -136,6 +137,8 @@ class Evaluator:
                 if acc is not None:
                     row["train_acc"] = float(acc[0])
         row.update(snap.metrics)
+        if "time" in self.names:  # the clock: virtual seconds at this evaluation
+            row["time"] = float(self.run.algorithm.virtual_time())
         if "epsilon" in self.names:  # privacy (#27): epsilon at privacy.delta after rounds_done rounds
             row["epsilon"] = self.run.algorithm.privacy.epsilon(rounds_done)
         ev = self.run.cfg.evaluation

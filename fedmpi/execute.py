@@ -16,9 +16,9 @@ if TYPE_CHECKING:
 
 def input_files(cfg: Config, config_path: str | None) -> tuple[str, ...]:
     """Files a run reads, which its result file must never be: the config and the trace,
-    schedule and graph files it names."""
+    schedule, graph and device files it names."""
     graph = cfg.topology.input_files() if cfg.topology else ()
-    return ((config_path,) if config_path else ()) + cfg.availability.input_files() + graph
+    return ((config_path,) if config_path else ()) + cfg.availability.input_files() + graph + cfg.clock.input_files()
 
 
 def execute(cfg: Config, out: str, *, quiet: bool = False, resume: bool = False, overwrite: bool = False,

@@ -59,6 +59,8 @@ def pack_key(cfg: Config) -> tuple[str | None, str | None]:
     name = cfg.algorithm.name
     if not issubclass(cls, ServerAlgorithm):
         return None, f"algorithm {name} is not a centralized (server) algorithm"
+    if not cls.packs:
+        return None, f"algorithm {name} is asynchronous (a server step is not one training phase)"
     if not cls.trains_by_default():
         return None, f"algorithm {name} trains its clients itself (its own local_training)"
     if cfg.train.full_gradient:

@@ -154,7 +154,7 @@ class Runner:
                               run.m, cfg.runtime.log_availability, resume_at=resume_at,
                               claim_=self.claim, flush_s=cfg.runtime.flush_s,
                               client_arrays=self.evaluator.client_arrays, notes=notes, rows_through=rows_through,
-                              round_series=run.algorithm.round_record())
+                              round_series=run.algorithm.round_record(), events=cfg.clock.on)
         self.writer = writer  # set before anything else: a failure below still finishes the file
         writer.add_sidecars(extra)
         if resume_at is None:
@@ -259,8 +259,11 @@ class Runner:
         self.done = done = t + 1
         if t == self._start:  # state the first round made must be declared too (exit 2 on every rank)
             agree(self.world, lambda: check_state(self.components), setup=False)
+        events = algo.round_events()  # the clock's record of the round (None without a clock)
         if self.writer is not None:
             self.writer.append_round(algo.round_record())
+            if events is not None:
+                self.writer.append_events(events)
         for callback in self.callbacks["round_end"]:
             callback(self.components, t)
         if self.writer is not None and self.cfg.runtime.log_availability:

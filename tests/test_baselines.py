@@ -167,6 +167,7 @@ def test_state_dict_round_trip(name):
     assert torch.equal(a.x, b.x)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["fedswe", "gfedavg", "fedau", "f3ast", "mifa", "fedvarp"])
 def test_checkpoint_resume_gives_the_same_run(name, tmp_path):
     """Through the runner: fail at round 5, resume from the round-4 checkpoint, finish as if uninterrupted."""
@@ -220,6 +221,7 @@ def test_table_sum_tracks_the_rows():
 
 # ----------------------------------------------------------------------------- MPI
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_two_ranks_match_one_rank_bit_for_bit(tmp_path):
     import subprocess

@@ -37,6 +37,7 @@ def same(a: str, b: str) -> None:
         assert fb.attrs["status"] == "completed"
 
 
+@pytest.mark.slow
 def test_kill9_then_resume_is_bit_identical(tmp_path):
     cfg = ck_config(tmp_path)
     full, cut = str(tmp_path / "full.h5"), str(tmp_path / "cut.h5")
@@ -56,6 +57,7 @@ def test_kill9_then_resume_is_bit_identical(tmp_path):
     assert man["round"] == 30 and sorted(os.listdir(cut + ".ckpt")) == ["manifest.json", "round-00000030"]
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_sigterm_exit3_then_resume_on_two_ranks(tmp_path):
     cfg = ck_config(tmp_path, rounds=3000)
@@ -79,6 +81,7 @@ def test_sigterm_exit3_then_resume_on_two_ranks(tmp_path):
         assert f.attrs["world_size"] == 2
 
 
+@pytest.mark.slow
 def test_resume_errors(tmp_path):
     cfg = ck_config(tmp_path, rounds=9)
     out = str(tmp_path / "r.h5")
@@ -99,6 +102,7 @@ def test_resume_errors(tmp_path):
     assert p.returncode == 2 and "corrupt checkpoint manifest" in p.stderr
 
 
+@pytest.mark.slow
 def test_a_run_begun_with_train_global_lr_resumes_with_algorithm_global_lr(tmp_path):
     """eta_g moved from train.global_lr to algorithm.global_lr (#23): a run whose result file and
     checkpoint were written with the old key resumes with the new one when the value is the same,
@@ -296,6 +300,7 @@ def test_stale_temporary_files_cleaned_at_next_checkpoint(tmp_path):
     assert checkpoint.load(World(), folder, "abc", 10)[0] == 16
 
 
+@pytest.mark.slow
 def test_edited_round_through_the_cli(tmp_path):
     """The campaign's case end to end: "round": 9999 in a real run's manifest is exit 2, one line."""
     cfg = ck_config(tmp_path, rounds=9)

@@ -18,6 +18,7 @@ from conftest import ROOT, fedmpi, mpiexec, synthetic_config, write_config
 SCRIPT = os.path.join(ROOT, "tests", "mpi_scripts", "collectives_check.py")
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 @pytest.mark.parametrize("transport", ["mpi", "torch"])
 def test_every_collective_on_both_transports(transport):
@@ -33,6 +34,7 @@ def _final(path: str) -> np.ndarray:
         return f["final/params"][:]
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_the_transport_changes_no_bit(tmp_path):
     cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=8))
@@ -44,6 +46,7 @@ def test_the_transport_changes_no_bit(tmp_path):
         assert np.array_equal(_final(str(one)), _final(str(out))), transport
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_a_failed_rank_ends_its_peers_wait_at_once(tmp_path):
     """Rank 1 raises at round 3: rank 0, waiting in the round's first MPI collective, hears of it
@@ -62,12 +65,14 @@ def test_a_failed_rank_ends_its_peers_wait_at_once(tmp_path):
         assert f.attrs["status"] == "failed"
 
 
+@pytest.mark.slow
 def test_unknown_transport_is_exit_2(tmp_path):
     cfg = write_config(tmp_path / "c.yaml", synthetic_config(runtime__collectives="shm"))
     p = fedmpi(["run", cfg, "--out", str(tmp_path / "r.h5")], check=False)
     assert p.returncode == 2 and "runtime.collectives" in p.stderr and "Traceback" not in p.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_a_killed_rank_is_seen_by_its_peer_before_the_launcher_ends_the_job(tmp_path):
     """Rank 1 dies of SIGKILL at round 3. MPI says nothing (its launcher kills the job a moment

@@ -81,6 +81,7 @@ def matrix(combos: list[C.Combo], folder, two_ranks: bool = True) -> dict[str, l
     return {"refused": refused, "ran": ran}
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_a_spread_of_the_matrix(tmp_path):
     combos = C.sample()

@@ -5,13 +5,12 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from conftest import synthetic_config
 from fedmpi import config
 from fedmpi.errors import InputError
 from fedmpi.results.paths import output_path
+from helpers.properties import given, settings, st
 
 
 def err(data: dict, world_size: int = 1) -> str:
@@ -143,12 +142,21 @@ def test_every_shipped_config_loads_with_every_algorithm_of_its_family(path):
     if (yaml.safe_load(open(path)) or {}).get("privacy"):
         pytest.importorskip("dp_accounting", reason="privacy configs need the [privacy] extra (dp-accounting)")
     cfg = config.load(path)
-    family = ALGORITHMS.get(cfg.algorithm.name).obj.needs_participation
+    family = _family(ALGORITHMS.get(cfg.algorithm.name).obj)
     private = cfg.privacy.mechanism != "none"  # a privacy config: the algorithms privacy applies to
     for entry in ALGORITHMS.entries(builtin_only=True):
-        if entry.obj.needs_participation == family and not (private and not _private(entry)):
+        if _family(entry.obj) == family and not (private and not _private(entry)):
             more = ["algorithm.max_echo=4"] if private and entry.name == "fedswe" else []  # its sensitivity
+            more += ["algorithm.global_lr=1"] if getattr(entry.obj, "own_server_step", None) else []  # its own step
             assert config.load(path, [f"algorithm.name={entry.name}", *more]).algorithm.name == entry.name
+
+
+def _family(cls: type) -> str:
+    """An algorithm's family: asynchronous (on the clock), centralized rounds, or decentralized."""
+    from fedmpi.algorithms import ServerAlgorithm
+    from fedmpi.algorithms.asynchronous import AsyncAlgorithm
+
+    return "async" if issubclass(cls, AsyncAlgorithm) else "server" if issubclass(cls, ServerAlgorithm) else "peers"
 
 
 def _private(entry) -> bool:

@@ -106,6 +106,7 @@ def tail_mean(name: str, rounds: int = 800, availability: dict = MARKOV8) -> flo
     return float(np.mean(xs[rounds // 4:]))
 
 
+@pytest.mark.slow
 def test_fixed_points_fedavg_biased_debiased_not():
     """N = 8, B = 2, R = 1: the pi_R-weighted mean is 3.99, the plain mean 3.5. Tolerances:
     0.1 for FedAvg vs pi_R (seen: within 0.04 over 5 seeds), 0.15 for debiased FedAvg vs the
@@ -121,6 +122,7 @@ def test_fixed_points_fedavg_biased_debiased_not():
 GROUPS8 = {"kind": "markov", "markov_groups": 4, "B": 2, "R": 1, "base": {"kind": "fixed", "values": P8}}
 
 
+@pytest.mark.slow
 def test_markov_groups_uses_the_group_size_and_debiases():
     """The paper's experiments: M = 4 groups of B = 2 clients, the chain over groups (R = 1), a
     drawn group trains fully. lambda_i = t_i / ((t + 1) B) with B the GROUP size sums to 1 over
@@ -201,6 +203,7 @@ def plot_cli(argv: list[str]) -> int:
     return args._handler(args)
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_two_ranks_identical_and_plots(tmp_path):
     one, two = str(tmp_path / "one.h5"), str(tmp_path / "two.h5")

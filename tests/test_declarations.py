@@ -57,6 +57,7 @@ def refused(tmp_path, cfg: dict, *args: str):
     return p.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source, name", [(FORGETFUL, "forgetful"), (LATE, "late")], ids=["init", "first_round"])
 def test_state_that_is_neither_declared_nor_derived_is_refused(source, name, tmp_path):
     """An undeclared array would not be checkpointed: the resumed run would start it afresh and
@@ -100,6 +101,7 @@ def test_a_single_base_probability_may_be_a_number():
 def test_keys_a_component_reads_outside_the_resume_digest_join_it():
     """Privacy calibrated to a target epsilon reads ``rounds``: the resume digest then covers it (a
     resume or an extension with other rounds is refused); with a given noise multiplier it does not."""
+    pytest.importorskip("dp_accounting", reason="a privacy config needs the [privacy] extra (dp-accounting)")
     target = config.from_dict(synthetic_config(privacy={"mechanism": "gaussian", "clip": 1.0, "epsilon": 8.0}))
     given = config.from_dict(synthetic_config(privacy={"mechanism": "gaussian", "clip": 1.0, "noise_multiplier": 1.0}))
     assert target.reads_outside_digest() == {"rounds": 6} and given.reads_outside_digest() == {}

@@ -88,3 +88,36 @@ def test_the_attribute_table_covers_what_an_algorithm_holds():
     algo = build_components(config.from_dict(synthetic_config()), World()).algorithm
     algo.round(0)
     assert set(vars(algo)) <= set(apidoc.ATTRIBUTES), set(vars(algo)) - set(apidoc.ATTRIBUTES)
+
+
+def test_every_command_and_option_is_documented():
+    """docs/INTERFACES.md's command line names every command and every option of fedmpi's parser
+    (sweep, table and export in docs/SWEEPS.md), so the contract cannot fall behind the code."""
+    import argparse
+    import re
+
+    from fedmpi.cli import build_parser
+
+    def options(parser: argparse.ArgumentParser) -> set[tuple[str, ...]]:
+        found = set()
+        for a in parser._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for sp in a.choices.values():
+                    found |= options(sp)
+            elif a.help != argparse.SUPPRESS and a.option_strings and "--help" not in a.option_strings:
+                found.add(tuple(a.option_strings))  # documented in any of its forms (-j or --jobs)
+        return found
+
+    interfaces = open(os.path.join(ROOT, "docs", "INTERFACES.md"), encoding="utf-8").read()
+    cli = interfaces.split("## Command line", 1)[1].split("\n## ", 1)[0]
+    sweeps = open(os.path.join(ROOT, "docs", "SWEEPS.md"), encoding="utf-8").read()
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert len(commands) >= 9
+    missing = []
+    for name, parser in commands.items():
+        page = sweeps if name in ("sweep", "table", "export") else cli
+        if f"fedmpi {name}" not in page:
+            missing.append(f"fedmpi {name}")
+        missing += [f"fedmpi {name} {forms[-1]}" for forms in sorted(options(parser))
+                    if not any(re.search(re.escape(o) + r"\b", page) for o in forms)]
+    assert "--version" in cli and not missing, missing

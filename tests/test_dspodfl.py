@@ -230,6 +230,7 @@ def _load(path):
         return f["final/params"][:], metrics, int(f.attrs["rounds_done"])
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_one_two_three_ranks_identical_and_file_layout(tmp_path):
     cfg = write_config(tmp_path / "c.yaml", synthetic("dspodfl"))

@@ -8,14 +8,13 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from fedmpi.participation.probs import BaseProbConfig
 from fedmpi.errors import InputError
 from fedmpi.participation import ClientInfo, base_probabilities, build, show
 from fedmpi.participation.probs import class_weights
 from helpers import availability_params
+from helpers.properties import given, settings, st
 
 
 def make(kind: str, p, m: int | None = None, seed: int = 0, group=None, hist=None, **kw):
@@ -105,7 +104,7 @@ def test_empirical_frequency_matches_mean_probability(spec):
     p = list(np.linspace(0.1, 0.9, m))
     part = make(p=p, seed=11, **spec)
     probs = np.stack([part.probabilities(t) for t in range(rounds)])
-    freq = show.empirical_frequency(make(p=p, seed=11, **spec), rounds)
+    freq = show.simulate(make(p=p, seed=11, **spec), rounds)[0] / rounds  # availability counts / rounds
     # count_i is a sum of independent Bernoulli(p_i^t): std = sqrt(sum_t p(1-p)); allow 4.5 std
     tol = 4.5 * np.sqrt((probs * (1 - probs)).sum(axis=0)) / rounds + 1e-12
     assert np.all(np.abs(freq - probs.mean(axis=0)) <= tol), (freq, probs.mean(axis=0), tol)

@@ -81,6 +81,7 @@ def test_model_and_dataset_take_their_own_keys():
     assert shapes == [(5, 2), (5,), (5, 5), (5,), (4, 5), (4,)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, needle", [
     (["--set", "algorithm.betta=0.5"], "algorithm.betta: unknown key (allowed: name, global_lr, beta)"),
     (["--set", "algorithm.beta=1.5"], "algorithm.beta: must be < 1, got 1.5"),
@@ -95,6 +96,7 @@ def test_a_typo_in_a_plugin_parameter_is_exit_2_naming_the_key(tmp_path, args, n
     assert len(lines) == 1 and lines[0] == f"fedmpi: error: {needle}" and "Traceback" not in p.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_one_rank_equals_two_ranks_with_mpiexec_and_the_launcher(tmp_path):
     one, two, launched = tmp_path / "one.h5", tmp_path / "two.h5", tmp_path / "launch.h5"
@@ -111,6 +113,7 @@ def test_one_rank_equals_two_ranks_with_mpiexec_and_the_launcher(tmp_path):
         assert f.attrs["world_size"] == 2 and "name: my_fedavgm" in f.attrs["config"]
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_checkpoint_and_resume(tmp_path):
     """Killed at round 3 (checkpoint of round 2) then resumed, and stopped by SIGUSR1 then resumed
@@ -162,6 +165,7 @@ def same_client_rounds(a, b) -> None:
         assert np.isfinite(x).sum(1).tolist() == [3] * 6  # K = 3 clients trained each round, NaN for the rest
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_oort_selection_is_the_same_on_one_and_two_ranks_and_after_a_kill(tmp_path):
     """The Oort-style example: its draws, utilities and per-client quantity are the same bits on 1
@@ -179,6 +183,7 @@ def test_oort_selection_is_the_same_on_one_and_two_ranks_and_after_a_kill(tmp_pa
     same_client_rounds(one, killed)
 
 
+@pytest.mark.slow
 def test_oort_is_refused_under_privacy_with_one_line(tmp_path):
     pytest.importorskip("dp_accounting")
     p = run(tmp_path / "r.h5", *OORT, "--set", "privacy={mechanism: gaussian, clip: 1.0, noise_multiplier: 1.0}",
@@ -220,6 +225,7 @@ def test_oort_explores_then_exploits_by_its_utility():
     assert np.array_equal(again.active, first)
 
 
+@pytest.mark.slow
 def test_oort_cells_pack_in_a_sweep_with_their_own_quantities(tmp_path):
     """A sweep of Oort cells (two seeds) and FedAvgM cells run packed in one process: each Oort
     cell's file, its /client_rounds/sq_loss included, is the bits of the cell run alone."""

@@ -104,6 +104,7 @@ def test_single_process_mean_consensus_and_gather():
         Exchanger(World(), g, 7)
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 @pytest.mark.skipif(shutil.which("mpiexec") is None, reason="mpiexec not on PATH")
 def test_mpi_exchange_is_bitwise_rank_independent(tmp_path):

@@ -39,6 +39,7 @@ def _status(path) -> str:
 
 # ----------------------------------------------------------------------------- signals to the launcher
 
+@pytest.mark.slow
 @pytest.mark.mpi
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_to_launcher_exits_3_and_resumes(tmp_path, sig):
@@ -75,6 +76,7 @@ def _fake_srun(folder, code_on_failure: int) -> None:
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault, code", [(fault_plugin.env("0:3:usr1"), 3), ({}, 4), ({}, 2)])
 def test_launcher_returns_rank0_code_when_the_launcher_misreports(tmp_path, fault, code):
     """srun --kill-on-bad-exit ends the other ranks when one exits 2, 3 or 4: rank 0's code wins."""
@@ -100,6 +102,7 @@ def test_launcher_returns_rank0_code_when_the_launcher_misreports(tmp_path, faul
         assert _status(out) == ("interrupted" if code == 3 else "diverged")
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 @pytest.mark.parametrize("delay", [0.2, 1.0, 3.0])
 def test_signal_at_any_moment_of_start_up_exits_3(tmp_path, delay):
@@ -134,6 +137,7 @@ def slow(cfg):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ranks", [0, pytest.param(2, marks=pytest.mark.mpi)])
 def test_a_signal_in_set_up_ends_the_run_at_once(tmp_path, ranks):
     """#38 item 7: a set-up that blocks (then: a FIFO input) swallowed SIGTERM for 10 minutes; a
@@ -220,6 +224,7 @@ def _plugin(tmp_path, body: str) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_signal_while_starting_stops_cleanly_and_the_same_command_starts_again(tmp_path):
     """A signal before the first round (here: while plug-ins load) is exit 3 with nothing lost; it
     ends the run at once (#38 item 7), before the result file is made."""
@@ -234,6 +239,7 @@ def test_signal_while_starting_stops_cleanly_and_the_same_command_starts_again(t
     assert _status(out) == "completed"
 
 
+@pytest.mark.slow
 def test_signal_during_teardown_is_a_normal_finish(tmp_path):
     """USR1 after the last round (here: while the interpreter exits) killed the run (exit 138)."""
     cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=2))
@@ -244,6 +250,7 @@ def test_signal_during_teardown_is_a_normal_finish(tmp_path):
     assert _status(out) == "completed"
 
 
+@pytest.mark.slow
 def test_world_size_must_be_what_the_launcher_asked_for(tmp_path):
     """srun without the right --mpi starts N worlds of one rank each, which raced for one file."""
     cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=2))
@@ -256,6 +263,7 @@ def test_world_size_must_be_what_the_launcher_asked_for(tmp_path):
     assert not os.path.exists(tmp_path / "r.h5")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, shown", [(["-n"], ""), (["-n", "0"], "0"), (["-n", "-2"], "-2"),
                                          (["-n", "two"], "two")])
 def test_launcher_rank_count_is_checked(tmp_path, args, shown):
@@ -336,6 +344,7 @@ def _diverging_quadratic(tmp_path, **over) -> str:
     return write_config(tmp_path / "q.yaml", cfg)
 
 
+@pytest.mark.slow
 def test_divergence_ends_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
     cfg, out = _diverging_quadratic(tmp_path), str(tmp_path / "q.h5")
     p = fedmpi(["run", cfg, "--out", out, "--quiet"], check=False)
@@ -357,6 +366,7 @@ def test_divergence_ends_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
     assert again.returncode == 4 and again.stderr == p.stderr
 
 
+@pytest.mark.slow
 def test_huge_learning_rate_is_divergence_not_a_crash(tmp_path):
     """train.lr: 1.0e+300 passed validation and crashed in round 1 (float32 overflow)."""
     cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=3))
@@ -370,6 +380,7 @@ def test_huge_learning_rate_is_divergence_not_a_crash(tmp_path):
     assert _status(out) == "diverged"
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_divergence_on_two_ranks(tmp_path):
     cfg = _diverging_quadratic(tmp_path)

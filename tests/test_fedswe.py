@@ -195,6 +195,7 @@ def example1_time_average(which: str, rounds: int = 1000, burn_in: int = 100) ->
     return float(np.mean(seen))
 
 
+@pytest.mark.slow
 def test_example_1_fedavg_bias_and_fedswe_fix():
     p1, p2, u1, u2 = 0.2, 0.8, 0.0, 100.0  # lim E x^t for FedAvg over the active clients, q = (1 - eta_l)^s:
     # E x' = P0 E x + (1 - P0) q E x + (1 - q) [p1 (1-p2) u1 + p2 (1-p1) u2 + p1 p2 (u1+u2)/2], P0 = (1-p1)(1-p2)

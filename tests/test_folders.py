@@ -22,6 +22,7 @@ def _unshare_works() -> bool:
     return subprocess.run(["unshare", "-m", "-u", "true"], capture_output=True).returncode == 0
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 @pytest.mark.parametrize("hidden", [True, False])
 def test_an_output_folder_that_another_node_does_not_see_is_refused(tmp_path, hidden):

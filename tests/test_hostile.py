@@ -11,8 +11,6 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from conftest import synthetic_config
 from fedmpi import checkpoint
@@ -20,6 +18,7 @@ from fedmpi.cli import main
 from fedmpi.errors import InputError
 from fedmpi.runtime import World
 from fedmpi.state import State
+from helpers.properties import HealthCheck, given, settings, st
 
 _HUGE = [10**12, -10**9, 2**70, 10**23, 2**63, 2**64 - 1, 1e300, -1e300]
 _values = st.one_of(st.none(), st.booleans(), st.integers(-3, 50), st.sampled_from(_HUGE),

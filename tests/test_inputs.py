@@ -39,6 +39,7 @@ def test_open_input_refuses_what_is_not_a_regular_file(tmp_path, fifo):
     assert inputs.read_input(str(tmp_path / "big"), "trace", limit=2000) == b"x" * 2000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["config", "trace", "steps", "graph", "leaf", "idx", "plugin", "sweep"])
 def test_a_fifo_input_is_one_line_not_a_hang(tmp_path, fifo, where):
     cfg = synthetic_config()

@@ -74,6 +74,7 @@ def test_leaf_users_are_the_clients(tmp_path):
     assert list(three.sizes) == SIZES[:3]
 
 
+@pytest.mark.slow
 def test_regression_trains_with_mse_and_matches_its_rederivation(tmp_path):
     out = tmp_path / "r.h5"
     cfg = write_config(tmp_path / "r.yaml", _config(tmp_path, regression=True))
@@ -92,6 +93,7 @@ def test_regression_trains_with_mse_and_matches_its_rederivation(tmp_path):
     assert mse(out_t, y_t).item() == pytest.approx(2.5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("change, needle", [
     ({"partition": {"kind": "dirichlet"}}, "task.partition.kind: dirichlet splits by class labels"),
     ({"leaf": {"train": "missing.json", "test": "missing.json", "classes": 0}}, "no such LEAF file"),
@@ -102,6 +104,7 @@ def test_regression_and_leaf_errors(tmp_path, change, needle):
     assert p.returncode == 2 and needle in p.stderr and len(p.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_natural_needs_client_ids_and_a_broken_file_is_named(tmp_path):
     cfg = write_config(tmp_path / "s.yaml", synthetic_config(task__partition__kind="natural"))
     p = fedmpi(["run", cfg, "--quiet"], check=False)
@@ -113,6 +116,7 @@ def test_natural_needs_client_ids_and_a_broken_file_is_named(tmp_path):
     assert p.returncode == 2 and "bad.json: not a LEAF json file" in p.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_natural_regression_same_bits_on_1_and_3_ranks(tmp_path):
     cfg = write_config(tmp_path / "r.yaml", _config(tmp_path, regression=True, partition={"kind": "natural",
@@ -204,6 +208,7 @@ def _per_user(tmp_path, params: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.array(loss), np.array(acc)
 
 
+@pytest.mark.slow
 def test_per_user_test_metrics_and_fairness_match_their_rederivation(tmp_path):
     c = _config(tmp_path, regression=False, partition=PER_USER)
     c["evaluation"] = {"clients": {"arrays": True, "summaries": FAIR}}
@@ -223,6 +228,7 @@ def test_per_user_test_metrics_and_fairness_match_their_rederivation(tmp_path):
         assert f["metrics/client_loss_weighted"][-1] == pytest.approx(f["metrics/test_loss"][-1], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_per_user_test_data_is_refused_where_it_means_nothing(tmp_path):
     bad = _config(tmp_path, False, partition={"kind": "iid", "local_test": "dataset"})
     p = fedmpi(["run", write_config(tmp_path / "bad.yaml", bad), "--quiet"], check=False)
@@ -263,6 +269,7 @@ def test_per_user_test_metrics_survive_a_resume_bit_for_bit(tmp_path):
             np.testing.assert_array_equal(a[k][:], b[k][:])
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_per_user_test_metrics_same_bits_on_1_and_2_ranks(tmp_path):
     c = _config(tmp_path, regression=False, partition=PER_USER)

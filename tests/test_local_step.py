@@ -111,6 +111,7 @@ def test_trajectory_matches_a_plain_loop(name, train, algo, ref):
     assert got == pytest.approx(ref_fedavg(**ref), rel=1e-5, abs=1e-5)
 
 
+@pytest.mark.slow
 def test_fedprox_fixed_point():
     """Full participation: FedProx converges to sum_i w_i u_i / sum_i w_i with
     w_i = (1 - r_i^s) a_i / (a_i + mu), r_i = 1 - lr (a_i + mu) -- where Delta_i(x) = 0 on average --

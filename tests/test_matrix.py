@@ -24,6 +24,7 @@ def drive(out: str, mode: str, ranks: int = 0) -> None:
     assert p.returncode == 0, p.stderr[-3000:]
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_every_family_is_rank_count_invariant(tmp_path):
     out = str(tmp_path)

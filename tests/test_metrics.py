@@ -193,6 +193,7 @@ def test_evaluation_choices_are_checked(evaluation, needle):
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.slow
 def test_an_unknown_metric_is_exit_2_in_one_line(tmp_path):
     cfg = write_config(tmp_path / "bad.yaml", synthetic_config(evaluation={"metrics": ["acc_gapp"]}))
     p = fedmpi(["run", cfg, "--quiet"], check=False)
@@ -231,6 +232,7 @@ def test_callbacks_at_three_moments_and_stopping_early(tmp_path):
     assert later == [0, 2, 4]
 
 
+@pytest.mark.slow
 def test_stop_at_a_target_and_its_errors(tmp_path):
     with _run(tmp_path, "stop", rounds=40, runtime={"progress": False, "stop_at": {"metric": "test_acc",
                                                                                      "value": 0.45}}) as f:
@@ -258,6 +260,7 @@ def test_client_arrays_survive_a_resume_bit_for_bit(tmp_path, acc_gap):
             np.testing.assert_array_equal(a[k][:], b[k][:])
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_client_metrics_same_bits_on_1_2_3_ranks(tmp_path, acc_gap):
     cfg = write_config(tmp_path / "c.yaml", synthetic_config(

@@ -73,6 +73,7 @@ def test_meta_built_models_get_real_memory_and_keep_ties():
     assert "scale" not in model.state_dict()  # still non-persistent
 
 
+@pytest.mark.slow
 def test_a_run_imports_no_sympy(tmp_path):
     """torch imports sympy for ``to_empty`` and for meta-device matmuls: 0.3 s, which fell inside a
     run's first timed round once model building stopped paying it (benchmarks/RESULTS.md). A whole
@@ -102,7 +103,7 @@ def test_hinge_matches_multi_margin_loss():
     torch.testing.assert_close(loss_fn("mlp")(logits, y), F.cross_entropy(logits, y))
 
 
-@pytest.mark.parametrize("name", list(ARCHS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "vgg11" else n for n in ARCHS])
 def test_vmapped_grad_equals_loop(name):
     n, b = 2, 2
     small = MLPParams(hidden=32)

@@ -46,6 +46,7 @@ def test_runs_under_every_availability_kind(name, kind, tmp_path):
         assert trained.sum() > 0 or kind == "trace"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NEW)
 def test_checkpoint_resume_gives_the_same_run(name, tmp_path):
     """Fail at round 5, resume from the round-4 checkpoint, finish as if uninterrupted."""
@@ -62,6 +63,7 @@ def test_adaptive_parameters_are_range_checked(key, value):
         config.from_dict({"algorithm": {"name": "fedadam", key: value}})
 
 
+@pytest.mark.slow
 def test_a_typo_in_a_parameter_is_exit_2_naming_the_key(tmp_path):
     """From the CLI a misspelt key is exit 2 naming it; fedadagrad has no beta2 (its v is a running sum)."""
     path = write_config(tmp_path / "c.yaml", synthetic_config(**{"algorithm.name": "fedavgm",

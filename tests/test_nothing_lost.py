@@ -36,6 +36,7 @@ def _fake(tmp_path, name="a.h5", **over) -> str:
 
 # ----------------------------------------------------------------------------- 2: runtime.csv
 
+@pytest.mark.slow
 def test_runtime_csv_never_replaces_a_file_it_did_not_write(tmp_path):
     trace = tmp_path / "avail.csv"
     trace.write_text("0 1 2\n3 4\n")
@@ -59,6 +60,7 @@ def test_runtime_csv_never_replaces_a_file_it_did_not_write(tmp_path):
 
 # ----------------------------------------------------------------------------- 3: export
 
+@pytest.mark.slow
 def test_export_never_replaces_a_result_an_input_or_an_existing_csv(tmp_path):
     a, b = _fake(tmp_path, "a.h5"), _fake(tmp_path, "b.h5", seed=4)
     kept = {p: _digest(p) for p in (a, b)}
@@ -91,6 +93,7 @@ def small_disk(tmp_path):
     subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("what", ["mask flush", "checkpoint"])
 def test_disk_full_during_a_run_is_one_line_and_resumes(tmp_path, small_disk, what):
     from fault_plugin import env
@@ -153,6 +156,7 @@ def _sweep(tmp_path, base_over: dict | None = None, **data) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_two_sweep_processes_on_one_sweep_both_succeed(tmp_path):
     import subprocess
     import sys
@@ -169,11 +173,13 @@ def test_two_sweep_processes_on_one_sweep_both_succeed(tmp_path):
     assert "8 done" in fedmpi(["sweep", s, "--status"]).stdout
 
 
+@pytest.mark.slow
 def test_sweep_size_is_capped_before_cells_are_made(tmp_path):
     s = _sweep(tmp_path, grid={"seed": list(range(1000)), "train.lr": [0.1 * (i + 1) for i in range(1000)]})
     _one_line_error(fedmpi(["sweep", s, "--index", "5"], check=False), 2, "grid", "1000000 cells", "100000")
 
 
+@pytest.mark.slow
 def test_one_cell_and_status_check_only_the_configs_they_need(tmp_path):
     s = _sweep(tmp_path, variants=[{"label": "ok"}, {"label": "bad", "train.lr": -1}], grid={"seed": [0]})
     assert "2 cells: 0 done" in fedmpi(["sweep", s, "--status"]).stdout
@@ -182,6 +188,7 @@ def test_one_cell_and_status_check_only_the_configs_they_need(tmp_path):
     _one_line_error(fedmpi(["sweep", s], check=False), 2, "cell 1", "train.lr")
 
 
+@pytest.mark.slow
 def test_repeated_grid_values_and_dot_labels(tmp_path):
     _one_line_error(fedmpi(["sweep", _sweep(tmp_path, grid={"train.lr": [1, 1.0]}), "--list"], check=False),
                     2, "grid.train.lr", "same value")
@@ -196,6 +203,7 @@ def test_repeated_grid_values_and_dot_labels(tmp_path):
     assert not (tmp_path / "r.h5").exists() and (tmp_path / "runs" / "__" / "r.h5").exists()
 
 
+@pytest.mark.slow
 def test_parallel_workers_report_one_bad_input_once(tmp_path):
     trace = tmp_path / "t.txt"
     trace.write_text("0 1 99\n")  # client 99 of 12: refused when each cell sets up
@@ -208,6 +216,7 @@ def test_parallel_workers_report_one_bad_input_once(tmp_path):
 
 # ----------------------------------------------------------------------------- 11, 23: --out
 
+@pytest.mark.slow
 def test_out_placeholders_are_filled_and_dev_null_is_refused(tmp_path):
     cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=1))
     for seed in (1, 2):
@@ -225,6 +234,7 @@ def _fixed(p: float) -> dict:
     return {"kind": "stationary", "base": {"kind": "fixed", "values": [p] * 12}}
 
 
+@pytest.mark.slow
 def test_table_groups_by_a_list_valued_key(tmp_path):
     for i, (p, seed) in enumerate([(0.5, 0), (0.5, 1), (0.9, 0)]):
         fake_result(tmp_path / f"r{i}.h5", {"round": [0, 10], "test_acc": [0.1, 0.2 + i]}, seed=seed,
@@ -233,6 +243,7 @@ def test_table_groups_by_a_list_valued_key(tmp_path):
     assert out.splitlines()[1].startswith('"[0.5, 0.5,') and len(out.splitlines()) == 3, out
 
 
+@pytest.mark.slow
 def test_table_and_info_while_a_run_is_in_set_up(tmp_path):
     from fedmpi.results import hdf5
 
@@ -249,6 +260,7 @@ def test_table_and_info_while_a_run_is_in_set_up(tmp_path):
     assert os.path.getsize(done) > 0
 
 
+@pytest.mark.slow
 def test_table_bounds_and_odd_numbers(tmp_path):
     fake_result(tmp_path / "a.h5", {"round": [0, 10], "test_acc": [0.1, float("inf")]})
     fake_result(tmp_path / "b.h5", {"round": [0, 10], "test_acc": [0.1, float("-inf")]}, seed=4)
@@ -263,6 +275,7 @@ def test_table_bounds_and_odd_numbers(tmp_path):
 
 # ----------------------------------------------------------------------------- 19: auxiliary commands
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, words", [
     (["pi", "--p", "1e308,1e308,1", "--R", "1", "--json"], None),
     (["pi", "--p", "uniform:2000000000:0.1:1"], ["--p", "1000000"]),
@@ -288,6 +301,7 @@ def test_auxiliary_commands_are_bounded(tmp_path, args, words):
     assert _digest(cfg) == before
 
 
+@pytest.mark.slow
 def test_a_damaged_mask_is_one_line_for_readers_and_resume(tmp_path):
     cfg = write_config(tmp_path / "c.yaml", synthetic_config(
         rounds=4, eval_every=1, runtime__log_availability=True, runtime__checkpoint_every=2))
@@ -311,6 +325,7 @@ def _long_string_bomb(n_aliases: int = 100) -> str:
     return "a: &x '" + "y" * (1 << 20) + "'\nb: [" + ", ".join(["*x"] * n_aliases) + "]\n"
 
 
+@pytest.mark.slow
 def test_long_strings_count_against_the_alias_budget(tmp_path):
     s = tmp_path / "s.sweep.yaml"
     s.write_text(_long_string_bomb())
@@ -348,6 +363,7 @@ def _idx_run(tmp_path, root) -> tuple:
     return proc, usage.ru_maxrss
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lie", ["labels", "size"])
 def test_an_idx_header_that_lies_is_refused_before_inflating(tmp_path, lie):
     """300000 images (235 MB inflated, 230 KB as gzip) with 12 labels, or a header announcing
@@ -395,6 +411,7 @@ def _fill_empty_reference(owner, pools, m):
             counts[i] += 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(6))
 def test_dirichlet_repair_is_fast_and_gives_the_same_clients(seed):
     import importlib
@@ -421,6 +438,7 @@ def test_dirichlet_repair_is_fast_and_gives_the_same_clients(seed):
 
 # ----------------------------------------------------------------------------- 20: a stopped peer
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_a_stopped_peer_is_one_lost_contact_line(tmp_path):
     from fault_plugin import env
@@ -436,6 +454,7 @@ def test_a_stopped_peer_is_one_lost_contact_line(tmp_path):
 
 # ----------------------------------------------------------------------------- 25: forged checkpoints
 
+@pytest.mark.slow
 @pytest.mark.parametrize("forge, words", [
     ("dtype", ["dtype torch.float64"]),
     ("key", ["algorithm/shared/extra", "not part of"]),
@@ -472,6 +491,7 @@ def test_a_resealed_edited_checkpoint_is_refused(tmp_path, forge, words):
     _one_line_error(fedmpi(["run", cfg, "--out", out, "--quiet"], check=False), 2, "manifest.json", *words)
 
 
+@pytest.mark.slow
 def test_run_plot_path_is_checked_before_the_run(tmp_path):
     cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=1))
     (tmp_path / "notes.png").write_text("not a figure")

@@ -245,6 +245,7 @@ def _check(path: str, reference: dict) -> None:
         _same(reference[c.name], c.path)
 
 
+@pytest.mark.slow
 def test_packed_sweep_equals_unpacked(tmp_path, capsys, reference):
     path = _sweep(tmp_path)
     assert main(["sweep", path, "--pack", "8"]) == 0
@@ -256,6 +257,7 @@ def test_packed_sweep_equals_unpacked(tmp_path, capsys, reference):
     assert "10 done, 0 to run" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_sweep_file_pack_key_workers_and_array_groups(tmp_path, capsys, reference):
     path = _sweep(tmp_path, pack=3)
     assert main(["sweep", path, "--print-array-size"]) == 0
@@ -284,6 +286,7 @@ def test_bad_pack_values(tmp_path, capsys, bad, needle):
     assert "--pack: must be >= 1, got 0" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_packed_group_on_two_ranks(tmp_path, reference):
     path = _sweep(tmp_path, pack=8)
@@ -295,6 +298,7 @@ def test_packed_group_on_two_ranks(tmp_path, reference):
         _same(reference[c.name], c.path)
 
 
+@pytest.mark.slow
 def test_interrupted_group_checkpoints_every_cell_and_resumes(tmp_path, reference):
     """SIGUSR1 during round 3 of a packed group: every cell checkpoints after it (exit 3); the
     same command resumes them all and gives the unpacked bits. A kill (no checkpoint at the
@@ -314,6 +318,7 @@ def test_interrupted_group_checkpoints_every_cell_and_resumes(tmp_path, referenc
         assert json.load(open(c.path + ".ckpt/manifest.json"))["round"] == 6  # the final state, kept
 
 
+@pytest.mark.slow
 def test_one_cell_that_fails_leaves_the_others(tmp_path, capsys, reference):
     """In one packed group: a cell that diverges ends diverged (exit 4), a cell with bad input at
     set-up exit 2, a cell whose plug-in callback raises fails (exit 1), a cell that a callback
@@ -356,6 +361,7 @@ def test_one_cell_that_fails_leaves_the_others(tmp_path, capsys, reference):
         _same(os.path.join(alone, c.name + ".h5"), c.path)
 
 
+@pytest.mark.slow
 def test_slurm_array_task_runs_a_packed_group(tmp_path, reference):
     """slurm/sweep_array.sbatch SWEEP --pack 8: array task 0 runs packed group 0 (through
     slurm/job.sh and launch/fedmpi-launch, with srun shimmed as in tests/test_sweep.py)."""

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from fedmpi.config import PartitionConfig
 from fedmpi.data.partition import client_groups, label_histogram, partition
 from fedmpi.errors import InputError
+from helpers.properties import given, settings, st
 
 
 def labels_of(n_per_class=60, classes=10, seed=0) -> np.ndarray:

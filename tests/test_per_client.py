@@ -300,6 +300,7 @@ def test_steps_from_a_file_and_its_errors(tmp_path):
         quadratic_cfg("fedavg_active", U, X0, train={"local_steps_file": str(path), "local_epochs": 1.0})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, algo", [("qffl", {"q": 1.0}), ("fednova", {}), ("fedexp", {}),
                                         ("power_of_choice", {"select": 2, "candidates": 3})])
 def test_checkpoint_resume_gives_the_same_run(name, algo, tmp_path):

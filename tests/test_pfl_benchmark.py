@@ -7,6 +7,7 @@ import importlib.util
 import os
 
 import numpy as np
+import pytest
 import torch
 
 from conftest import ROOT
@@ -23,6 +24,7 @@ def bench():
     return module
 
 
+@pytest.mark.slow
 def test_the_setup_is_pfl_researchs(tmp_path):
     b = bench()
     root = b.synthetic_cifar(str(tmp_path / "data"))

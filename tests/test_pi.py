@@ -10,12 +10,11 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from fedmpi.errors import InputError
 from fedmpi.participation.pi import (
     add_arguments, figure1, l1_to_uniform, run_cli, state_space_size, stationary_exact, stationary_mc)
+from helpers.properties import given, settings, st
 
 P5 = np.array([0.1, 0.2, 0.3, 0.5, 0.9])
 
@@ -97,6 +96,7 @@ def test_exact_pi_against_rational_values(p, B, R, expected):
     np.testing.assert_allclose(got, [float(v) for v in expected], rtol=0, atol=1e-14)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("B,R", [(1, 1), (1, 2), (2, 1), (2, 0)])
 def test_monte_carlo_matches_exact(B, R):
     # Client i participates in a round with q_i = B pi_i. Over T rounds the count's binomial std

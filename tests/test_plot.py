@@ -130,6 +130,7 @@ def _texts_inside(fig) -> None:
         assert not any(box.overlaps(ax.get_window_extent(renderer)) for ax in fig.axes), box
 
 
+@pytest.mark.slow
 def test_pdf_fonts_are_truetype_not_type3(tmp_path):
     """Venues refuse Type 3 fonts: every font of the PDF is embedded as TrueType (Type 42)."""
     import re

@@ -22,6 +22,7 @@ register("fedavg_active")(Forged)
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("body, code, words", [
     ("import sys\nsys.exit(0)\n", 2, ("plug-in called sys.exit(0)",)),
     ("import sys\nsys.exit('bye')\n", 2, ("sys.exit('bye')",)),
@@ -40,6 +41,7 @@ def test_a_misbehaving_plugin_is_one_line(tmp_path, body, code, words):
     assert not out.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_a_plugin_failing_on_one_rank_only_stops_every_rank_with_one_line(tmp_path):
     """A plug-in file missing on another node (#24 item 6): rank 1 failed silently and rank 0 went
@@ -67,6 +69,7 @@ if os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK")) == "0":
 """
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 @pytest.mark.parametrize("when", ["evaluated", "round_start", "metric"])
 def test_a_callback_or_metric_registered_on_rank_0_only_is_refused_at_set_up(tmp_path, when):
@@ -86,6 +89,7 @@ def test_a_callback_or_metric_registered_on_rank_0_only_is_refused_at_set_up(tmp
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_plugin_that_would_load_nothing_is_refused(tmp_path):
     """``--plugin json`` (a module imported long before) and a plug-in folder named like an
     imported module (Python hands back that module) loaded nothing, silently (#24 item 24)."""

@@ -173,6 +173,7 @@ def test_algorithm_with_its_own_parameter(tmp_path, plugin):
     assert cfg.algorithm.global_lr == 1.0 and config.load(mine, ["algorithm.global_lr=0.5"]).algorithm.global_lr == 0.5
 
 
+@pytest.mark.slow
 def test_plugin_parameter_errors_name_the_key(tmp_path, plugin):
     path = plugin("scaled", ALGO)
     cfg = write_config(tmp_path / "a.yaml", quadratic(tmp_path / "a.h5", name="scaled_fedavg"))
@@ -184,6 +185,7 @@ def test_plugin_parameter_errors_name_the_key(tmp_path, plugin):
     one_line_error(p, "algorithm.name: unknown algorithm 'scaled_fedavg' (registered: fedavg_active,")
 
 
+@pytest.mark.slow
 def test_keys_of_other_algorithms_are_ignored_with_a_notice(tmp_path):
     """A config written for fedswe keeps working with --set algorithm.name=mifa."""
     cfg = write_config(tmp_path / "a.yaml", quadratic(tmp_path / "a.h5", name="fedswe", k=3))
@@ -193,6 +195,7 @@ def test_keys_of_other_algorithms_are_ignored_with_a_notice(tmp_path):
         assert "k:" not in f.attrs["config"].split("algorithm:")[1].split("availability:")[0]
 
 
+@pytest.mark.slow
 def test_plugin_sources(tmp_path, plugin):
     """The same plug-in by file, by folder, by module name, by $FEDMPI_PLUGINS and by entry point."""
     pkg = tmp_path / "site" / "myplug"
@@ -220,6 +223,7 @@ def test_plugin_sources(tmp_path, plugin):
         assert np.array_equal(got, results["file"]), way
 
 
+@pytest.mark.slow
 def test_broken_plugins_are_one_line_errors(tmp_path, plugin):
     cfg = write_config(tmp_path / "a.yaml", quadratic(tmp_path / "a.h5", name="fedavg_active"))
     p = fedmpi(["run", cfg, "--plugin", str(tmp_path / "nothere.py")], check=False)
@@ -263,6 +267,7 @@ def test_model_dataset_and_availability_plugins(tmp_path, plugin):
             config.from_dict(merged)
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_plugin_on_two_ranks_and_through_the_launcher(tmp_path, plugin):
     """--plugin reaches every rank (mpiexec and launch/fedmpi-launch); results equal 1 rank's."""
@@ -284,6 +289,7 @@ def test_plugin_on_two_ranks_and_through_the_launcher(tmp_path, plugin):
             assert f.attrs["world_size"] == 2
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_plugin_client_state_is_checkpointed_and_resharded(tmp_path, plugin):
     """A plug-in declares per-client state only; a 1-rank run stopped by SIGUSR1 resumes on 2 ranks

@@ -45,6 +45,7 @@ def test_an_unknown_name_says_how_to_load_plugins():
         config.from_dict(synthetic_config(algorithm={"name": "my_qffl"}))
 
 
+@pytest.mark.slow
 def test_a_sweep_file_carries_its_own_plugins(tmp_path):
     """plugins: (relative to the sweep file) is loaded by the -j workers, --status and table."""
     exp = tmp_path / "exp"

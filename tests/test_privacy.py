@@ -116,6 +116,7 @@ def test_epsilon_is_the_libraries_answer_for_poisson_sampling(tmp_path):
     assert eps[0] == 0 and np.all(np.diff(eps) > 0)
 
 
+@pytest.mark.slow
 def test_the_pld_accountant_gives_the_libraries_answer(tmp_path):
     q, sigma, delta = 0.4, 1.1, 1e-6
     cfg = synthetic_config(algorithm={"name": "fedavg_active"},
@@ -132,6 +133,7 @@ def test_the_pld_accountant_gives_the_libraries_answer(tmp_path):
     assert eps[0] == 0 and np.all(np.diff(eps) > 0)
 
 
+@pytest.mark.slow
 def test_pld_refuses_the_fixed_size_cohort_it_has_no_event_for(tmp_path):
     cfg = markov_cfg({"mechanism": "gaussian", "clip": 1.0, "noise_multiplier": 1.0, "accountant": "pld"},
                      "fedavg_active")
@@ -142,6 +144,7 @@ def test_pld_refuses_the_fixed_size_cohort_it_has_no_event_for(tmp_path):
     assert len(p.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_a_pld_target_epsilon_calibrates_with_pld():
     cfg = config.from_dict(markov_cfg({"mechanism": "gaussian", "clip": 1.0, "epsilon": 4.0, "accountant": "pld"},
                                       rounds=30))
@@ -221,6 +224,7 @@ def test_banded_noise_is_the_dense_triangular_solve():
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("availability, message", [
     ({"kind": "markov", "B": 3, "R": 1}, "privacy.band: banded_mf needs participations >= b = 3 rounds apart"),
     ({"kind": "cyclic", "groups": 2}, "availability.groups >= 3"),
@@ -255,6 +259,7 @@ ADAPTIVE = {"mechanism": "gaussian", "clip": 0.05, "noise_multiplier": 0.3, "tar
             "count_noise": 2.0}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("privacy", [BANDED, ADAPTIVE], ids=["banded", "adaptive"])
 def test_resume_is_bit_identical_with_privacy(privacy, tmp_path):
     cfg = config.from_dict(markov_cfg(privacy, "debiased_fedavg"))
@@ -262,6 +267,7 @@ def test_resume_is_bit_identical_with_privacy(privacy, tmp_path):
     assert_resume_identical(cfg, tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 @pytest.mark.parametrize("privacy", [BANDED, ADAPTIVE], ids=["banded", "adaptive"])
 def test_one_and_two_ranks_are_bit_identical_with_privacy(privacy, tmp_path):
@@ -389,6 +395,7 @@ def test_time_varying_availability_describes_itself_to_the_accountant():
     assert algo.privacy.sampling.q == p.max() and algo.privacy.cohort == pytest.approx(p.sum() / 10, rel=1e-12)
 
 
+@pytest.mark.slow
 def test_fedswe_under_privacy_needs_max_echo(tmp_path):
     p = fedmpi(["run", write_config(tmp_path / "c.yaml", fedswe_cfg(GAUSSIAN)), "--quiet",
                 "--out", str(tmp_path / "r.h5")], check=False)
@@ -399,6 +406,7 @@ def test_fedswe_under_privacy_needs_max_echo(tmp_path):
 FEDSWE_BANDED = {"mechanism": "banded_mf", "clip": 0.05, "noise_multiplier": 0.5, "band": 3}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("privacy, algorithm", [(GAUSSIAN, {"max_echo": 3}),
                                                 (FEDSWE_BANDED, {"max_echo": 3, "k": 0, "server_clip": 0.5})],
                          ids=["gaussian", "fedawe_banded"])
@@ -411,6 +419,7 @@ def test_fedswe_resume_is_bit_identical_with_privacy(privacy, algorithm, tmp_pat
     assert_resume_identical(cfg, tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 @pytest.mark.parametrize("algorithm", [{"max_echo": 3}, {"max_echo": 3, "k": 0}], ids=["fedswe", "fedawe"])
 def test_fedswe_one_and_two_ranks_are_bit_identical_with_privacy(algorithm, tmp_path):
@@ -463,6 +472,7 @@ def resumable(tmp_path, privacy: dict, rounds: int = 12) -> str:
     return write_config(tmp_path / "c.yaml", cfg)
 
 
+@pytest.mark.slow
 def test_a_resume_that_changes_rounds_under_a_target_epsilon_is_refused(tmp_path):
     """E3: the noise was calibrated to the first rounds; resuming with other rounds would compose
     noise of two calibrations and report neither's epsilon."""
@@ -475,6 +485,7 @@ def test_a_resume_that_changes_rounds_under_a_target_epsilon_is_refused(tmp_path
     fedmpi(["run", cfg, "--quiet", "--out", out])  # the same rounds resume
 
 
+@pytest.mark.slow
 def test_the_result_file_records_the_noise_multiplier_of_every_round(tmp_path):
     """E3: /privacy/noise_multiplier holds the multiplier each round used, one value per round run,
     also across an interruption and resume."""
@@ -501,6 +512,7 @@ def cli_error(tmp_path, cfg: dict, *extra: str) -> str:
     return p.stderr
 
 
+@pytest.mark.slow
 def test_data_dependent_availability_is_refused_under_privacy(tmp_path):
     """dirichlet_phi draws p_i from the clients' label histograms: who is sampled depends on the data."""
     cfg = synthetic_config(availability={"kind": "stationary", "base": {"kind": "dirichlet_phi"}},
@@ -530,6 +542,7 @@ class LossPick(FedAvgActive):
 '''
 
 
+@pytest.mark.slow
 def test_a_plugin_that_selects_by_client_losses_is_refused_under_privacy(tmp_path):
     """A selection that reads client data (here the unnoised training losses) voids the guarantee:
     a plug-in that overrides select below a privacy declaration must declare its own."""
@@ -544,12 +557,14 @@ def test_a_plugin_that_selects_by_client_losses_is_refused_under_privacy(tmp_pat
             "--plugin", str(plugin)])
 
 
+@pytest.mark.slow
 def test_an_expected_cohort_of_zero_is_one_line(tmp_path):
     cfg = synthetic_config(availability={"kind": "stationary", "base": {"kind": "fixed", "values": [0.0]}},
                            privacy={"mechanism": "gaussian", "clip": 1.0, "noise_multiplier": 1.0})
     assert "availability" in cli_error(tmp_path, cfg)
 
 
+@pytest.mark.slow
 def test_a_target_epsilon_needs_rounds(tmp_path):
     """#38 item 12: rounds 0 with privacy.epsilon was a ValueError traceback."""
     cfg = synthetic_config(rounds=0, privacy={"mechanism": "gaussian", "clip": 1.0, "epsilon": 4.0})
@@ -600,6 +615,7 @@ def test_pld_at_a_small_noise_multiplier_stays_small(tmp_path):
 SPARSE_HALF = {"kind": "stationary", "base": {"kind": "fixed", "values": [0.5]}}
 
 
+@pytest.mark.slow
 def test_a_trace_is_accounted_by_its_own_participations(tmp_path):
     """A trace is public and replayed, so no amplification: k = the most rounds any client takes
     part in, and the separation banded_mf needs is measured from the trace."""
@@ -619,6 +635,7 @@ def test_a_trace_is_accounted_by_its_own_participations(tmp_path):
     assert "privacy.band" in err and "availability" in err
 
 
+@pytest.mark.slow
 def test_a_plugin_mechanism_is_one_file(tmp_path):
     """examples/fedmpi_examples/mechanism.py registers ``own_factor``: banded noise with a factor of
     your own. Given fedmpi's coefficients (binom(2j, j) / 4^j) it gives banded_mf's bits and epsilon;

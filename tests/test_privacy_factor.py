@@ -124,6 +124,7 @@ def test_an_optimized_run_differs_and_resumes_bit_identically(tmp_path):
     assert_resume_identical(cfg, tmp_path)
 
 
+@pytest.mark.slow
 def test_an_optimized_factor_reads_rounds(tmp_path):
     """The factor is optimised for the run's rounds: a resume with other rounds is refused."""
     from fault_plugin import env
@@ -136,6 +137,7 @@ def test_an_optimized_factor_reads_rounds(tmp_path):
     assert p.returncode == 2 and "rounds" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", ["cholesky", 3])
 def test_a_bad_factor_is_one_line(value, tmp_path):
     cfg = banded_cfg()
@@ -145,6 +147,7 @@ def test_a_bad_factor_is_one_line(value, tmp_path):
     assert p.returncode == 2 and "privacy.factor" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
 
 
+@pytest.mark.slow
 def test_dp_factor_prints_error_and_sensitivity(tmp_path):
     got = {}
     for factor in ("sqrt", "optimized"):

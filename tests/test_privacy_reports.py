@@ -26,6 +26,7 @@ def run(cfg: dict, path) -> str:
 
 # ----------------------------------------------------------------------------- what users report
 
+@pytest.mark.slow
 def test_info_shows_the_calibrated_noise_multiplier(tmp_path, capsys):
     cfg = synthetic_config(rounds=4, algorithm={"name": "fedavg_active"}, availability=SPARSE,
                            privacy={"mechanism": "gaussian", "clip": 1.0, "epsilon": 8.0})
@@ -103,6 +104,7 @@ def test_a_banded_run_that_shows_who_took_part_is_not_amplified():
     ({"availability": {"kind": "cohort", "size": 4}, "band": 1},
      ["privacy.mechanism 'banded_mf'", "availability.kind 'cohort'"]),
 ])
+@pytest.mark.slow
 def test_required_amplification_is_refused_in_one_line_where_it_cannot_be_claimed(change, keys, tmp_path):
     from conftest import fedmpi, write_config
 

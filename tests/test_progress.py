@@ -54,6 +54,7 @@ def _progress_lines(stderr: str) -> list[str]:
     return [ln for ln in stderr.splitlines() if ln.startswith("fedmpi: round ")]
 
 
+@pytest.mark.slow
 def test_a_batch_log_gets_one_line_per_evaluation(tmp_path):
     cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=6, eval_every=2, runtime={"progress": True}))
     p = fedmpi(["run", cfg, "--out", str(tmp_path / "a.h5")])
@@ -64,6 +65,7 @@ def test_a_batch_log_gets_one_line_per_evaluation(tmp_path):
     assert _progress_lines(q.stderr) == [] and q.stderr == ""
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_only_rank_0_reports(tmp_path):
     cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=4, eval_every=2, runtime={"progress": True}))
@@ -71,6 +73,7 @@ def test_only_rank_0_reports(tmp_path):
     assert len(_progress_lines(p.stderr)) == 3
 
 
+@pytest.mark.slow
 def test_tqdm_bar_on_a_zero_column_terminal(tmp_path):
     cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=6, eval_every=2, runtime={"progress": True}))
     master, slave = pty.openpty()
@@ -93,6 +96,7 @@ def test_tqdm_bar_on_a_zero_column_terminal(tmp_path):
     assert "6/6" in text and "round" in text and "fedmpi: round" not in text  # a bar, not lines
 
 
+@pytest.mark.slow
 def test_csv_sidecar_follows_the_result_file_also_after_resume(tmp_path):
     out = tmp_path / "r.h5"
     cfg = write_config(tmp_path / "c.yaml", synthetic_config(

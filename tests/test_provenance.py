@@ -8,6 +8,7 @@ import os
 
 import h5py
 import numpy as np
+import pytest
 import yaml
 
 from conftest import fedmpi, write_config
@@ -92,6 +93,7 @@ def test_the_dataset_cache_never_serves_a_regenerated_file(tmp_path):
         plugins._done.discard(str(path))
 
 
+@pytest.mark.slow
 def test_sweep_cells_outdated_by_a_plugin_or_data_change(tmp_path):
     plug = tmp_path / "plug.py"
     plug.write_text(PLUGIN)
@@ -131,6 +133,7 @@ def test_sweep_cells_outdated_by_a_plugin_or_data_change(tmp_path):
     assert p.returncode == 2 and "data d.csv changed" in p.stderr
 
 
+@pytest.mark.slow
 def test_refusing_another_experiment_names_the_keys_that_differ(tmp_path):
     from conftest import synthetic_config
 

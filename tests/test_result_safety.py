@@ -27,6 +27,7 @@ def _run(cfg, out, *extra) -> int:
     return main(["run", str(cfg), "--out", str(out), "--quiet", *extra])
 
 
+@pytest.mark.slow
 def test_a_second_run_on_a_busy_path_leaves_the_first_file_intact(tmp_path):
     """Two real processes on one path: the second exits 2 at once (also with --overwrite), the
     first keeps writing and its file stays readable to the end."""
@@ -127,6 +128,7 @@ def test_output_placeholders(tmp_path):
         output_path(bad)
 
 
+@pytest.mark.slow
 def test_unfinished_run_of_another_experiment_needs_overwrite(tmp_path, capsys):
     cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=6))
     out = tmp_path / "r.h5"
@@ -163,6 +165,7 @@ def test_rows_are_buffered_and_written_at_flush(tmp_path):
     assert not hdf5.is_locked(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flush_s, rows", [(0, 5), (3600, 0)])
 def test_killed_run_leaves_the_rows_of_its_last_flush(tmp_path, flush_s, rows):
     out = tmp_path / "k.h5"

@@ -91,6 +91,7 @@ def _corrupt(data: bytes, rng: np.random.Generator) -> bytes:
     return bytes(b)
 
 
+@pytest.mark.slow
 def test_randomly_damaged_files_are_one_line_or_read(tmp_path):
     """Bytes flipped, the file cut, a block overwritten: every reading command reads the file or
     says in one line that it cannot (HDF5 raises RuntimeError, OSError, KeyError... from anywhere)."""

@@ -153,7 +153,7 @@ def test_log_availability_changed_on_resume_is_refused(tmp_path, before):
 
 # ----------------------------------------------------------------------------- #35: extending a completed run
 
-@pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=pytest.mark.mpi)])
+@pytest.mark.parametrize("ranks", [1, pytest.param(2, marks=[pytest.mark.mpi, pytest.mark.slow])])
 def test_a_completed_run_extends_to_the_bits_of_a_longer_run(tmp_path, ranks):
     """#35 item 8: a completed run could not be extended without --overwrite (which starts afresh)."""
     data = synthetic_config(rounds=5, eval_every=2, runtime={"progress": False, "log_availability": True},
@@ -222,6 +222,26 @@ def test_a_periodic_kind_under_privacy_extends_to_the_bits_of_a_longer_run(tmp_p
     _same(short, ref)
     with h5py.File(short) as f:
         assert f["metrics/epsilon"].shape == (7,) and f["privacy/noise_multiplier"].shape == (6,)
+
+
+@pytest.mark.parametrize("over", [
+    {"algorithm": {"name": "fedbuff", "concurrency": 5, "buffer": 3}, "availability": {"kind": "always"},
+     "clock": {"kind": "lognormal", "comm_time": 2.0, "sigma": 1.0}},  # tasks in flight at the end
+    {"algorithm": {"name": "fedavg_active"}, "clock": {"kind": "lognormal", "deadline": 6.0, "dropout": 0.1}},
+], ids=["fedbuff", "deadline"])
+def test_a_clocked_run_extends_to_the_bits_of_a_longer_run(tmp_path, over):
+    """The virtual clock's state (the asynchronous server's queue, the time) is in the kept final
+    state: the extension's metrics (time included), /events and model are those of the longer run."""
+    data = synthetic_config(rounds=3, eval_every=1, runtime={"progress": False}, **over)
+    short, ref = str(tmp_path / "short.h5"), str(tmp_path / "ref.h5")
+    Runner(config.from_dict(data), World(), short, quiet=True).run()
+    Runner(config.from_dict({**data, "rounds": 7}), World(), short, quiet=True).run()
+    Runner(config.from_dict({**data, "rounds": 7}), World(), ref, quiet=True).run()
+    _same(short, ref)
+    with h5py.File(short) as a, h5py.File(ref) as b:
+        assert a["events/round"].shape[0] > 0 and sorted(a["events"]) == sorted(b["events"])
+        for k in a["events"]:
+            np.testing.assert_array_equal(a["events"][k][:], b["events"][k][:], err_msg=k)
 
 
 def test_who_reads_rounds_is_named_by_the_refusal():

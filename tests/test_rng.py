@@ -3,10 +3,9 @@
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from fedmpi import rng
+from helpers.properties import given, settings, st
 
 
 def test_same_key_same_numbers_any_chunking():

@@ -19,6 +19,7 @@ from conftest import wait_for_rows, ROOT, fedmpi, synthetic_config, write_config
 QUICKSTART = os.path.join(ROOT, "configs", "quickstart.yaml")
 
 
+@pytest.mark.slow
 def test_quadratic_fedavg_layout(tmp_path):
     out = tmp_path / "q.h5"
     cfg = write_config(tmp_path / "q.yaml", {
@@ -54,6 +55,7 @@ def _runs_in_process(tmp_path, seeds, **over) -> list[str]:
     return paths
 
 
+@pytest.mark.slow
 def test_info_and_plot(tmp_path):
     paths = _runs_in_process(tmp_path, (1, 2))
     info = fedmpi(["info", paths[0]]).stdout
@@ -73,6 +75,7 @@ def test_plot_groups_seeds_into_a_band(tmp_path):
     assert len(curves) == 1 and curves[0][4] == 3 and (curves[0][3] >= 0).all()
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("fmnist_available")
 def test_fmnist_fedavg_learns(tmp_path):
     out = tmp_path / "f.h5"
@@ -84,6 +87,7 @@ def test_fmnist_fedavg_learns(tmp_path):
         assert f["metrics/test_acc"][0] < 0.3  # it learned it
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, needle", [
     (["run", "missing.yaml"], "missing.yaml: config file not found"),
     (["run", QUICKSTART, "--set", "train.lr=-1"], "train.lr: must be > 0"),
@@ -100,6 +104,7 @@ def test_bad_input_exit_2_one_line(args, needle):
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in p.stderr
 
 
+@pytest.mark.slow
 def test_corrupt_config_file(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_bytes(b"\xff\xfe\x00garbage: [")
@@ -107,6 +112,7 @@ def test_corrupt_config_file(tmp_path):
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_runs_without_mpi4py(tmp_path):
     """A single process must not need mpi4py."""
     out = str(tmp_path / "n.h5")
@@ -118,6 +124,7 @@ def test_runs_without_mpi4py(tmp_path):
         assert f.attrs["status"] == "completed"
 
 
+@pytest.mark.slow
 def test_sigkill_leaves_readable_file(tmp_path):
     out = tmp_path / "k.h5"
     cfg = write_config(tmp_path / "c.yaml", synthetic_config(output=str(out), rounds=100000, eval_every=1))
@@ -155,6 +162,7 @@ def test_one_and_two_ranks_identical(tmp_path):
         assert f.attrs["world_size"] == 2
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 @pytest.mark.usefixtures("fmnist_available")
 def test_dropout_model_one_and_two_ranks_identical(tmp_path):
@@ -169,6 +177,7 @@ def test_dropout_model_one_and_two_ranks_identical(tmp_path):
     _same_results(one, two)
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_bad_config_under_mpiexec(tmp_path):
     cfg = write_config(tmp_path / "c.yaml", synthetic_config(train={"lr": -1}))
@@ -178,6 +187,7 @@ def test_bad_config_under_mpiexec(tmp_path):
     assert ours == ["fedmpi: error: train.lr: must be > 0, got -1"] and "Traceback" not in p.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 @pytest.mark.parametrize("how", ["raise", "kill"])
 def test_a_failing_rank_ends_the_job(tmp_path, how):

@@ -55,6 +55,7 @@ def test_server_control_is_the_mean_of_the_client_controls():
         assert torch.allclose(algo.c, algo.controls.rows.mean(0), rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_removes_the_client_drift_of_fedavg():
     rounds = 300
     optimum = float(np.dot(A, U) / np.sum(A))
@@ -109,6 +110,7 @@ def test_memory_of_the_client_controls_is_checked_up_front(name, tmp_path, monke
 
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("train", [{"local_steps_file": "steps.txt"}, {"momentum": 0.9},
                                    {"momentum": 0.9, "local_steps_file": "steps.txt"}],
                          ids=["steps_file", "momentum", "both"])

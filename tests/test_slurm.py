@@ -22,6 +22,7 @@ def _shim(folder, name: str, body: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("template, srun_code, sig", [("single_node_gpus.sbatch", "", signal.SIGUSR1),
                                                       ("cpu_ranks.sbatch", "", signal.SIGUSR1),
                                                       ("multi_node.sbatch", "137", signal.SIGUSR1),
@@ -59,6 +60,7 @@ def test_usr1_requeues_and_term_stops(tmp_path, template, srun_code, sig):
     assert not os.path.exists(tmp_path / "runs" / ".fedmpi-exit-4242")  # the launcher removes it
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 @pytest.mark.parametrize("case, code", [("interrupted", 3), ("bad input", 2)])
 def test_an_agreed_ending_prints_no_open_mpi_banner(tmp_path, case, code):

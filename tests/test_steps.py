@@ -116,6 +116,7 @@ def test_bad_values_name_the_key(key, value):
         config.from_dict(synthetic_config(**{f"train__{key}": value}))
 
 
+@pytest.mark.slow
 def test_bad_draw_exits_2_on_the_cli(tmp_path):
     cfg = write_config(tmp_path / "c.yaml", synthetic_config())
     p = fedmpi(["run", cfg, "--quiet", "--set", "train.local_steps_draw=poisson"], check=False)
@@ -154,11 +155,16 @@ def test_more_step_inputs_than_memory_are_refused_up_front(tmp_path, monkeypatch
             build_components(cfg, World())
     assert guards.step_inputs_bytes(10, 4, 8, False, False) == 10 * 4 * (9 + 8 * 32)
     assert guards.step_inputs_bytes(10, 4, 8, True, True) == 10 * 4 * (9 + 8 * 12) + 4 * 8 * 32
+
+
+@pytest.mark.slow
+def test_more_step_inputs_than_memory_is_one_line_on_the_cli(tmp_path):
     p = fedmpi(["run", write_config(tmp_path / "c.yaml", synthetic_config()), "--quiet", "--set",
                 "train.local_steps=100000000"], check=False)
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "train.local_steps: 100000000 local steps" in p.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 @pytest.mark.parametrize("draw", ["geometric", "lognormal"])
 def test_one_and_two_ranks_give_the_same_bits(draw, tmp_path):

@@ -68,6 +68,7 @@ def test_a_closed_connection_is_a_lost_rank_named_with_its_node(hub, beat, tmp_p
     assert state["lost_rank"] == 1 and state["lost_node"] == "n2"
 
 
+@pytest.mark.slow
 def test_a_silent_rank_is_lost_after_lost_after_s(hub, beat):
     r0 = beat(f"127.0.0.1:{hub.port}", 0, "n1", 3)
     mute = socket.create_connection(("127.0.0.1", hub.port))  # says hello, then nothing (a frozen node)
@@ -143,6 +144,7 @@ def test_settle_leaves_a_file_that_rank_0_finished_or_still_holds(tmp_path):
         assert f.attrs["status"] == "running"
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 @pytest.mark.parametrize("launcher", ["mpiexec", "fedmpi-launch"])
 def test_a_frozen_rank_fails_the_run_within_lost_after_s_and_the_resume_has_the_same_bits(tmp_path, launcher):

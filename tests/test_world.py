@@ -110,6 +110,7 @@ def test_deciding_node(nodes, want):
 
 # ---------------------------------------------------------------- real runs
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_nccl_without_cuda_is_exit_2_in_one_line(tmp_path):
     cfg = write_config(tmp_path / "c.yaml", synthetic_config(runtime={"backend": "nccl", "progress": False}))
@@ -127,6 +128,7 @@ def _compare():
     return mod.compare
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 @pytest.mark.parametrize("algorithm", ["fedswe", "dspodfl"])
 def test_staged_two_ranks_match_one_rank_bitwise(tmp_path, algorithm):
@@ -144,6 +146,7 @@ def test_staged_two_ranks_match_one_rank_bitwise(tmp_path, algorithm):
     assert same, line
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_staged_exchange_is_bitwise_rank_independent(tmp_path):
     script = Path(ROOT) / "tests" / "mpi_scripts" / "exchange_check.py"

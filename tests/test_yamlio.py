@@ -84,6 +84,7 @@ def test_alias_budget():
         yamlio.loads(_bomb(7), "t")
 
 
+@pytest.mark.slow
 def test_alias_bomb_in_schedule_is_refused_at_once(tmp_path):
     """The campaign's ~700-byte bomb (10 levels of anchors) in availability.schedule ran for minutes."""
     cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=2, availability={"kind": "trace"}))
@@ -97,6 +98,7 @@ def test_alias_bomb_in_schedule_is_refused_at_once(tmp_path):
     assert len(p.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_aliases_within_budget_run(tmp_path):
     text = yaml.safe_dump(synthetic_config(rounds=3, availability={"kind": "trace"},
                                            runtime={"log_availability": True}))
@@ -107,6 +109,7 @@ def test_aliases_within_budget_run(tmp_path):
         assert [np.flatnonzero(r).tolist() for r in f["availability/mask"][:]] == [[0, 1], [0, 1], [5]]
 
 
+@pytest.mark.slow
 def test_deep_nesting_is_one_line(tmp_path):
     """Deeply nested YAML ended in a RecursionError with ~3000 lines of traceback."""
     cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=1, availability={"kind": "trace"}))

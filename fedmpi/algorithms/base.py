@@ -38,6 +38,9 @@ The runner calls (every "collective" method must be called on every rank, in the
 | ``evaluation_snapshot()`` at each evaluation | every rank | yes | caches only |
 | ``final_params()`` once, at the end | every rank | yes | caches only |
 | ``static_groups()`` once, fresh runs only | rank 0 | no | nothing |
+| ``virtual_time()`` at each evaluation (with a clock) | every rank | no | nothing |
+| ``round_events()`` after each round (with a clock) | every rank | no | hands its events over |
+| ``make_clock()`` / ``durations()`` once, in ``__init__`` (with a clock) | every rank | no | nothing |
 | ``state_dict()`` / ``load_state_dict(state)`` | every rank | no | load: its state |
 
 ``ServerAlgorithm`` is the centralized round (docs/DESIGN.md). Its ``round(t)`` is three phases,
@@ -63,6 +66,7 @@ Inside ``round(t)``:
 | step | ranks | what it may do |
 |---|---|---|
 | 1. ``select(t, available)`` | every rank, once per round, same input | update replicated per-round state |
+| 1b. with a clock: who the clock keeps (``fedmpi.clock.rounds``); ``failures(t, failed, late)`` | every rank | -- |
 | 2. ``start_models``, ``lr_scale``, ``local_terms`` | every rank, its active clients (``assigned``) | read state |
 | 3. ``local_training(t, local, start)`` (default: ``ctx.trainer`` with ``local_terms``) | every rank | client state |
 | 3b. privacy: each update clipped to ``privacy.clip`` (``fedmpi.privacy``) | every rank; adaptive: collective | its C |
@@ -97,6 +101,9 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import torch
 
+from ..clock.availability import InTime
+from ..clock.durations import Durations
+from ..clock.rounds import RoundClock
 from ..engine.local_step import StepTerm
 from ..engine.local import LocalStats, Training
 from ..engine.quantities import ClientQuantity, check_quantities
@@ -274,6 +281,19 @@ class Algorithm(Stateful):
         if not cls.needs_participation and cfg.availability.kind != "always":
             raise InputError(f"availability.kind: algorithm {cfg.algorithm.name!r} does not use availability "
                              f"(leave availability.kind: always)")
+        step = getattr(cls, "own_server_step", None)
+        if step is not None and cfg.algorithm.global_lr != 1.0:
+            raise InputError(f"algorithm.global_lr: {cfg.algorithm.name} {step} (leave it at 1), "
+                             f"got {cfg.algorithm.global_lr}")
+        if cfg.clock.on and not issubclass(cls, ServerAlgorithm):
+            raise InputError(f"clock.kind: algorithm.name {cfg.algorithm.name} is decentralized (its delays are "
+                             f"sporadicity's); the clock times a server's rounds (leave clock.kind: none)")
+        c = cfg.clock
+        if (c.drops or c.slot is not None) and getattr(cls, "needs_probabilities", False):
+            key = next(k for k, on in (("slot", c.slot is not None), ("deadline", c.deadline is not None),
+                                       ("over_select", c.over_select > 0), ("dropout", True)) if on)
+            raise InputError(f"clock.{key}: algorithm.name {cfg.algorithm.name} weights clients by their true "
+                             f"availability p_i^t in round t, which the clock changes")
 
     def round(self, t: int) -> int:
         """Run round (iteration) t; return the number of clients that trained (the same on every rank)."""
@@ -304,6 +324,15 @@ class Algorithm(Stateful):
         """Result-file groups written once at the start, e.g. {'topology': {'edges': ...}}."""
         return {}
 
+    def virtual_time(self) -> float | None:
+        """Virtual seconds since the start (the metric ``time``), or None without a clock."""
+        return None
+
+    def round_events(self) -> dict[str, np.ndarray] | None:
+        """The clock's events of the last round (``fedmpi.clock.events``), handed over once, for
+        ``/events``; None without a clock."""
+        return None
+
 
 class ServerAlgorithm(Algorithm):
     """Centralized FL with rank 0 as the server; see the module docstring."""
@@ -332,6 +361,12 @@ class ServerAlgorithm(Algorithm):
     #: Ignored when the class declares ``client_state``, which lives on the owning rank. Either way
     #: the same bits (each client's training is its own; the sum is exact).
     clients_anywhere = False
+    #: why it sets its own server step (e.g. "sets its own server step size"): then
+    #: ``algorithm.global_lr`` must stay 1; None: eta_g applies
+    own_server_step: str | None = None
+    #: False: its round is not the three phases (an asynchronous server step), so a packed sweep
+    #: (``fedmpi.packed``) runs it alone
+    packs = True
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
@@ -347,6 +382,23 @@ class ServerAlgorithm(Algorithm):
         on = self.cfg.privacy.mechanism != "none"  # privacy hook: one mechanism for every declaring algorithm
         self.privacy = Privacy.of_run(self.cfg, ctx.participation, declaration(type(self), self.cfg.algorithm.name)
                                       if on else None, ctx.spec.dim, ctx.world)
+        self.clock = self.make_clock()  # None without ``clock:``
+        slot = self.cfg.clock.slot  # availability asked at virtual times (``fedmpi.clock.availability``)
+        self.in_time = InTime(ctx.participation, slot, self.m) if slot is not None and ctx.participation else None
+
+    def make_clock(self) -> RoundClock | None:
+        """The synchronous rounds' clock (``fedmpi.clock.rounds``) when ``clock.kind`` is not none:
+        a cohort of K = ``availability.size`` keeps K under ``clock.over_select``."""
+        c = self.cfg.clock
+        if not c.on:
+            return None
+        keep = self.cfg.availability.size if c.over_select > 0 else None
+        return RoundClock(self.durations(), keep)
+
+    def durations(self) -> Durations:
+        """The clients' task durations (``fedmpi.clock.durations``; a device map needs the batch and
+        the model size)."""
+        return Durations(self.cfg.clock, self.m, self.cfg.seed, self.cfg.train.batch_size, self.ctx.spec.dim)
 
     # ---------------------------------------------------------------- the round
     def round(self, t: int) -> int:
@@ -359,8 +411,16 @@ class ServerAlgorithm(Algorithm):
     def begin_round(self, t: int) -> TrainingRequest:
         """Steps 1-2 of round t (every rank): who trains, from which models and, with the default
         training (``trains_by_default``), with which step sizes, terms and stats to fill."""
-        available = self.ctx.participation.available(t)
+        timed = self.in_time is not None
+        available = self.in_time.at(self.clock.now) if timed else self.ctx.participation.available(t)
         active = self.select(t, available)
+        if self.clock is not None:  # 1b: the clients the clock keeps (deadline, over-selection, dropout)
+            cohort = self.clock.round(t, active, self.ctx.trainer.steps_of(active, t))
+            if len(cohort.failed) or len(cohort.late):
+                self.failures(t, cohort.failed, cohort.late)
+            if timed and not len(active):  # nobody to ask: the round waits for the next availability step
+                self.clock.now = self.in_time.next_change(self.clock.now)
+            active = cohort.kept
         self.active = active
         local = self.assigned(active)
         start = self.start_models(local)
@@ -446,6 +506,12 @@ class ServerAlgorithm(Algorithm):
         Called exactly once per round, on every rank, with the same ``available``: it may
         update replicated per-round state (F3AST's rates, debiased FedAvg's counts)."""
         return available
+
+    def failures(self, t: int, failed: np.ndarray, late: np.ndarray) -> None:
+        """Step 1b (with a clock, every rank): of the clients ``select`` chose in round t, those
+        whose task failed (``clock.dropout``) and those dropped as stragglers (``clock.deadline``);
+        they do not train and are not in A_t. Default: nothing more (each algorithm's file and
+        docs/ALGORITHMS.md say what it does with them)."""
 
     def start_models(self, local: np.ndarray) -> torch.Tensor:
         """Starting models of the local active clients (default: x^t for each)."""
@@ -542,10 +608,20 @@ class ServerAlgorithm(Algorithm):
     def last_mask(self) -> np.ndarray:
         return self.active
 
+    def virtual_time(self) -> float | None:
+        return None if self.clock is None else self.clock.now
+
+    def round_events(self) -> dict[str, np.ndarray] | None:
+        return None if self.clock is None else self.clock.events.take()
+
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> State:
         """The declared state, plus under privacy the mechanism's (``privacy.<name>``, shared)."""
         state = super().state_dict()
+        if self.clock is not None:  # the virtual time the next round starts at
+            state.shared["clock.now"] = torch.tensor(self.clock.now, dtype=torch.float64)
+        if self.in_time is not None:  # the availability step reached and who is available in it
+            state.shared.update(self.in_time.state_dict().shared)
         if self.privacy.on:  # privacy hook: sigma, C and the mechanism's state (banded MF's noise history)
             state.shared.update({f"privacy.{k}": v for k, v in self.privacy.state_dict().shared.items()})
         return state
@@ -553,6 +629,12 @@ class ServerAlgorithm(Algorithm):
     def load_state_dict(self, state: State) -> None:
         """The declared state from a checkpoint (client rows: this rank's shard), and privacy's."""
         super().load_state_dict(state)
+        if self.clock is not None:
+            if "clock.now" not in state.shared:
+                raise InputError("checkpoint: no saved clock.now (written by another version?)")
+            self.clock.now = float(state.shared["clock.now"].item())
+        if self.in_time is not None:
+            self.in_time.load_state_dict(state.shared)
         if self.privacy.on:
             mine = {k.removeprefix("privacy."): v for k, v in state.shared.items() if k.startswith("privacy.")}
             self.privacy.load_state_dict(State(shared=mine))

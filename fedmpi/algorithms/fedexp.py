@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..errors import InputError
 from ..schema import opt
 from .base import ServerParams, register
 from .fedavg import FedAvgActive
@@ -37,13 +36,7 @@ class FedExP(FedAvgActive):
     Params = FedExPParams
     delta_norms = True  # self.outputs.delta_sq
     private = "its server step size reads every ||Delta_i||^2, which the noise on the sum does not cover"
-
-    @classmethod
-    def check_config(cls, cfg) -> None:
-        super().check_config(cfg)
-        if cfg.algorithm.global_lr != 1.0:
-            raise InputError(f"algorithm.global_lr: fedexp sets its own server step size (leave it at 1), "
-                             f"got {cfg.algorithm.global_lr}")
+    own_server_step = "sets its own server step size"
 
     def server_update(self, t: int, active: np.ndarray, total: torch.Tensor) -> torch.Tensor:
         """x^t + eta_g^t Delta_bar (rank 0; ``total`` = Delta_bar)."""

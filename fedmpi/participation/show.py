@@ -48,11 +48,6 @@ def simulate(part: Participation, rounds: int, clients: Sequence[int] = ()) -> t
     return counts, sel
 
 
-def empirical_frequency(part: Participation, rounds: int) -> np.ndarray:
-    """Fraction of rounds 0..rounds-1 in which each client was available (``part`` must be fresh)."""
-    return simulate(part, rounds)[0] / max(rounds, 1)
-
-
 def client_info(cfg: Config, loader: InfoLoader | None = None) -> ClientInfo:
     """What the participation model needs; loads the data partition only when it must."""
     av = cfg.availability

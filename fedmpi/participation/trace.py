@@ -14,7 +14,8 @@
   stays on to the end of the trace; an optional ``finish_time`` extends the trace). FedScale's
   pickle of that layout is read with a restricted unpickler that admits only plain containers,
   numbers and strings (any class, numpy included, is refused). Times
-  are taken as round indices (FedScale records seconds: rescale before use). Clients absent from
+  are taken as round indices (FedScale records seconds: rescale before use, or replay them in
+  virtual seconds with ``clock.slot: 1``, ``fedmpi.clock.availability``). Clients absent from
   the file are never available. The trace lasts max(end, finish_time, open start + 1) rounds.
 - ``auto`` (default): ``.npy`` (or numpy magic) -> matrix; ``.json``/``.pkl``/``.pickle``, a
   pickle, or text starting with ``{`` -> intervals; text whose every non-blank line has exactly

@@ -7,7 +7,8 @@ Layout: root attributes ``config`` (resolved YAML), ``fedmpi_version``, ``world_
 (``round_series``, one float64 per round run: ``/privacy/noise_multiplier``; or one row of m float64
 per round run: ``/client_rounds/<name>``, a declared per-client quantity); ``/clients/<name>``
 (evaluations x m float64, rows aligned with ``/metrics/round``) for per-client metrics when requested; ``notes``
-attributes (e.g. ``stopped_early``) set by the run; ``/final/params``; extra groups
+attributes (e.g. ``stopped_early``) set by the run; ``/events/<column>`` (one row per task the
+virtual clock ran, ``fedmpi.clock.events``) when the run has a clock; ``/final/params``; extra groups
 (``/partition``, ``/topology``) written once.
 
 Safety. A writer first *claims* its path (:func:`claim`): an exclusive ``flock`` on the file,
@@ -39,6 +40,7 @@ import h5py
 import numpy as np
 
 from .. import __version__
+from ..clock.events import EVENT_COLUMNS, OUTCOMES
 from ..errors import InputError, WriteFailed
 
 STATUSES = ("running", "completed", "interrupted", "failed", "diverged")
@@ -331,11 +333,12 @@ class ResultWriter:
     def __init__(self, path: str, config_yaml: str, seed: int, world_size: int, metrics: list[str],
                  m: int, log_mask: bool, resume_at: int | None = None, claim_: Claim | None = None,
                  flush_s: float = 0.0, client_arrays: Iterable[str] = (), notes: dict[str, Any] | None = None,
-                 rows_through: int | None = None, round_series: Iterable[str] | dict[str, Any] = ()):
+                 rows_through: int | None = None, round_series: Iterable[str] | dict[str, Any] = (),
+                 events: bool = False):
         """``resume_at``: continue the file after a checkpoint of that round (rows after
         ``rows_through``, default ``resume_at``, are dropped), with this run's config stored.
         ``round_series``: datasets of one entry per round run (``append_round``), by name: a
-        number, or a row whose width the value gives."""
+        number, or a row whose width the value gives. ``events``: the clock's ``/events`` table."""
         self.path = path
         self.notes = dict(notes or {})  # root attributes, written at every flush
         self.claim = claim_
@@ -347,6 +350,7 @@ class ResultWriter:
         series = round_series if isinstance(round_series, dict) else dict.fromkeys(round_series, 0.0)
         self._widths = {name: int(np.size(v)) if np.ndim(v) else 0 for name, v in series.items()}
         self._series = {name: [] for name in self._widths}
+        self._events: list[dict[str, np.ndarray]] | None = [] if events else None  # the clock's /events
         self._rounds_done = resume_at or 0
         self._last_flush = time.monotonic()
         self.sidecars: list = []
@@ -379,6 +383,11 @@ class ResultWriter:
                                   dtype=np.float64)
         for name in self._series:
             self.f.create_dataset(name, **self._series_layout(name), shape=(0, *self._row(name)))
+        if events:
+            g = self.f.create_group("events")
+            g.attrs["outcomes"] = ",".join(OUTCOMES)
+            for n, dtype in EVENT_COLUMNS.items():
+                g.create_dataset(n, shape=(0,), maxshape=(None,), chunks=(4096,), dtype=dtype)
         self.mask = None
         if log_mask:
             self.mask = self.f.create_dataset("availability/mask", shape=(0, m), maxshape=(None, m),
@@ -415,6 +424,13 @@ class ResultWriter:
                 raise InputError(f"{self.path}: holds {ds.shape[0]} rows of /{name}, fewer than the checkpoint's "
                                  f"{rounds_done} rounds; --overwrite starts afresh")
             ds.resize((rounds_done, *self._row(name)))
+        if self._events is not None:  # the events of rounds after the checkpoint go
+            g = self.f.get("events")
+            if g is None or "round" not in g:
+                raise InputError(f"{self.path}: has no /events to continue; --overwrite starts afresh")
+            keep_events = int(np.searchsorted(g["round"][:], rounds_done, side="right"))
+            for ds in g.values():
+                ds.resize((keep_events,))
         self.mask = self.f.get("availability/mask")
         if self.mask is not None:
             if self.mask.shape[0] < rounds_done:
@@ -516,6 +532,11 @@ class ResultWriter:
         for name, value in values.items():
             self._series[name].append(value)
 
+    def append_events(self, events: dict[str, np.ndarray]) -> None:
+        """Add the clock's events of one round (``fedmpi.clock.events``: {column: array})."""
+        if self._events is not None and len(events["round"]):
+            self._events.append(events)
+
     def _maybe_flush(self) -> None:
         if time.monotonic() - self._last_flush >= self.flush_s:
             self.flush()
@@ -536,6 +557,9 @@ class ResultWriter:
                 w = max(self._widths[name], 1)
                 need += 2 * 8 * (1024 if not self._widths[name] else self.f[name].chunks[0] * min(w, 2**17))
                 need += 8 * w * len(rows)
+        if self._events:
+            n = sum(len(e["round"]) for e in self._events)
+            need += 7 * (2 * 8 * 4096 + n * 8)
         if self._mask_rows:
             (rows, cols), n = self.mask.chunks, self.mask.shape[0]
             touched = -(-(n + len(self._mask_rows)) // rows) - n // rows
@@ -587,6 +611,13 @@ class ResultWriter:
                 ds.resize((n + len(rows), *self._row(name)))
                 ds[n:] = np.asarray(rows, dtype=np.float64)
                 rows.clear()
+        if self._events:
+            for name, ds in self.f["events"].items():
+                rows = np.concatenate([e[name] for e in self._events])
+                n = ds.shape[0]
+                ds.resize((n + len(rows),))
+                ds[n:] = rows
+            self._events.clear()
         if self._mask_rows:
             n, k = self.mask.shape[0], len(self._mask_rows)
             self.mask.resize((n + k, self.mask.shape[1]))

@@ -47,7 +47,7 @@ _MAX_LABEL_KEYS = 4
 SIZES = {"column": (3.4, 2.6), "page": (7.0, 3.0), "default": (6.4, 4.2)}  # inches: a paper column, a page
 LEGENDS = ("below", "right", "none", "best", "upper left", "upper right", "lower left", "lower right",
            "center left", "center right", "upper center", "lower center", "center")
-XLABELS = {"round": "round", "sim_delay": "emulated delay", "wall_time": "wall time (s)"}
+XLABELS = {"round": "round", "sim_delay": "emulated delay", "wall_time": "wall time (s)", "time": "virtual time (s)"}
 # Okabe & Ito's colour-blind-safe palette (yellow last: faint on white), line styles and markers
 # that keep curves apart in grayscale.
 COLORS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#F0E442")
@@ -407,7 +407,8 @@ def plot(paths: list[str], metric: str | list[str], out: str, x: str = "round", 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("inputs", nargs="+", help="result files, folders (every .h5 below) or sweep files")
     parser.add_argument("--metric", default="test_acc", help="metric, or several comma-separated (one subplot each)")
-    parser.add_argument("--x", default="round", help="x axis: round, sim_delay or wall_time")
+    parser.add_argument("--x", default="round", help="x axis: round, sim_delay, wall_time or time (the clock's "
+                                                     "virtual seconds)")
     parser.add_argument("--out", required=True, help="figure file (.png, .pdf, .svg)")
     parser.add_argument("--title", help="the figure's title (none by default)")
     parser.add_argument("--xlabel", help="x axis label (default: the x axis in words, e.g. round)")
@@ -428,8 +429,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_cli(args: argparse.Namespace) -> int:
-    if args.x not in ("round", "sim_delay", "wall_time"):
-        raise InputError(f"--x: must be round, sim_delay or wall_time, got {args.x!r}")
+    if args.x not in XLABELS:
+        raise InputError(f"--x: must be round, sim_delay, wall_time or time, got {args.x!r}")
     metrics = [m.strip() for m in args.metric.split(",") if m.strip()]
     if not metrics:
         raise InputError("--metric: empty")

@@ -9,7 +9,8 @@ or ``sim_delay``...), the mean over a window of x (``window: [lo, hi]``), the be
 (``best: max|min``), or the rounds to reach a target (``rounds_to: V``, ``--rounds-to test_acc=0.8``:
 the first x whose value is >= V, or <= V with ``goal: at_most`` / ``test_loss<=0.3``; NaN
 when never reached, so such runs are left out of the cell's mean and its n counts those that
-reached). ``scale`` multiplies metric values, never such counts of x (V is in the metric's own
+reached); ``--time-to test_acc=0.8`` is the same with x = ``time``, the virtual seconds of a run
+with a clock (``fedmpi.clock``). ``scale`` multiplies metric values, never such counts of x (V is in the metric's own
 units). Runs are grouped by the row and column keys; a group's cell is the mean +/- standard
 deviation (numpy's, ddof = 0) of its runs' numbers, one run per seed. Runs of one group must not
 differ in any other result-defining key (``reader.is_result_key``): such a table would silently
@@ -72,7 +73,8 @@ class MetricSpec:
         if self.label:
             return self.label
         if self.rounds_to is not None:
-            return f"{self.x}s to {self.metric} {'>=' if self.goal == 'at_least' else '<='} {self.rounds_to:g}"
+            x = "time" if self.x == "time" else f"{self.x}s"  # virtual seconds (the clock), or a count
+            return f"{x} to {self.metric} {'>=' if self.goal == 'at_least' else '<='} {self.rounds_to:g}"
         how = (f"at {self.x} {self.at:g}" if self.at is not None else f"{self.best}" if self.best
                else f"last {self.last}" if self.last and self.last > 1 else "")
         return f"{self.metric} ({how})" if how else self.metric
@@ -469,6 +471,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds-to", action="append", metavar="METRIC=V",
                         help="rounds to reach a target (repeatable): METRIC=V or METRIC>=V (>= V), "
                              "METRIC<=V (<= V, for losses); NaN when never reached")
+    parser.add_argument("--time-to", action="append", metavar="METRIC=V",
+                        help="virtual seconds (the clock's metric time) to reach a target (repeatable), as "
+                             "--rounds-to; NaN when never reached")
     parser.add_argument("--x", default=None, help="x axis of --at (round, sim_delay, ...; default round)")
     parser.add_argument("--scale", type=float, help="multiply metric values (100 for percent; not --rounds-to "
                                                      "counts, whose targets stay in the metric's units)")
@@ -482,6 +487,7 @@ def _specs(args: argparse.Namespace, spec: dict, runs: list[Run]) -> list[Metric
     cli = {k: v for k, v in (("last", args.last), ("at", args.at), ("best", args.best), ("x", args.x),
                              ("scale", args.scale), ("digits", args.digits)) if v is not None}
     targets = [_target(t, cli) for t in args.rounds_to or ()]  # columns after the others
+    targets += [_target(t, {**cli, "x": "time"}, "--time-to") for t in args.time_to or ()]
     if args.metric:
         return [metric_spec({"metric": m, **cli}, f"--metric {m}") for m in args.metric] + targets
     if targets and spec.get("metrics") is None:
@@ -504,15 +510,15 @@ def _specs(args: argparse.Namespace, spec: dict, runs: list[Run]) -> list[Metric
     return out + targets
 
 
-def _target(text: str, cli: dict) -> MetricSpec:
-    """A ``--rounds-to`` column: ``METRIC=V``, ``METRIC>=V`` or ``METRIC<=V``."""
+def _target(text: str, cli: dict, option: str = "--rounds-to") -> MetricSpec:
+    """A ``--rounds-to`` (``--time-to``) column: ``METRIC=V``, ``METRIC>=V`` or ``METRIC<=V``."""
     for op, goal in (("<=", "at_most"), (">=", "at_least"), ("=", "at_least")):
         name, sep, value = text.partition(op)
         if sep and name.strip():
             keep = {k: v for k, v in cli.items() if k not in ("last", "at", "best")}
             entry = {"metric": name.strip(), "rounds_to": value, "goal": goal, **keep}
-            return metric_spec(entry, f"--rounds-to {text}")
-    raise InputError(f"--rounds-to {text}: must be METRIC=V, METRIC>=V or METRIC<=V (e.g. test_acc=0.8)")
+            return metric_spec(entry, f"{option} {text}")
+    raise InputError(f"{option} {text}: must be METRIC=V, METRIC>=V or METRIC<=V (e.g. test_acc=0.8)")
 
 
 def run_cli(args: argparse.Namespace) -> int:

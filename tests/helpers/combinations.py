@@ -1,10 +1,11 @@
 """The combination matrix (issue #32): every algorithm x availability kind x privacy mechanism x
-local work, on a tiny task, either refused with one line naming the keys that conflict, or run and
-held to every invariant that applies (tests/test_combinations.py says which).
+local work (and, with no privacy and fixed work, x each ``CLOCK`` setting: issue #33), on a tiny
+task, either refused with one line naming the keys that conflict, or run and held to every
+invariant that applies (tests/test_combinations.py says which).
 
 The axes come from the registries, so a new built-in algorithm, availability kind or mechanism
 joins the matrix by itself; ``ALGORITHM``, ``KIND`` and ``PRIVACY`` hold the few parameters a
-component needs to run on the tiny task, ``WORK`` the kinds of local work."""
+component needs to run on the tiny task, ``WORK`` the kinds of local work, ``CLOCK`` the clock's."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ ALGORITHM = {
     "gfedavg": {"anchor_period": 2}, "f3ast": {"select": 2}, "power_of_choice": {"select": 2, "candidates": 3},
     "fedswe": {"k": 2, "max_echo": 3}, "fedadam": {"global_lr": 0.03}, "fedyogi": {"global_lr": 0.03},
     "fedadagrad": {"global_lr": 0.03}, "fedprox": {"mu": 0.1},
+    "fedbuff": {"concurrency": 3, "buffer": 2}, "fedasync": {"concurrency": 3},
 }
 SECTIONS = {"topology": {"kind": "ring"}}  # the decentralized family's own sections
 _P = {"kind": "uniform", "lo": 0.3, "hi": 0.8}
@@ -61,6 +63,14 @@ WORK = {
     "epochs": {"local_epochs": 0.2}, "momentum": {"momentum": 0.5},
 }
 STEPS = "1 3 2 4 1 2\n"  # the steps file's counts, one per client
+#: the virtual clock (``clock.*``): none (the four axes above), device speeds, and what a synchronous
+#: round does with time (a deadline with dropout; over-selection, which needs a cohort)
+CLOCK = {
+    "none": None, "lognormal": {"kind": "lognormal", "step_time": 1.0, "comm_time": 0.5, "sigma": 0.8},
+    "deadline": {"kind": "lognormal", "step_time": 1.0, "sigma": 0.8, "deadline": 3.0, "dropout": 0.2},
+    "overselect": {"kind": "constant", "step_time": 1.0, "over_select": 0.5},
+    "slots": {"kind": "lognormal", "step_time": 1.0, "sigma": 0.8, "slot": 2.0},  # availability in time
+}
 
 
 @dataclass(frozen=True)
@@ -69,10 +79,12 @@ class Combo:
     kind: str
     privacy: str
     work: str
+    clock: str = "none"
 
     @property
     def name(self) -> str:
-        return f"{self.algorithm}-{self.kind}-{self.privacy}-{self.work}"
+        return f"{self.algorithm}-{self.kind}-{self.privacy}-{self.work}" + (f"-{self.clock}" if self.clock != "none"
+                                                                             else "")
 
     def data(self, folder: str, sigma: float = SIGMA) -> dict:
         """The config of this combination (``folder`` holds the steps file)."""
@@ -82,6 +94,8 @@ class Combo:
         cfg["availability"] = {"kind": self.kind, **copy.deepcopy(KIND.get(self.kind, {}))}
         cfg["train"].update({k: os.path.join(folder, v) if k == "local_steps_file" else v
                              for k, v in WORK[self.work].items()})
+        if CLOCK[self.clock] is not None:
+            cfg["clock"] = dict(CLOCK[self.clock])
         mechanism, keys = VARIANTS.get(self.privacy, (self.privacy, PRIVACY.get(self.privacy, {"clip": 0.5})))
         if keys is not None:
             cfg["privacy"] = {"mechanism": mechanism, **keys, "noise_multiplier": sigma}
@@ -102,12 +116,16 @@ def axes() -> tuple[list[str], list[str], list[str], list[str]]:
 
 
 def every() -> list[Combo]:
-    return [Combo(*c) for c in itertools.product(*axes())]
+    algorithms, kinds, _, _ = axes()
+    clocks = [c for c in CLOCK if c != "none"]
+    return [Combo(*c) for c in itertools.product(*axes())] + [
+        Combo(a, k, "none", "fixed", c) for a, k, c in itertools.product(algorithms, kinds, clocks)]
 
 
-def sample(n: int = 40) -> list[Combo]:
+def sample(n: int = 52) -> list[Combo]:
     """A fixed spread of the matrix: every algorithm, kind, mechanism and kind of local work, each
-    paired with a rotating choice of the others, plus the combinations issue #32 found wrong."""
+    paired with a rotating choice of the others, plus the combinations issue #32 found wrong and a
+    few of each clock setting (issue #33)."""
     algorithms, kinds, mechanisms, works = axes()
     picked = [Combo(a, kinds[(3 * i) % len(kinds)], mechanisms[i % len(mechanisms)], works[(5 * i) % len(works)])
               for i, a in enumerate(algorithms)]
@@ -119,11 +137,20 @@ def sample(n: int = 40) -> list[Combo]:
                Combo("fedavg_active", "trace", "gaussian", "epochs"),
                Combo("dspodfl", "always", "none", "uniform"), Combo("fedprox", "cohort", "gaussian", "lognormal"),
                Combo("fedavg_active", "cyclic", "banded_opt", "fixed"),
-               Combo("fedadam", "cyclic", "banded_mf", "fixed")]
+               Combo("fedadam", "cyclic", "banded_mf", "fixed"),
+               Combo("fedbuff", "always", "none", "fixed", "lognormal"),
+               Combo("fedasync", "always", "none", "fixed", "deadline"),
+               Combo("fedavg_active", "cohort", "gaussian", "fixed", "overselect"),
+               Combo("fedavg_active", "stationary", "gaussian", "fixed", "deadline"),
+               Combo("mifa", "stationary", "none", "fixed", "deadline"),
+               Combo("fedknown", "stationary", "none", "fixed", "deadline"),
+               Combo("scaffold", "always", "none", "fixed", "overselect"),
+               Combo("fedbuff", "stationary", "none", "fixed", "slots"),
+               Combo("fedavg_active", "markov", "none", "momentum", "slots")]
     return list(dict.fromkeys(picked))[:n]
 
 
-KEYS = {"algorithm": "algorithm", "kind": "availability", "privacy": "privacy", "work": "train."}
+KEYS = {"algorithm": "algorithm", "kind": "availability", "privacy": "privacy", "work": "train.", "clock": "clock."}
 
 
 def verdict(combo: Combo, folder: str, world) -> tuple[str, object]:

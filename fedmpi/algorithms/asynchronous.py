@@ -1,0 +1,229 @@
+"""The asynchronous server on the virtual clock, shared by FedBuff and FedAsync.
+
+M = ``algorithm.concurrency`` clients train at once (``fedmpi.clock.flight``). Server step t
+(the runner's round t; ``rounds`` counts server steps) holds the model x^t, version t:
+
+    repeat until K updates are kept (K = ``buffer_size``):
+        the next task to finish (finish time, then client id) arrives; now <- its finish time
+        tau = t - (its version)                              # staleness in server steps
+        failed (clock.dropout) or tau > algorithm.max_staleness: dropped, else kept
+        a new client is dispatched in its place, from x^t
+    x^{t+1} = step(t, kept updates, their tau)               # the algorithm's rule
+    the free slots are filled from x^{t+1}
+
+A client trains from the model current at its dispatch. The updates of every task dispatched from
+version t are computed in one batch on the engine at step t, from x^t (those dispatched after step
+t-1 and those dispatched during step t, known before any update is needed: the queue is
+bookkeeping), each rank training an even share by position; rank 0 holds the updates still in
+flight (``held``, one row per slot) until they arrive, and applies the step. The sums run in
+arrival order on rank 0, so any number of ranks gives the same bits, and the queue, the held
+updates and the clock are the run's state: a resumed run continues them exactly.
+
+When nothing is left in flight before K updates are kept (every client trained from x^t and
+failed or was stale), the step uses the updates it has. With availability in time (``clock.slot``)
+a free slot is filled at the next availability step when that comes before the next arrival.
+Clients the clock drops are recorded in ``/events``; asynchronous algorithms have no client
+state, so nothing else follows from a drop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+import numpy as np
+import torch
+
+from ..clock.flight import Flight
+from ..engine.threads import one_thread
+from ..errors import InputError
+from ..schema import opt
+from .base import Context, ServerAlgorithm, ServerParams
+
+
+@dataclass
+class AsyncParams(ServerParams):
+    """The keys of every asynchronous algorithm."""
+
+    concurrency: int = opt(10, "asynchronous: M, clients training at once", ge=1)
+    staleness: Literal["none", "sqrt", "poly", "hinge"] = opt(
+        "sqrt", "asynchronous: staleness weight s(tau): none 1, sqrt 1/sqrt(1+tau), poly (1+tau)^-a, "
+                "hinge 1 if tau <= b else 1/(a (tau - b) + 1)")
+    staleness_a: float = opt(0.5, "asynchronous: a of the poly and hinge weights", ge=0)
+    staleness_b: int = opt(4, "asynchronous: b of the hinge weight (staleness without discount)", ge=0)
+    max_staleness: Optional[int] = opt(None, "asynchronous: drop updates staler than this (null: keep all)", ge=0)
+
+
+def staleness_weight(kind: str, tau: np.ndarray, a: float, b: int) -> np.ndarray:
+    """s(tau) (float64), the discount of an update ``tau`` server steps stale (FedAsync, Xie et al.
+    2019: polynomial and hinge; FedBuff, Nguyen et al. 2022: 1/sqrt(1 + tau))."""
+    tau = np.asarray(tau, dtype=np.float64)
+    if kind == "none":
+        return np.ones_like(tau)
+    if kind == "sqrt":
+        return 1.0 / np.sqrt(1.0 + tau)
+    if kind == "poly":
+        return (1.0 + tau) ** -a
+    return np.where(tau <= b, 1.0, 1.0 / (a * (tau - b) + 1.0))
+
+
+#: with availability in time, the most availability steps a server step waits with nothing in flight
+#: before it steps with what arrived (a trace that never brings a client back must not hang the run)
+MAX_IDLE_STEPS = 100_000
+
+
+class AsyncAlgorithm(ServerAlgorithm):
+    """Asynchronous FL on the virtual clock (the module docstring); subclasses give ``buffer_size``,
+    what the server keeps of an update (``keep``) and the server ``step``."""
+
+    Params = AsyncParams
+    packs = False  # one server step is not one training phase: a packed sweep runs it alone
+    private = "an asynchronous server: its releases are per arrival, which the round-based accountant does not cover"
+    shared_state = ("flight.client", "flight.dispatch", "flight.finish", "flight.version", "flight.steps",
+                    "flight.failed", "flight.trained", "flight.last_version", "flight.dispatched", "flight.now",
+                    "held")
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        super().check_config(cfg)
+        name, c = cfg.algorithm.name, cfg.clock
+        if not c.on:
+            raise InputError(f"clock.kind: algorithm.name {name} is asynchronous: it runs on the virtual clock "
+                             f"(set clock.kind: constant, lognormal or file)")
+        if cfg.availability.kind != "always" and c.slot is None:
+            raise InputError(f"availability.kind: algorithm.name {name} dispatches at virtual times: set "
+                             f"clock.slot (seconds per step of {cfg.availability.kind!r}) or leave availability.kind: "
+                             f"always")
+        for key, used in (("deadline", c.deadline is not None), ("over_select", c.over_select > 0)):
+            if used:
+                raise InputError(f"clock.{key}: algorithm.name {name} is asynchronous: it has no rounds to cut "
+                                 f"(a deadline and over-selection apply to synchronous rounds)")
+        if cfg.algorithm.concurrency > cfg.task.clients:
+            raise InputError(f"algorithm.concurrency: {cfg.algorithm.concurrency} clients in flight, more than "
+                             f"task.clients ({cfg.task.clients})")
+
+    def __init__(self, ctx: Context):
+        super().__init__(ctx)
+        p = self.params
+        trainer = ctx.trainer
+        self.flight = Flight(p.concurrency, self.m, self.durations(), self.cfg.seed,
+                             trainer.steps_of, None if self.in_time is None else self.in_time.at)
+        self.held = torch.zeros(p.concurrency, ctx.spec.dim, device=ctx.device)  # updates in flight (rank 0)
+        self.flight.fill(0)
+
+    def make_clock(self) -> None:
+        return None  # the flight is the clock
+
+    @property
+    def buffer_size(self) -> int:
+        """K: kept arrivals per server step."""
+        raise NotImplementedError
+
+    def keep(self, start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
+        """What the server holds of updates trained from ``start`` to ``end`` (rows; default the
+        changes Delta_i = end - start)."""
+        return end - start
+
+    def step(self, t: int, rows: torch.Tensor, staleness: np.ndarray) -> torch.Tensor:
+        """x^{t+1} from the kept updates' ``keep`` rows (k, d) in arrival order and their staleness
+        (rank 0; float64)."""
+        raise NotImplementedError
+
+    def weight(self, staleness: np.ndarray) -> np.ndarray:
+        """s(tau) of ``algorithm.staleness``."""
+        p = self.params
+        return staleness_weight(p.staleness, staleness, p.staleness_a, p.staleness_b)
+
+    # ---------------------------------------------------------------- one server step
+    def round(self, t: int) -> int:
+        flight, K, limit = self.flight, self.buffer_size, self.params.max_staleness
+        kept: list[tuple[int, int, int]] = []  # (client, staleness, slot or -1: trained this step)
+        fresh: list[tuple[int, int]] = []  # (client, steps) trained from x^t, in this order
+        source: list[int] = []  # for each kept update: its row in ``fresh`` or -1 - its slot in ``held``
+        idle = 0  # availability steps waited with nothing in flight
+        while len(kept) < K:
+            slot = flight.next_arrival()
+            if self._wait_for_clients(slot, t):  # availability in time: a free slot waits for the next step
+                idle = idle + 1 if slot is None else 0
+                if idle < MAX_IDLE_STEPS:
+                    continue
+                break
+            if slot is None:  # nothing in flight: step with what arrived
+                break
+            tau = t - int(flight.version[slot])
+            outcome = "failed" if flight.failed[slot] else "stale" if limit is not None and tau > limit else "kept"
+            if outcome == "kept":
+                kept.append((int(flight.client[slot]), tau, slot))
+                if flight.trained[slot]:
+                    source.append(-1 - slot)
+                else:
+                    source.append(len(fresh))
+                    fresh.append((int(flight.client[slot]), int(flight.steps[slot])))
+            flight.arrive(slot, t, outcome)
+            if len(kept) < K:
+                flight.fill(t)
+        in_flight = flight.untrained(t)
+        fresh += [(int(flight.client[s]), int(flight.steps[s])) for s in in_flight]
+        rows = self._train(t, fresh)  # rank 0: (len(fresh), d); elsewhere None
+        if self.world.is_server:
+            picked = [rows[j] if j >= 0 else self.held[-1 - j] for j in source]
+            update = torch.stack(picked) if picked else self.held[:0]
+            tau = np.array([k[1] for k in kept], dtype=np.int64)
+            self.x = self.step(t, update, tau).float() if len(kept) else self.x.clone()
+            for i, s in enumerate(in_flight):  # the updates still in flight, until they arrive
+                self.held[s] = rows[len(fresh) - len(in_flight) + i]
+        else:
+            self.x = torch.empty_like(self.x)
+        self.world.broadcast_(self.x)
+        flight.trained[in_flight] = 1
+        self.active = np.sort(np.array([k[0] for k in kept], dtype=np.int64))
+        flight.fill(t + 1)
+        return len(kept)
+
+    def _wait_for_clients(self, slot: int | None, t: int) -> bool:
+        """With availability in time, when a task slot is free and the kind's next step comes before
+        the next arrival (or nothing is in flight but some idle client may become available): move
+        ``now`` there and dispatch who is available; True when it did."""
+        flight = self.flight
+        if self.in_time is None or flight.busy.all():
+            return False
+        boundary = self.in_time.next_change(flight.now)
+        if slot is not None and boundary >= flight.finish[slot]:
+            return False
+        if slot is None and not flight.idle(t).any():  # nobody could be dispatched from x^t at any time
+            return False
+        flight.now = boundary
+        flight.fill(t)
+        return True
+
+    def _train(self, t: int, work: list[tuple[int, int]]) -> torch.Tensor | None:
+        """The ``keep`` rows of ``work`` (client, steps) trained from x^t on the engine, each rank an
+        even share by position; all of them on rank 0 in ``work``'s order (None elsewhere)."""
+        n, r, size = len(work), self.world.rank, self.world.size
+        clients = np.array([w[0] for w in work], dtype=np.int64)
+        steps = np.array([w[1] for w in work], dtype=np.int64)
+        lo, hi = n * r // size, n * (r + 1) // size
+        start = self.x.expand(hi - lo, -1)
+        end = self.ctx.trainer.train(start, clients[lo:hi], t, steps=steps[lo:hi])
+        with one_thread(self.device):
+            mine = self.keep(start, end)
+        if size == 1:
+            return mine
+        width = -(-n // size)  # every rank sends the same shape
+        padded = torch.zeros(width, mine.shape[1], dtype=mine.dtype, device=mine.device)
+        padded[: hi - lo] = mine
+        parts = self.world.gather_to_server(padded)
+        if parts is None:
+            return None
+        return torch.cat([parts[q][: n * (q + 1) // size - n * q // size] for q in range(size)])
+
+    @property
+    def device(self) -> torch.device:
+        return self.ctx.device
+
+    # ---------------------------------------------------------------- outputs
+    def virtual_time(self) -> float:
+        return self.flight.now
+
+    def round_events(self) -> dict[str, np.ndarray]:
+        return self.flight.events.take()

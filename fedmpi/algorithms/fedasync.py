@@ -1,0 +1,40 @@
+"""FedAsync (Xie, Koyejo and Gupta 2019): the server mixes in each arrival at once.
+
+    M clients train at once, each from the model current at its dispatch
+    each arrival i (client model x_i, staleness tau_i):
+        alpha_tau = alpha * s(tau_i)
+        x <- (1 - alpha_tau) x + alpha_tau x_i
+
+s = ``algorithm.staleness`` (the paper's polynomial (1 + tau)^-a or hinge); one server step per
+arrival. The queue, dispatch and the clock are the shared asynchronous mechanism (``asynchronous``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..schema import opt
+from .asynchronous import AsyncAlgorithm, AsyncParams
+from .base import register
+
+
+@dataclass
+class FedAsyncParams(AsyncParams):
+    alpha: float = opt(0.6, "fedasync: alpha, the mixing weight of a fresh arrival", gt=0, le=1)
+
+
+@register("fedasync")
+class FedAsync(AsyncAlgorithm):
+    Params = FedAsyncParams
+    buffer_size = 1
+    own_server_step = "mixes each arrival in by algorithm.alpha"
+
+    def keep(self, start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
+        return end  # x_i, the client's model
+
+    def step(self, t: int, rows: torch.Tensor, staleness: np.ndarray) -> torch.Tensor:
+        a = self.params.alpha * float(self.weight(staleness)[0])
+        return (1 - a) * self.x.double() + a * rows[0].double()
