@@ -49,7 +49,7 @@ import torch.distributed as dist
 from ..errors import InputError, RankLost
 from ..schema import opt
 from .launcher import agree_on_error, announced_size, check_world_size, local_rank_hint, node_name, wants_mpi
-from .watch import Heartbeat, Hub, advertised_host
+from .watch import BEAT_S, Heartbeat, Hub, advertised_host
 
 
 @dataclass
@@ -451,8 +451,20 @@ class World:
                     next_check = waited + 0.01
                     dead = self._node_peers_dead()
                     if dead and not _completes(request):
+                        self._raise_watch_verdict(what)  # the watch names the lost rank and node: preferred
                         raise ConnectionError(f"{what}: rank {dead} died")
                 time.sleep(0.0001)
+
+    def _raise_watch_verdict(self, what: str) -> None:
+        """A peer on this node died: its heartbeat connection closed with it, so the watch's
+        verdict (``RankLost``: rank, node, what the checkpoint keeps; exit 5) follows within a
+        beat. Wait up to two beats for it, so that how a killed rank is reported does not depend
+        on which of the two checks saw it first; return if none comes."""
+        end = time.monotonic() + 2 * BEAT_S
+        while self._watch is not None and time.monotonic() < end:
+            if self._watch.lost:
+                raise RankLost(f"{self._watch.lost}; this rank was waiting in: {what}")
+            time.sleep(0.01)
 
     def _hold(self, *tensors: torch.Tensor) -> None:
         """Keep a Python reference to tensors just given to gloo, so that its worker thread,
