@@ -25,6 +25,7 @@ cluster, job = one_node.cluster, one_node.job  # the same fixtures (the session'
 
 pytestmark = pytest.mark.slurm
 ONE_PER_NODE = ("--gpus-per-node=0", "--ntasks-per-node=1")
+KILL_ONCE = os.path.join(os.path.dirname(CLUSTER), "kill_once.py")
 
 
 @pytest.fixture
@@ -34,13 +35,13 @@ def nodes(job: Jobs):
     taken: set[str] = set()
 
     def act(verb: str, node: str) -> None:
-        p = job.run("bash", CLUSTER, verb, node, timeout=120)
+        p = job.run("bash", CLUSTER, verb, node, timeout=300)  # revive: up to a minute (cluster.sh)
         assert p.returncode == 0, p.stderr
         (taken.discard if verb == "revive" else taken.add)(node)
 
     yield act
     for node in sorted(taken):
-        p = job.run("bash", CLUSTER, "revive", node, timeout=120)
+        p = job.run("bash", CLUSTER, "revive", node, timeout=300)
         assert p.returncode == 0, f"node {node} did not come back: {p.stderr}"
 
 
@@ -100,10 +101,14 @@ def test_a_killed_node_fails_the_run_naming_it_and_the_job_requeues_to_the_same_
     """n2 killed (its slurmd, stepd and rank: SIGKILL): this machine's kernel resets rank 1's
     connections, Open MPI aborts rank 0 (exit 14) before any Python code runs, and the watch in
     fedmpi-launch marks the file, naming rank 1 and n2; job.sh waits until Slurm declares n2 down,
-    and the job is requeued; once n2 is back, the rerun resumes to the uninterrupted run's bits."""
+    and the job is requeued; once n2 is back, the rerun resumes. Rank 1 of the rerun is killed
+    once more at round 55 (n2 lives on): a loss after a newer checkpoint (50) than at the first
+    one is requeued again, and the third start resumes to the uninterrupted run's bits."""
     cfg = job.config(rounds=100, runtime={"checkpoint_every": 10, "progress": True, "timeout_s": 3600})
     reference = _reference(job, cfg)
     out = job.repo / "runs" / "k.h5"
+    job.env.update(FEDMPI_PLUGINS=os.pathsep.join([job.env["FEDMPI_PLUGINS"], KILL_ONCE]),
+                   FEDMPI_TEST_KILL_ONCE=f"1:55:{job.repo / 'killed-once'}")
     job_id = _submit(job, cfg, "runs/k.h5", round_s=0.2)
     wait_for_rows(out, 16, timeout=180)
     nodes("crash", "n2")
@@ -118,8 +123,8 @@ def test_a_killed_node_fails_the_run_naming_it_and_the_job_requeues_to_the_same_
     nodes("revive", "n2")
     info = job.wait(job_id, timeout=300)
     log = job.log(job_id)
-    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", log
-    assert f"resumed from round {kept}/100" in log, log
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0" and int(info["Restarts"]) >= 2, log
+    assert f"resumed from round {kept}/100" in log and "resumed from round 50/100" in log, log
     assert np.array_equal(_params(out), reference)
     with h5py.File(out, "r") as f:  # what happened stays in the file
         assert f.attrs["lost"].startswith("lost rank 1 (node n2") and int(f.attrs["world_size"]) == 2

@@ -7,7 +7,8 @@
 #   tests/slurm/cluster.sh crash N   # node N dies: its slurmd, its slurmstepds and their tasks get SIGKILL
 #   tests/slurm/cluster.sh freeze N  # node N goes silent, as a crashed machine does (SIGSTOP to the same)
 #   tests/slurm/cluster.sh revive N  # node N reboots: what is left of it is killed, its slurmd started
-#                                    # again, and the node is usable once this returns
+#                                    # again (drained until the controller has sent what it kept for
+#                                    # the dead node), and the node is usable once this returns
 # As root, without systemd. Configuration, state, spool and logs live in $FEDMPI_SLURM_DIR
 # (default /tmp/fedmpi-slurm); the commands find it through SLURM_CONF, so a system's own
 # /etc/slurm is never touched. Settings fedmpi needs: MpiDefault=pmix (Open MPI's ranks meet
@@ -167,22 +168,50 @@ stop_node() {
   say "$1 $2 (pids $pids)"
 }
 
+node_flags() { scontrol show node -o "$1" 2>/dev/null | grep -o 'State=[^ ]*' | cut -d= -f2; }  # e.g. IDLE+DRAIN
+
+pending_rpcs() {  # the controller's queued messages (sdiag's "Pending RPCs") that name node $1, one a line
+  local line type hosts
+  sdiag 2>/dev/null | sed -n '/^Pending RPCs$/,/^$/p' | while read -r line; do
+    [[ $line =~ ^[0-9]+:\ +([A-Z_]+)\ +(.+)$ ]] || continue
+    type=${BASH_REMATCH[1]} hosts=${BASH_REMATCH[2]}
+    if scontrol show hostnames "$hosts" 2>/dev/null | grep -qx "$1"; then echo "$type $hosts"; fi
+  done
+}
+
+wait_for() {  # wait_for SECONDS COMMAND...: until COMMAND succeeds (polled every half second)
+  local end=$(( SECONDS + $1 )); shift
+  until "$@"; do (( SECONDS < end )) || return 1; sleep 0.5; done
+}
+
+responding() { local f; f=$(node_flags "$1"); [[ -n $f && $f != *DOWN* && $f != *NOT_RESPONDING* ]]; }
+settled() { [[ -z "$(pending_rpcs "$1")" ]]; }
+
+# A node that comes back from a crash must not be given a job before the controller is done with
+# its previous life. The controller keeps the messages that the dead node did not take (the
+# SIGKILL that srun asked for when the step lost its rank, the end of the job) and sends them again
+# every 60 s (Slurm's RPC_RETRY_INTERVAL) until the node answers. A requeued job keeps its id and
+# numbers its steps from 0 again, so a kill for step J.0 of the lost run, delivered after the job
+# restarted on the revived node, kills the rerun's step J.0 there (seen: "srun: error: n2: task 1:
+# Killed" 71 s after the loss, just as the rerun ended; slurmctld.log "Queue RPC msg_type=6004"
+# [REQUEST_SIGNAL_TASKS] for n2). So the node boots drained, takes what the controller had left
+# for it (the kills find no such step), and only then is resumed, responding.
 revive() {  # as after a reboot: what the node's steps left (PMIx sockets, step files, tmp) is gone
   export SLURM_CONF=$CONF
-  local pids
-  pids=$(node_pids "$1" | tr '\n' ' ')
+  local n=$1 pids
+  scontrol update NodeName="$n" State=DRAIN Reason="cluster.sh revive: rebooting" \
+    || fail "node $n: cannot drain it for its reboot"
+  pids=$(node_pids "$n" | tr '\n' ' ')
   if [[ -n "$pids" ]]; then kill -KILL $pids 2>/dev/null || true; sleep 0.5; fi
-  rm -rf "$DIR/spool/$1"/stepd.* "$DIR/spool/$1/$1"_* "$DIR/spool/$1"/pmix.* "$DIR/tmp-$1"/*
-  start_slurmd "$1"
-  # a ping that the controller sent to the dead node may still time out after the node came back:
-  # usable means still usable one SlurmdTimeout later
-  for _ in 1 2 3; do
-    if node_state "$1" | grep -q "down\|drain"; then scontrol update NodeName="$1" State=RESUME 2>/dev/null || true; fi
-    wait_usable "$1" || fail "node $1 did not come back; see $DIR/slurmd-$1.log"
-    sleep 12
-    if wait_usable "$1" && ! node_state "$1" | grep -q '\*'; then say "revived $1"; return; fi
-  done
-  fail "node $1 does not stay responsive; see $DIR/slurmd-$1.log"
+  rm -rf "$DIR/spool/$n"/stepd.* "$DIR/spool/$n/$n"_* "$DIR/spool/$n"/pmix.* "$DIR/tmp-$n"/*
+  start_slurmd "$n"
+  wait_for 60 responding "$n" || fail "node $n did not register after its reboot ($(node_flags "$n")); see $DIR/slurmd-$n.log"
+  wait_for 150 settled "$n" \
+    || fail "the controller still has messages for node $n: $(pending_rpcs "$n" | tr '\n' ';'); see $DIR/slurmctld.log"
+  responding "$n" || fail "node $n stopped responding after its reboot ($(node_flags "$n")); see $DIR/slurmd-$n.log"
+  scontrol update NodeName="$n" State=RESUME || fail "node $n: cannot resume it"
+  wait_usable "$n" || fail "node $n did not come back ($(node_flags "$n")); see $DIR/slurmd-$n.log"
+  say "revived $n"
 }
 
 down() {
