@@ -26,6 +26,7 @@ pytestmark = pytest.mark.slurm
 CLUSTER = os.path.join(ROOT, "tests", "slurm", "cluster.sh")
 CONF = os.path.join(os.environ.get("FEDMPI_SLURM_DIR", "/tmp/fedmpi-slurm"), "etc", "slurm.conf")
 SLOW = os.path.join(ROOT, "tests", "slurm", "slow_rounds.py")
+TEARDOWN_KILL = os.path.join(ROOT, "tests", "slurm", "teardown_kill.py")
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")  # a job's end states
 
 
@@ -274,6 +275,21 @@ def test_signal_in_the_first_second_of_a_job(job):
 
 
 # ----------------------------------------------------------------------------- exit codes
+
+def test_a_rank_killed_after_rank_0_completed_the_run_leaves_the_job_completed(job):
+    """Rank 1 dies by SIGKILL in its teardown, after rank 0 completed the run and recorded exit 0
+    (as when Slurm delivered a kill it had kept for a node that was down to the requeued job's
+    step of the same id, once the node was back): the results stand, and the job is COMPLETED,
+    not FAILED 137 as srun reports."""
+    cfg = job.config(rounds=4)
+    job.env.update(FEDMPI_PLUGINS=f"{SLOW}{os.pathsep}{TEARDOWN_KILL}", FEDMPI_TEST_TEARDOWN_KILL="1")
+    job_id = job.sbatch("cpu_ranks.sbatch", cfg, "--out", "runs/d.h5")
+    info = job.wait(job_id)
+    log = job.log(job_id)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", log
+    assert re.search(r"exited \d+ after rank 0 had completed the run", log), log  # the kill did come
+    assert np.array_equal(_params(job.repo / "runs" / "d.h5"), _reference(job, cfg))
+
 
 def test_exit_codes_through_srun_and_fedmpi_launch(job):
     """0 done, 1 failure, 2 bad input (which --kill-on-bad-exit once turned into 143), 3 interrupted,
