@@ -185,6 +185,10 @@ wait_for() {  # wait_for SECONDS COMMAND...: until COMMAND succeeds (polled ever
 }
 
 responding() { local f; f=$(node_flags "$1"); [[ -n $f && $f != *DOWN* && $f != *NOT_RESPONDING* ]]; }
+registered_since() {  # node $1's slurmd registered at or after epoch second $2, and responds
+  local t; t=$(scontrol show node -o "$1" 2>/dev/null | grep -o 'SlurmdStartTime=[^ ]*' | cut -d= -f2)
+  [[ -n $t ]] && (( $(date -d "$t" +%s 2>/dev/null || echo 0) >= $2 )) && responding "$1"
+}
 settled() { [[ -z "$(pending_rpcs "$1")" ]]; }
 
 # A node that comes back from a crash must not be given a job before the controller is done with
@@ -198,14 +202,15 @@ settled() { [[ -z "$(pending_rpcs "$1")" ]]; }
 # for it (the kills find no such step), and only then is resumed, responding.
 revive() {  # as after a reboot: what the node's steps left (PMIx sockets, step files, tmp) is gone
   export SLURM_CONF=$CONF
-  local n=$1 pids
+  local n=$1 pids started
   scontrol update NodeName="$n" State=DRAIN Reason="cluster.sh revive: rebooting" \
     || fail "node $n: cannot drain it for its reboot"
   pids=$(node_pids "$n" | tr '\n' ' ')
   if [[ -n "$pids" ]]; then kill -KILL $pids 2>/dev/null || true; sleep 0.5; fi
   rm -rf "$DIR/spool/$n"/stepd.* "$DIR/spool/$n/$n"_* "$DIR/spool/$n"/pmix.* "$DIR/tmp-$n"/*
+  started=$(( $(date +%s) - 1 ))  # (SlurmdStartTime has whole seconds)
   start_slurmd "$n"
-  wait_for 60 responding "$n" || fail "node $n did not register after its reboot ($(node_flags "$n")); see $DIR/slurmd-$n.log"
+  wait_for 60 registered_since "$n" "$started" || fail "node $n did not register after its reboot ($(node_flags "$n")); see $DIR/slurmd-$n.log"
   wait_for 150 settled "$n" \
     || fail "the controller still has messages for node $n: $(pending_rpcs "$n" | tr '\n' ';'); see $DIR/slurmctld.log"
   responding "$n" || fail "node $n stopped responding after its reboot ($(node_flags "$n")); see $DIR/slurmd-$n.log"
