@@ -7,6 +7,8 @@ checkout (README: the main job first, then the tests, on one clone).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import shutil
 import subprocess
@@ -56,6 +58,23 @@ def fedmpi(args: list[str], ranks: int = 0, timeout: float = 300, env: dict | No
     if check and proc.returncode != 0:
         raise AssertionError(f"{cmd} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
     return proc
+
+
+def cli(args: list[str]) -> subprocess.CompletedProcess:
+    """``fedmpi ARGS`` in this process (``fedmpi.cli.main``), its output captured, as ``fedmpi``
+    returns it: for commands that end before any training (a refusal, info, table, export), at
+    a fraction of a subprocess's start-up (importing torch alone takes ~1.5 s). No plugins (they
+    would stay registered) and no runs (torch's process-wide settings): those take ``fedmpi``.
+    The process entry itself (exit codes through ``sys.exit``, signals) is tested in test_cli."""
+    from fedmpi.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as e:  # argparse's own exits (--help)
+            code = e.code if isinstance(e.code, int) else 1
+    return subprocess.CompletedProcess(["fedmpi", *args], code, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture(autouse=True)
