@@ -90,6 +90,7 @@ def test_plot_groups_by_result_keys_only(tmp_path):
     assert curves[0][2][-1] == pytest.approx(0.4) and curves[0][3][-1] == pytest.approx(0.1)
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_runs_from_the_parent_of_a_clone_named_fedmpi(tmp_path):
     """A clone is a folder named ``fedmpi``; from its parent, Python would import that folder as

@@ -9,7 +9,7 @@ import copy
 import h5py
 import numpy as np
 import pytest
-from conftest import fedmpi, synthetic_config, write_config
+from conftest import cli, fedmpi, synthetic_config, write_config
 from fault_plugin import inject
 
 from fedmpi import config
@@ -99,7 +99,7 @@ def test_bad_device_files_are_one_line(tmp_path, text, says):
 
 def test_a_missing_device_file_exits_2_naming_the_key(tmp_path):
     cfg = write_config(tmp_path / "c.yaml", dict(SYNC, clock={"kind": "file", "file": "nowhere.csv"}))
-    p = fedmpi(["run", cfg, "--out", str(tmp_path / "r.h5")], check=False)
+    p = cli(["run", cfg, "--out", str(tmp_path / "r.h5")])
     assert p.returncode == 2 and p.stderr.strip().count("\n") == 0 and "clock.file: nowhere.csv: file not found" \
         in p.stderr
 
@@ -211,6 +211,7 @@ def test_resumes_with_clients_in_flight(tmp_path, cfg):
         assert (ea["staleness"] > 0).any()  # tasks were in flight across server steps (and checkpoints)
 
 
+@pytest.mark.slow
 @pytest.mark.mpi
 def test_same_bits_on_1_2_and_3_ranks(tmp_path):
     paths = {}
@@ -305,15 +306,17 @@ def test_time_in_tables_and_plots(tmp_path):
     cfg = quadratic([0.0, 20.0, 100.0], 12, {"name": "fedavg_active"},
                     {"kind": "file", "file": devices(tmp_path, [1.0, 2.0, 5.0]), "deadline": 3.0})
     run(cfg, tmp_path / "r.h5").close()
-    p = fedmpi(["table", str(tmp_path / "r.h5"), "--time-to", "x>=5", "--rounds-to", "x>=5", "--format", "csv"])
+    p = cli(["table", str(tmp_path / "r.h5"), "--time-to", "x>=5", "--rounds-to", "x>=5", "--format", "csv"])
+    assert p.returncode == 0, p.stderr
     with h5py.File(tmp_path / "r.h5") as f:
         first = int(np.flatnonzero(f["metrics/x"][:] >= 5)[0])
         want_round, want_time = f["metrics/round"][first], f["metrics/time"][first]
     assert "time to x >= 5" in p.stdout and want_time == 3.0 * want_round
     assert p.stdout.strip().splitlines()[-1] == f"{want_round:.1f},0.0,1,{want_time:.1f},0.0,1"
-    fedmpi(["plot", str(tmp_path / "r.h5"), "--x", "time", "--metric", "x", "--out", str(tmp_path / "x.png")])
+    assert cli(["plot", str(tmp_path / "r.h5"), "--x", "time", "--metric", "x", "--out", str(tmp_path / "x.png")]
+               ).returncode == 0
     assert (tmp_path / "x.png").stat().st_size > 0
-    p = fedmpi(["plot", str(tmp_path / "r.h5"), "--x", "clock", "--metric", "x", "--out", "y.png"], check=False)
+    p = cli(["plot", str(tmp_path / "r.h5"), "--x", "clock", "--metric", "x", "--out", "y.png"])
     assert p.returncode == 2 and "--x: must be round, sim_delay, wall_time or time" in p.stderr
 
 
