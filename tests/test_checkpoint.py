@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import fault_plugin
-from conftest import wait_for_rows, ROOT, fedmpi, synthetic_config, write_config
+from conftest import wait_for_rows, ROOT, cli, fedmpi, synthetic_config, write_config
 from fedmpi import checkpoint
 from fedmpi.errors import InputError
 from fedmpi.runtime import World
@@ -85,20 +85,20 @@ def test_sigterm_exit3_then_resume_on_two_ranks(tmp_path):
 def test_resume_errors(tmp_path):
     cfg = ck_config(tmp_path, rounds=9)
     out = str(tmp_path / "r.h5")
-    p = fedmpi(["run", cfg, "--out", out, "--resume"], check=False)
+    p = cli(["run", cfg, "--out", out, "--resume"])
     assert p.returncode == 2 and "--resume: no checkpoint at" in p.stderr
     fedmpi(["run", cfg, "--out", out, "--quiet", "--set", "rounds=9"],
            check=False, env=fault_plugin.env("0:6:kill"))
-    p = fedmpi(["run", cfg, "--out", out, "--set", "train.lr=0.3"], check=False)  # the result file refuses first
+    p = cli(["run", cfg, "--out", out, "--set", "train.lr=0.3"])  # the result file refuses first
     assert p.returncode == 2 and "run of another experiment" in p.stderr and len(p.stderr.strip().splitlines()) == 1
     os.rename(out, out + ".keep")  # without the result file, the checkpoint itself refuses
-    p = fedmpi(["run", cfg, "--out", out, "--set", "train.lr=0.3"], check=False)
+    p = cli(["run", cfg, "--out", out, "--set", "train.lr=0.3"])
     assert p.returncode == 2 and "different config" in p.stderr and len(p.stderr.strip().splitlines()) == 1
     assert not os.path.exists(out)  # and no empty file is left behind
     os.rename(out + ".keep", out)
     with open(out + ".ckpt/manifest.json", "w") as fh:
         fh.write("{not json")
-    p = fedmpi(["run", cfg, "--out", out], check=False)
+    p = cli(["run", cfg, "--out", out])
     assert p.returncode == 2 and "corrupt checkpoint manifest" in p.stderr
 
 
@@ -123,10 +123,10 @@ def test_a_run_begun_with_train_global_lr_resumes_with_algorithm_global_lr(tmp_p
         stored = yaml.safe_load(f.attrs["config"])
         stored["train"]["global_lr"] = stored["algorithm"].pop("global_lr")
         f.attrs["config"] = yaml.safe_dump(stored, sort_keys=False)
-    p = fedmpi(["run", new, "--out", cut, "--set", "algorithm.global_lr=0.25"], check=False)
+    p = cli(["run", new, "--out", cut, "--set", "algorithm.global_lr=0.25"])
     assert p.returncode == 2 and "another experiment (differs in algorithm.global_lr)" in p.stderr
     os.rename(cut, cut + ".keep")  # the checkpoint alone names the new key too
-    p = fedmpi(["run", new, "--out", cut, "--set", "algorithm.global_lr=0.25"], check=False)
+    p = cli(["run", new, "--out", cut, "--set", "algorithm.global_lr=0.25"])
     assert p.returncode == 2 and "different config" in p.stderr and "algorithm.global_lr" in p.stderr, p.stderr
     os.rename(cut + ".keep", cut)
     p = fedmpi(["run", new, "--out", cut, "--quiet"])
@@ -310,6 +310,6 @@ def test_edited_round_through_the_cli(tmp_path):
     man = json.load(open(path))
     man["round"] = 9999
     json.dump(man, open(path, "w"))
-    p = fedmpi(["run", cfg, "--out", out], check=False)
+    p = cli(["run", cfg, "--out", out])
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert f"{path}: checkpoint manifest field manifest_sha256" in p.stderr

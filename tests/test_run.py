@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 import fault_plugin
-from conftest import wait_for_rows, ROOT, fedmpi, synthetic_config, write_config
+from conftest import wait_for_rows, ROOT, cli, fedmpi, synthetic_config, write_config
 
 QUICKSTART = os.path.join(ROOT, "configs", "quickstart.yaml")
 
@@ -58,12 +58,13 @@ def _runs_in_process(tmp_path, seeds, **over) -> list[str]:
 @pytest.mark.slow
 def test_info_and_plot(tmp_path):
     paths = _runs_in_process(tmp_path, (1, 2))
-    info = fedmpi(["info", paths[0]]).stdout
-    assert "status:     completed" in info and "test_acc" in info and "config:" in info
+    info = cli(["info", paths[0]])
+    assert info.returncode == 0, info.stderr
+    assert "status:     completed" in info.stdout and "test_acc" in info.stdout and "config:" in info.stdout
     png = str(tmp_path / "fig.png")
-    fedmpi(["plot", *paths, "--metric", "test_acc", "--out", png])
+    assert cli(["plot", *paths, "--metric", "test_acc", "--out", png]).returncode == 0
     assert open(png, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
-    bad = fedmpi(["plot", paths[0], "--metric", "nope", "--out", png], check=False)
+    bad = cli(["plot", paths[0], "--metric", "nope", "--out", png])
     assert bad.returncode == 2 and "has no metric 'nope'" in bad.stderr
 
 
@@ -87,7 +88,6 @@ def test_fmnist_fedavg_learns(tmp_path):
         assert f["metrics/test_acc"][0] < 0.3  # it learned it
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("args, needle", [
     (["run", "missing.yaml"], "missing.yaml: config file not found"),
     (["run", QUICKSTART, "--set", "train.lr=-1"], "train.lr: must be > 0"),
@@ -98,17 +98,16 @@ def test_fmnist_fedavg_learns(tmp_path):
     (["bogus"], "invalid choice"),
 ])
 def test_bad_input_exit_2_one_line(args, needle):
-    p = fedmpi(args, check=False)
+    p = cli(args)
     assert p.returncode == 2, p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in p.stderr
 
 
-@pytest.mark.slow
 def test_corrupt_config_file(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_bytes(b"\xff\xfe\x00garbage: [")
-    p = fedmpi(["run", str(bad)], check=False)
+    p = cli(["run", str(bad)])
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
 
 
@@ -139,7 +138,8 @@ def test_sigkill_leaves_readable_file(tmp_path):
         assert f.attrs["status"] == "running"
         n = f["metrics/round"].shape[0]
         assert n >= 5 and np.isfinite(f["metrics/test_acc"][: n - 1]).all()
-    assert "status:     running" in fedmpi(["info", str(out)]).stdout
+    info = cli(["info", str(out)])
+    assert info.returncode == 0 and "status:     running" in info.stdout, info.stderr
 
 
 def _same_results(a: str, b: str) -> None:
