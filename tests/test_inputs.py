@@ -4,31 +4,14 @@ steps file hung set-up for ever and swallowed SIGINT and SIGTERM)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 
 import pytest
 
 from conftest import cli, fedmpi, synthetic_config, write_config
+from helpers.deadline import deadline
 from fedmpi import inputs
 from fedmpi.errors import InputError
-
-
-@contextlib.contextmanager
-def deadline(seconds: int):
-    """TimeoutError when the body still runs after ``seconds`` (SIGALRM, main thread): a hang on
-    an open FIFO fails the test in this process, as the subprocess's timeout did."""
-    def expire(signum, frame):
-        raise TimeoutError(f"still running after {seconds} s: a hang")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.fixture
