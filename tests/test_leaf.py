@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import fault_plugin
-from conftest import fedmpi, synthetic_config, write_config
+from conftest import cli, fedmpi, synthetic_config, write_config
 from fedmpi import config
 from fedmpi.build import build_task
 from fedmpi.data.arrays import DataArrays
@@ -93,26 +93,24 @@ def test_regression_trains_with_mse_and_matches_its_rederivation(tmp_path):
     assert mse(out_t, y_t).item() == pytest.approx(2.5)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("change, needle", [
     ({"partition": {"kind": "dirichlet"}}, "task.partition.kind: dirichlet splits by class labels"),
     ({"leaf": {"train": "missing.json", "test": "missing.json", "classes": 0}}, "no such LEAF file"),
 ])
 def test_regression_and_leaf_errors(tmp_path, change, needle):
     cfg = write_config(tmp_path / "bad.yaml", _config(tmp_path, regression=True, **change))
-    p = fedmpi(["run", cfg, "--quiet"], check=False)
+    p = cli(["run", cfg, "--quiet"])
     assert p.returncode == 2 and needle in p.stderr and len(p.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.slow
 def test_natural_needs_client_ids_and_a_broken_file_is_named(tmp_path):
     cfg = write_config(tmp_path / "s.yaml", synthetic_config(task__partition__kind="natural"))
-    p = fedmpi(["run", cfg, "--quiet"], check=False)
+    p = cli(["run", cfg, "--quiet"])
     assert p.returncode == 2 and "natural needs a dataset that gives client ids" in p.stderr
     (tmp_path / "bad.json").write_text('{"users": ["a"], "user_data": {}}')
     c = _config(tmp_path, regression=False)
     c["task"]["leaf"]["train"] = str(tmp_path / "bad.json")
-    p = fedmpi(["run", write_config(tmp_path / "b.yaml", c), "--quiet"], check=False)
+    p = cli(["run", write_config(tmp_path / "b.yaml", c), "--quiet"])
     assert p.returncode == 2 and "bad.json: not a LEAF json file" in p.stderr
 
 
@@ -228,10 +226,9 @@ def test_per_user_test_metrics_and_fairness_match_their_rederivation(tmp_path):
         assert f["metrics/client_loss_weighted"][-1] == pytest.approx(f["metrics/test_loss"][-1], rel=1e-6)
 
 
-@pytest.mark.slow
 def test_per_user_test_data_is_refused_where_it_means_nothing(tmp_path):
     bad = _config(tmp_path, False, partition={"kind": "iid", "local_test": "dataset"})
-    p = fedmpi(["run", write_config(tmp_path / "bad.yaml", bad), "--quiet"], check=False)
+    p = cli(["run", write_config(tmp_path / "bad.yaml", bad), "--quiet"])
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert "task.partition.local_test: dataset (each client's own test samples) needs task.partition.kind: " \
            "natural, got iid" in p.stderr

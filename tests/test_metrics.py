@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import fault_plugin
-from conftest import fedmpi, synthetic_config, write_config
+from conftest import cli, fedmpi, synthetic_config, write_config
 from fedmpi import config, log, metrics, plugins
 from fedmpi.build import build_task
 from fedmpi.cli import main
@@ -193,10 +193,9 @@ def test_evaluation_choices_are_checked(evaluation, needle):
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.slow
 def test_an_unknown_metric_is_exit_2_in_one_line(tmp_path):
     cfg = write_config(tmp_path / "bad.yaml", synthetic_config(evaluation={"metrics": ["acc_gapp"]}))
-    p = fedmpi(["run", cfg, "--quiet"], check=False)
+    p = cli(["run", cfg, "--quiet"])
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert "evaluation.metrics: no registered metric 'acc_gapp'" in p.stderr and not (tmp_path / "runs").exists()
 
@@ -232,7 +231,6 @@ def test_callbacks_at_three_moments_and_stopping_early(tmp_path):
     assert later == [0, 2, 4]
 
 
-@pytest.mark.slow
 def test_stop_at_a_target_and_its_errors(tmp_path):
     with _run(tmp_path, "stop", rounds=40, runtime={"progress": False, "stop_at": {"metric": "test_acc",
                                                                                      "value": 0.45}}) as f:
@@ -241,7 +239,7 @@ def test_stop_at_a_target_and_its_errors(tmp_path):
         assert f.attrs["stopped_early"].startswith("test_acc >= 0.45")
         assert f.attrs["callbacks"] == "evaluated: runtime.stop_at"
     cfg = write_config(tmp_path / "bad.yaml", synthetic_config(runtime={"stop_at": {"metric": "test_accc"}}))
-    p = fedmpi(["run", cfg, "--quiet"], check=False)
+    p = cli(["run", cfg, "--quiet"])
     assert p.returncode == 2 and p.stderr.strip().count("\n") == 0 and "runtime.stop_at.metric" in p.stderr
 
 

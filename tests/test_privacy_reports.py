@@ -104,9 +104,8 @@ def test_a_banded_run_that_shows_who_took_part_is_not_amplified():
     ({"availability": {"kind": "cohort", "size": 4}, "band": 1},
      ["privacy.mechanism 'banded_mf'", "availability.kind 'cohort'"]),
 ])
-@pytest.mark.slow
 def test_required_amplification_is_refused_in_one_line_where_it_cannot_be_claimed(change, keys, tmp_path):
-    from conftest import fedmpi, write_config
+    from conftest import cli, write_config
 
     cfg = cyclic_cfg({"mechanism": "banded_mf", "band": 3, "amplification": "required"})
     for k, v in change.items():
@@ -114,8 +113,7 @@ def test_required_amplification_is_refused_in_one_line_where_it_cannot_be_claime
             cfg["privacy"]["band"] = v
         else:
             cfg[k] = v
-    p = fedmpi(["run", write_config(tmp_path / "c.yaml", cfg), "--quiet", "--out", str(tmp_path / "r.h5")],
-               check=False)
+    p = cli(["run", write_config(tmp_path / "c.yaml", cfg), "--quiet", "--out", str(tmp_path / "r.h5")])
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert "privacy.amplification: required" in p.stderr and all(k in p.stderr for k in keys), p.stderr
     cfg["privacy"]["amplification"] = "auto"  # the same run is accepted, charged in full

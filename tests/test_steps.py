@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import fedmpi, synthetic_config, write_config
+from conftest import cli, fedmpi, synthetic_config, write_config
 from fedmpi import config, guards
 from fedmpi.build import build_components, build_task
 from fedmpi.engine.local import LocalTrainer
@@ -116,10 +116,9 @@ def test_bad_values_name_the_key(key, value):
         config.from_dict(synthetic_config(**{f"train__{key}": value}))
 
 
-@pytest.mark.slow
 def test_bad_draw_exits_2_on_the_cli(tmp_path):
     cfg = write_config(tmp_path / "c.yaml", synthetic_config())
-    p = fedmpi(["run", cfg, "--quiet", "--set", "train.local_steps_draw=poisson"], check=False)
+    p = cli(["run", cfg, "--quiet", "--set", "train.local_steps_draw=poisson"])
     assert p.returncode == 2 and "train.local_steps_draw" in p.stderr and "lognormal" in p.stderr
 
 
@@ -157,10 +156,9 @@ def test_more_step_inputs_than_memory_are_refused_up_front(tmp_path, monkeypatch
     assert guards.step_inputs_bytes(10, 4, 8, True, True) == 10 * 4 * (9 + 8 * 12) + 4 * 8 * 32
 
 
-@pytest.mark.slow
 def test_more_step_inputs_than_memory_is_one_line_on_the_cli(tmp_path):
-    p = fedmpi(["run", write_config(tmp_path / "c.yaml", synthetic_config()), "--quiet", "--set",
-                "train.local_steps=100000000"], check=False)
+    p = cli(["run", write_config(tmp_path / "c.yaml", synthetic_config()), "--quiet", "--set",
+             "train.local_steps=100000000"])
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "train.local_steps: 100000000 local steps" in p.stderr
 
 

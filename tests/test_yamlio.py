@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import fedmpi, synthetic_config, write_config
+from conftest import cli, fedmpi, synthetic_config, write_config
+from helpers.deadline import deadline
 from fedmpi import config, yamlio
 from fedmpi.errors import InputError
 
@@ -84,14 +85,14 @@ def test_alias_budget():
         yamlio.loads(_bomb(7), "t")
 
 
-@pytest.mark.slow
 def test_alias_bomb_in_schedule_is_refused_at_once(tmp_path):
     """The campaign's ~700-byte bomb (10 levels of anchors) in availability.schedule ran for minutes."""
     cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=2, availability={"kind": "trace"}))
     text = open(cfg).read().replace("availability:\n", f"availability:\n  schedule: {_bomb(10)}\n", 1)
     open(cfg, "w").write(text)
     assert len(text) < 1500
-    p = fedmpi(["run", cfg, "--out", str(tmp_path / "r.h5")], timeout=60, check=False)
+    with deadline(60):
+        p = cli(["run", cfg, "--out", str(tmp_path / "r.h5")])
     assert p.returncode == 2, p.stderr
     assert p.stderr.strip().startswith(f"fedmpi: error: {cfg}: more than 1000000 values once aliases are "
                                        f"expanded (at availability.schedule[6]")
@@ -109,14 +110,14 @@ def test_aliases_within_budget_run(tmp_path):
         assert [np.flatnonzero(r).tolist() for r in f["availability/mask"][:]] == [[0, 1], [0, 1], [5]]
 
 
-@pytest.mark.slow
 def test_deep_nesting_is_one_line(tmp_path):
     """Deeply nested YAML ended in a RecursionError with ~3000 lines of traceback."""
     cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=1, availability={"kind": "trace"}))
     text = open(cfg).read().replace("availability:\n", "availability:\n  schedule: " + "[" * 5000 + "]" * 5000
                                     + "\n", 1)
     open(cfg, "w").write(text)
-    p = fedmpi(["run", cfg, "--out", str(tmp_path / "r.h5")], timeout=60, check=False)
+    with deadline(60):
+        p = cli(["run", cfg, "--out", str(tmp_path / "r.h5")])
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert "nested deeper than 64 levels (at availability.schedule[0][0]" in p.stderr
 
