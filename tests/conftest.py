@@ -64,17 +64,34 @@ def cli(args: list[str]) -> subprocess.CompletedProcess:
     """``fedmpi ARGS`` in this process (``fedmpi.cli.main``), its output captured, as ``fedmpi``
     returns it: for commands that end before any training (a refusal, info, table, export), at
     a fraction of a subprocess's start-up (importing torch alone takes ~1.5 s). No plugins (they
-    would stay registered) and no runs (torch's process-wide settings): those take ``fedmpi``.
+    would stay registered; ``$FEDMPI_PLUGINS`` is hidden) and no runs (torch's process-wide
+    settings; the thread count a refusal after the world's set-up changed is restored): those
+    take ``fedmpi``. Warnings are appended to stderr, as a process would print them.
     The process entry itself (exit codes through ``sys.exit``, signals) is tested in test_cli."""
+    import torch
+    import warnings
+
     from fedmpi.cli import main
 
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    threads, plugins = torch.get_num_threads(), os.environ.pop("FEDMPI_PLUGINS", None)
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+            warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")  # Python's defaults for a script, as `python -m fedmpi` has them
+        for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+            warnings.simplefilter("ignore", category)
         try:
             code = main(list(args))
         except SystemExit as e:  # argparse's own exits (--help)
             code = e.code if isinstance(e.code, int) else 1
-    return subprocess.CompletedProcess(["fedmpi", *args], code, out.getvalue(), err.getvalue())
+        finally:  # what a refusal after the world's set-up changed in this process
+            torch.set_num_threads(threads)
+            if plugins is not None:
+                os.environ["FEDMPI_PLUGINS"] = plugins
+    # a process would print its warnings on stderr: a one-line check must see them
+    text = err.getvalue() + "".join(warnings.formatwarning(w.message, w.category, w.filename, w.lineno)
+                                    for w in caught)
+    return subprocess.CompletedProcess(["fedmpi", *args], code, out.getvalue(), text)
 
 
 @pytest.fixture(autouse=True)
