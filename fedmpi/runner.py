@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import numpy as np
 
@@ -42,6 +42,9 @@ from .runtime import World
 from .runtime.folders import check_shared
 from .runtime.launcher import agree_on_error, record_exit, restart_count
 from .runtime.watch import checkpoint_round, lost_code, lost_notes
+
+if TYPE_CHECKING:
+    from .results.hdf5 import ResultWriter
 
 Callback = Callable[[Components, int], None]  # (run, t) at round t, on every rank
 EvalCallback = Callable[[Components, int, dict], "str | None"]  # (run, rounds_done, row) -> reason to stop
@@ -425,7 +428,7 @@ def run(cfg: Config, world: World, out_path: str, quiet: bool = False, resume: b
         return end_job(world, e, runner.writer)
 
 
-def end_job(world: World, e: Exception, writer=None) -> int:
+def end_job(world: World, e: Exception, writer: "ResultWriter | None" = None) -> int:
     """After ``e`` on this rank, past set-up: report it once (a peer's death as such, a lost rank
     with what ``writer``'s file kept) and end the whole MPI job, so no rank is left waiting; the
     exit code (5 for a lost rank: resumable, else 1)."""
