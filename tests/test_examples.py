@@ -183,6 +183,40 @@ def test_oort_selection_is_the_same_on_one_and_two_ranks_and_after_a_kill(tmp_pa
     same_client_rounds(one, killed)
 
 
+ASYNC_MOMENTUM = ["--set", "availability={kind: always}",
+                  "--set", "clock={kind: lognormal, step_time: 1.0, comm_time: 2.0, sigma: 0.8, dropout: 0.1}",
+                  "--set", "algorithm={name: my_fedbuff_momentum, concurrency: 4, buffer: 2, beta: 0.5}"]
+
+
+def final_params(path) -> np.ndarray:
+    with h5py.File(path, "r") as f:
+        return f["final/params"][:]
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_the_asynchronous_plugin_is_fedbuff_at_beta_0_and_resumes_to_its_bits(tmp_path):
+    """``my_fedbuff_momentum`` (asyncmomentum.py): beta = 0 gives the built-in fedbuff's bits; with
+    beta = 0.5 its velocity changes the model, and 1 rank, 2 ranks, and a run killed at step 3 and
+    resumed on 2 ranks give the same bits (the velocity is declared state)."""
+    plain, zero = tmp_path / "fedbuff.h5", tmp_path / "zero.h5"
+    run(plain, *ASYNC_MOMENTUM, "--set", "algorithm={name: fedbuff, concurrency: 4, buffer: 2}")
+    run(zero, *ASYNC_MOMENTUM, "--set", "algorithm.beta=0")
+    same(plain, zero)
+    assert np.array_equal(final_params(plain), final_params(zero))
+    one, two, killed = tmp_path / "one.h5", tmp_path / "two.h5", tmp_path / "killed.h5"
+    run(one, *ASYNC_MOMENTUM)
+    assert not np.array_equal(final_params(one), final_params(zero))
+    run(two, *ASYNC_MOMENTUM, ranks=2)
+    same(one, two)
+    p = run(killed, *ASYNC_MOMENTUM, env=fault_plugin.env("0:3:kill"), check=False)
+    assert p.returncode != 0
+    run(killed, *ASYNC_MOMENTUM, ranks=2)  # resumed on 2 ranks
+    same(one, killed)
+    for other in (two, killed):
+        assert np.array_equal(final_params(one), final_params(other))
+
+
 @pytest.mark.slow
 def test_oort_is_refused_under_privacy_with_one_line(tmp_path):
     pytest.importorskip("dp_accounting")

@@ -11,6 +11,8 @@ Load it with ``fedmpi run CONFIG --plugin examples/fedmpi_examples`` (or
 - algorithm ``my_oort``: Oort-style selection by a utility from each client's per-sample training
   losses, with exploration (``oort.py``: a per-client quantity of local training, reproducible
   random draws, declared state, a privacy refusal);
+- algorithm ``my_fedbuff_momentum``: asynchronous FedBuff with server momentum ``algorithm.beta``
+  (``asyncmomentum.py``: an asynchronous algorithm on fedmpi's virtual clock, extending a built-in);
 - model ``resmlp``: an MLP with residual blocks, ``task.width`` and ``task.blocks`` (``model.py``);
 - dataset ``spirals``: interleaved 2-D spirals from numpy arrays, ``task.spiral_samples``,
   ``task.arms``, ``task.noise`` (``dataset.py``);
@@ -18,4 +20,4 @@ Load it with ``fedmpi run CONFIG --plugin examples/fedmpi_examples`` (or
   ``privacy.factor`` (``mechanism.py``).
 """
 
-from . import dataset, fedavgm, lossweighted, mechanism, model, oort  # noqa: F401  (each registers its component)
+from . import asyncmomentum, dataset, fedavgm, lossweighted, mechanism, model, oort  # noqa: F401  (each registers its component)

@@ -41,8 +41,12 @@ class FedBuff(AsyncAlgorithm):
     def buffer_size(self) -> int:
         return self.params.buffer
 
-    def step(self, t: int, rows: torch.Tensor, staleness: np.ndarray) -> torch.Tensor:
+    def buffered(self, rows: torch.Tensor, staleness: np.ndarray) -> torch.Tensor:
+        """The buffer, sum_i s(tau_i) Delta_i over the kept ``rows`` in arrival order (rank 0; float64)."""
         buffer = torch.zeros(rows.shape[1], dtype=torch.float64, device=rows.device)
         for row, s in zip(rows, self.weight(staleness)):  # in arrival order
             buffer += float(s) * row.double()
-        return self.x.double() + self.eta_g * buffer / self.buffer_size
+        return buffer
+
+    def step(self, t: int, rows: torch.Tensor, staleness: np.ndarray) -> torch.Tensor:
+        return self.x.double() + self.eta_g * self.buffered(rows, staleness) / self.buffer_size
