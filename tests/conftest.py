@@ -13,8 +13,10 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 
 import pytest
+import torch
 import yaml
 
 from fedmpi.config import _set_dotted
@@ -68,9 +70,6 @@ def cli(args: list[str]) -> subprocess.CompletedProcess:
     settings; the thread count a refusal after the world's set-up changed is restored): those
     take ``fedmpi``. Warnings are appended to stderr, as a process would print them.
     The process entry itself (exit codes through ``sys.exit``, signals) is tested in test_cli."""
-    import torch
-    import warnings
-
     from fedmpi.cli import main
 
     out, err = io.StringIO(), io.StringIO()

@@ -440,7 +440,7 @@ class World:
             if self._notices.Iprobe(tag=self._NOTICE_TAG) and not _completes(request):
                 raise ConnectionError(f"{what}: rank {self._notices.recv(tag=self._NOTICE_TAG)} failed")
             if self._watch is not None and self._watch.lost and not _completes(request):
-                raise RankLost(f"{self._watch.lost}; this rank was waiting in: {what}")
+                raise self._verdict(what)
             waited = time.monotonic() - start
             if waited > self.timeout_s:
                 raise TimeoutError(f"{what}: timed out after runtime.timeout_s = {self.timeout_s:g} s "
@@ -463,8 +463,12 @@ class World:
         end = time.monotonic() + 2 * BEAT_S
         while self._watch is not None and time.monotonic() < end:
             if self._watch.lost:
-                raise RankLost(f"{self._watch.lost}; this rank was waiting in: {what}")
+                raise self._verdict(what)
             time.sleep(0.01)
+
+    def _verdict(self, what: str) -> RankLost:
+        """The watch's verdict (a rank lost, by rank and node) as this rank's error, waiting in ``what``."""
+        return RankLost(f"{self._watch.lost}; this rank was waiting in: {what}")
 
     def _hold(self, *tensors: torch.Tensor) -> None:
         """Keep a Python reference to tensors just given to gloo, so that its worker thread,
