@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import inspect
+import json
 import logging
 import os
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from .. import provenance, rng
 from ..errors import InputError
 from ..registry import DATASETS, MODELS
 from ..schema import opt
-from .arrays import DataArrays
+from .arrays import IGNORE, DataArrays, TextInfo
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -172,7 +173,7 @@ def leaf_data(cfg: Config) -> DataArrays:
 
 # ----------------------------------------------------------------------------- what a factory gives
 
-_CACHED = ("x_train", "y_train", "x_test", "y_test", "classes", "mean", "std", "client_train", "client_test")
+_CACHED = ("x_train", "y_train", "x_test", "y_test", "classes", "mean", "std", "client_train", "client_test", "text")
 
 
 def dataset_arrays(cfg: Config) -> "DataArrays | Task":
@@ -199,12 +200,14 @@ def dataset_arrays(cfg: Config) -> "DataArrays | Task":
     if hit is not None:
         mean, std = (tuple(hit[k].tolist()) if hit[k].size else None for k in ("mean", "std"))
         ids = {k: hit[k] if hit[k].size else None for k in ("client_train", "client_test")}
+        text = TextInfo(**json.loads(str(hit["text"]))) if str(hit["text"]) else None
         return DataArrays(hit["x_train"], hit["y_train"], hit["x_test"], hit["y_test"], int(hit["classes"]),
-                          mean, std, **ids)
+                          mean, std, **ids, text=text)
     data = entry.obj(cfg)
     if isinstance(data, DataArrays):
         ids = {k: () if getattr(data, k) is None else getattr(data, k) for k in ("client_train", "client_test")}
-        arrays = {**dataclasses.asdict(data), "mean": data.mean or (), "std": data.std or (), **ids}
+        text = json.dumps(dataclasses.asdict(data.text)) if isinstance(data.text, TextInfo) else ""
+        arrays = {**dataclasses.asdict(data), "mean": data.mean or (), "std": data.std or (), **ids, "text": text}
         readers._write_cache(path, fingerprint, arrays, _CACHED)
     return data
 
@@ -218,29 +221,8 @@ def checked_arrays(data: Any, name: str) -> DataArrays:
         raise InputError(f"{where}: classes must be a positive integer (or 0 for regression), got {data.classes!r}")
     out = {}
     for split in ("train", "test"):
-        x, y = np.asarray(getattr(data, f"x_{split}")), np.asarray(getattr(data, f"y_{split}"))
-        if data.classes == 0 and y.ndim == 1:  # regression: one target per sample
-            y = y[:, None]
-        targets = (x.shape[0],) if data.classes else (x.shape[0], y.shape[-1])
-        if x.ndim < 2 or y.shape != targets or x.shape[0] == 0:
-            want = "(N,)" if data.classes else "(N,) or (N, k)"
-            raise InputError(f"{where}: x_{split} must be (N, ...) with N > 0 and y_{split} {want}, "
-                             f"got {x.shape} and {np.shape(getattr(data, f'y_{split}'))}")
-        if data.classes == 0:
-            if not np.issubdtype(y.dtype, np.number) or not np.isfinite(y).all():
-                raise InputError(f"{where}: y_{split} must hold finite numbers (regression: classes 0)")
-            y = y.astype(np.float32)
-        elif not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= data.classes:
-            raise InputError(f"{where}: y_{split} must be integer labels in [0, {data.classes})")
-        if data.image and (x.dtype != np.uint8 or x.ndim != 4 or len(data.mean) != x.shape[1]
-                           or len(data.std or ()) != x.shape[1]):
-            raise InputError(f"{where}: images with mean/std must be uint8 (N, C, H, W) with C values each, "
-                             f"got {x.dtype} {x.shape}")
-        if not data.image:
-            if not np.issubdtype(x.dtype, np.floating) or not np.isfinite(x).all():
-                raise InputError(f"{where}: x_{split} must hold finite floats (or uint8 images with mean/std)")
-            x = x.astype(np.float32, copy=False)
-        out[f"x_{split}"], out[f"y_{split}"] = x, (y.astype(np.int64, copy=False) if data.classes else y)
+        x, y = (_checked_tokens if data.text is not None else _checked_samples)(data, split, where)
+        out[f"x_{split}"], out[f"y_{split}"] = x, y
     if out["x_train"].shape[1:] != out["x_test"].shape[1:] or out["y_train"].shape[1:] != out["y_test"].shape[1:]:
         raise InputError(f"{where}: train and test samples differ in shape "
                          f"({out['x_train'].shape[1:]} vs {out['x_test'].shape[1:]}, targets "
@@ -256,3 +238,58 @@ def checked_arrays(data: Any, name: str) -> DataArrays:
     if data.client_test is not None and data.client_train is None:
         raise InputError(f"{where}: client_test needs client_train (the training samples' client ids)")
     return dataclasses.replace(data, classes=int(data.classes), **out)
+
+
+def _checked_samples(data: DataArrays, split: str, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """One split's (x, y) of a dataset of labelled (or regression) samples, checked."""
+    x, y = np.asarray(getattr(data, f"x_{split}")), np.asarray(getattr(data, f"y_{split}"))
+    if data.classes == 0 and y.ndim == 1:  # regression: one target per sample
+        y = y[:, None]
+    targets = (x.shape[0],) if data.classes else (x.shape[0], y.shape[-1])
+    if x.ndim < 2 or y.shape != targets or x.shape[0] == 0:
+        want = "(N,)" if data.classes else "(N,) or (N, k)"
+        raise InputError(f"{where}: x_{split} must be (N, ...) with N > 0 and y_{split} {want}, "
+                         f"got {x.shape} and {np.shape(getattr(data, f'y_{split}'))}")
+    if data.classes == 0:
+        if not np.issubdtype(y.dtype, np.number) or not np.isfinite(y).all():
+            raise InputError(f"{where}: y_{split} must hold finite numbers (regression: classes 0)")
+        y = y.astype(np.float32)
+    elif not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= data.classes:
+        raise InputError(f"{where}: y_{split} must be integer labels in [0, {data.classes})")
+    if data.image and (x.dtype != np.uint8 or x.ndim != 4 or len(data.mean) != x.shape[1]
+                       or len(data.std or ()) != x.shape[1]):
+        raise InputError(f"{where}: images with mean/std must be uint8 (N, C, H, W) with C values each, "
+                         f"got {x.dtype} {x.shape}")
+    if not data.image:
+        if not np.issubdtype(x.dtype, np.floating) or not np.isfinite(x).all():
+            raise InputError(f"{where}: x_{split} must hold finite floats (or uint8 images with mean/std)")
+        x = x.astype(np.float32, copy=False)
+    return x, (y.astype(np.int64, copy=False) if data.classes else y)
+
+
+def _checked_tokens(data: DataArrays, split: str, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """One split's (x, y) of a text dataset (``DataArrays.text``), checked: int64 ids (N, T) in
+    [0, vocab) and targets of the same shape, each an id or ``IGNORE``."""
+    t = data.text
+    if not isinstance(t, TextInfo):
+        raise InputError(f"{where}: text must be a TextInfo, got {type(t).__name__}")
+    vocab = t.vocab_size
+    if data.classes != vocab or data.image:
+        raise InputError(f"{where}: a text dataset's classes must be its vocabulary size ({vocab}), without mean/std")
+    specials = {"pad_id": t.pad_id, "bos_id": t.bos_id, "eos_id": t.eos_id}
+    for k, v in specials.items():
+        if (v is not None or k == "pad_id") and not (isinstance(v, (int, np.integer)) and 0 <= v < vocab):
+            raise InputError(f"{where}: text.{k} must be a token id in [0, {vocab}), got {v!r}")
+    x, y = np.asarray(getattr(data, f"x_{split}")), np.asarray(getattr(data, f"y_{split}"))
+    if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] == 0 or y.shape != x.shape:
+        raise InputError(f"{where}: x_{split} and y_{split} must be token sequences (N, T) with N, T > 0, "
+                         f"got {x.shape} and {y.shape}")
+    if not (np.issubdtype(x.dtype, np.integer) and np.issubdtype(y.dtype, np.integer)):
+        raise InputError(f"{where}: x_{split} and y_{split} must hold integer token ids, got {x.dtype}, {y.dtype}")
+    if x.min() < 0 or x.max() >= vocab:
+        raise InputError(f"{where}: x_{split} must hold token ids in [0, {vocab})")
+    if ((y < 0) & (y != IGNORE)).any() or y.max() >= vocab:
+        raise InputError(f"{where}: y_{split} must hold token ids in [0, {vocab}) or {IGNORE} (no target)")
+    if split == "train" and (y == IGNORE).all():
+        raise InputError(f"{where}: y_train has no target (all {IGNORE}): nothing to train on")
+    return x.astype(np.int64, copy=False), y.astype(np.int64, copy=False)
