@@ -10,6 +10,12 @@ evaluation schedule, runtime or output) form one curve: their mean with a +/- on
 deviation band, on a common x grid (interpolated when the x values differ, as ``sim_delay``
 does between seeds).
 
+Range. On an x axis of time (every x but ``round``) an axis without limits shows where the curves
+differ (``x_focus``, ``y_focus``): x to a quarter beyond the time the slowest curve settles, or to
+the budget every run shares (``runtime.stop_at`` on that x: each curve is drawn to it, a run that
+ended before holding its last value), y over what every curve holds for 90% of that x range.
+``--range all`` draws every point (the default against rounds); ``--xlim``/``--ylim`` set an axis.
+
 Names. A curve is named by its variant (a sweep cell's file records it as ``runtime.label``, so
 any subset of a sweep's files keeps it), else by its algorithm, then by the keys that tell it
 apart from the curves of its variant, with the sweep's ``labels:`` and readable key names
@@ -123,7 +129,15 @@ def _labels(experiments: list[dict], labels: dict[str, names.KeyLabel] | None = 
     return [_join(p) or "run" for p in _describe(experiments, labels)]
 
 
-def _mean_std(runs: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _mean_std(runs: list[tuple[np.ndarray, np.ndarray]], end: float | None = None
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The runs' mean and std on one x grid: their own when they share it, else 200 points from
+    the latest first x to the earliest last x, each run interpolated linearly. ``end``: the x
+    budget the runs share; a run that ended before it (its rounds done) holds its last value to
+    it, so that the curve reaches the common end."""
+    if end is not None:
+        runs = [(x, y) if not len(x) or x[-1] >= end else (np.append(x, end), np.append(y, y[-1]))
+                for x, y in runs]
     if all(len(r[0]) == len(runs[0][0]) and np.array_equal(r[0], runs[0][0]) for r in runs):
         grid = runs[0][0]
         ys = np.stack([r[1] for r in runs])
@@ -135,9 +149,24 @@ def _mean_std(runs: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np
         return grid, np.nanmean(ys, 0), np.nanstd(ys, 0)
 
 
+def shared_budget(runs: list[tuple[Result, str]], x: str) -> float | None:
+    """The x budget every run shares: ``runtime.stop_at`` on the metric ``x`` (``time``: the
+    same virtual-time budget, docs/ALGORITHMS.md section 7), the same value everywhere; else None."""
+    values = set()
+    for r, _ in runs:
+        if r.get("runtime.stop_at.metric") != x or r.get("runtime.stop_at.goal", "at_least") != "at_least":
+            return None
+        value = r.get("runtime.stop_at.value")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+            return None
+        values.add(float(value))
+    return values.pop() if len(values) == 1 else None
+
+
 def curves_of(runs: list[tuple[Result, str]], metric: str, x: str,
-              labels: dict[str, names.KeyLabel] | None = None) -> list[Curve]:
-    """One Curve per experiment among ``(result, variant label or "")`` pairs, in first-seen order."""
+              labels: dict[str, names.KeyLabel] | None = None, end: float | None = None) -> list[Curve]:
+    """One Curve per experiment among ``(result, variant label or "")`` pairs, in first-seen order
+    (``end``: the x budget the runs share, ``shared_budget``)."""
     groups: dict[str, tuple[dict, list]] = {}
     for r, variant in runs:
         for name in (metric, x):
@@ -152,7 +181,7 @@ def curves_of(runs: list[tuple[Result, str]], metric: str, x: str,
     for parts, (_, rs) in zip(_describe([g[0] for g in groups.values()], labels), groups.values()):
         rs = [rn for rn in rs if len(rn[0])]
         if rs:
-            curves.append(Curve(_join(parts) or "run", *_mean_std(rs), len(rs), parts))
+            curves.append(Curve(_join(parts) or "run", *_mean_std(rs, end), len(rs), parts))
     return curves
 
 
@@ -219,6 +248,84 @@ class Axes:
     ylim: tuple[float | None, float | None] | None = None
     logx: bool = False
     logy: bool = False
+    focus: bool | None = None    # an axis without limits shows where the curves differ (True) or all data;
+    #                              None: focus on x axes of time (every x but round)
+    budget: float | None = None  # the x budget every run shares (runtime.stop_at on the x axis)
+
+
+# ----------------------------------------------------------------------------- the range shown
+
+SETTLED = 0.95   # a curve has settled once it has made this share of its climb from start to end
+MARGIN = 0.25    # the x range goes this share beyond the last curve to settle
+LOW_SHARE = 0.1  # the y range may leave out a curve's lowest (falling: highest) values of this share of its x
+
+
+def _settled_at(c: Curve) -> float | None:
+    """The first x at which the curve has made ``SETTLED`` of its change from its first value to
+    its level at the end (the mean of its last tenth of x), or None when it has no change."""
+    ok = np.isfinite(c.mean) & np.isfinite(c.x)
+    x, y = c.x[ok], c.mean[ok]
+    if len(x) < 2:
+        return None
+    end = float(np.mean(y[x >= x[-1] - 0.1 * (x[-1] - x[0])]))
+    change = end - y[0]
+    if not abs(change) > 1e-12 * max(abs(end), abs(y[0]), 1e-300):
+        return None
+    reached = np.flatnonzero((y - (y[0] + SETTLED * change)) * np.sign(change) >= 0)
+    return float(x[reached[0]]) if reached.size else float(x[-1])
+
+
+def _direction(curves: list[Curve]) -> int:
+    """+1 when most curves end above where they start (an accuracy), -1 below (a loss), else 0."""
+    votes = 0
+    for c in curves:
+        y = c.mean[np.isfinite(c.mean)]
+        if len(y) >= 2:
+            votes += int(np.sign(y[-1] - y[0]))
+    return int(np.sign(votes))
+
+
+def x_focus(curves: list[Curve], budget: float | None) -> tuple[float, float] | None:
+    """The x range of a figure (all its subplots' curves): from the first x to the shared budget
+    when the runs have one, else to ``MARGIN`` beyond the time the slowest curve settles (never
+    past the data's end); None when that would leave out nothing worth it (keep all)."""
+    xs = [c.x[np.isfinite(c.x)] for c in curves]
+    xs = [x for x in xs if len(x)]
+    if not xs:
+        return None
+    lo, last = min(float(x[0]) for x in xs), max(float(x[-1]) for x in xs)
+    if budget is not None and lo < budget:
+        return lo, float(budget)
+    settled = [t for t in map(_settled_at, curves) if t is not None]
+    if not settled or last <= lo:
+        return None
+    hi = max(settled) + MARGIN * (max(settled) - lo)
+    return (lo, hi) if hi < lo + 0.9 * (last - lo) else None
+
+
+def y_focus(curves: list[Curve], xlim: tuple[float | None, float | None] | None) -> tuple[float, float] | None:
+    """The y range of a subplot: every curve shown over at least 1 - ``LOW_SHARE`` of its x
+    inside ``xlim`` (each curve's values sampled evenly in x: the start of a climb from the initial
+    model may lie below, or above for a falling metric), std bands on the other side included,
+    with a margin; None without finite values."""
+    lo, hi = (xlim or (None, None))
+    side = _direction(curves)
+    lows, highs = [], []
+    for c in curves:
+        ok = np.isfinite(c.mean) & np.isfinite(c.x)
+        x, y, sd = c.x[ok], c.mean[ok], np.nan_to_num(c.std[ok])
+        keep = (x >= (lo if lo is not None else -np.inf)) & (x <= (hi if hi is not None else np.inf))
+        if not keep.any():
+            continue
+        x, y, sd = x[keep], y[keep], sd[keep]
+        held = np.interp(np.linspace(x[0], x[-1], 200), x, y) if x[-1] > x[0] else y
+        lows.append(float(np.quantile(held, LOW_SHARE)) if side > 0 else float(np.min(y - sd)))
+        highs.append(float(np.quantile(held, 1 - LOW_SHARE)) if side < 0 else float(np.max(y + sd)))
+    if not lows or not max(highs) > min(lows):
+        return None
+    low, high = min(lows), max(highs)
+    pad = 0.05 * (high - low)
+    return low - pad, high + pad
 
 
 # ----------------------------------------------------------------------------- the figure
@@ -352,10 +459,14 @@ def figure(curves_per_metric: list[tuple[str, list[Curve]]], x: str, *, size: tu
             ax.set_ylabel(ylabels[i] if len(ylabels) == n else ylabels[0] if ylabels else names.metric(metric))
             ax.set_xscale("log" if axes.logx else "linear")
             ax.set_yscale("log" if axes.logy else "linear")
-            if axes.xlim:
-                ax.set_xlim(*axes.xlim)
-            if axes.ylim:
-                ax.set_ylim(*axes.ylim)
+            focus = axes.focus if axes.focus is not None else x != "round"
+            xlim = axes.xlim or (x_focus([c for _, cs in curves_per_metric for c in cs], axes.budget)
+                                 if focus else None)
+            if xlim:
+                ax.set_xlim(*(None if axes.logx and v is not None and v <= 0 else v for v in xlim))
+            ylim = axes.ylim or (y_focus(curves, xlim) if focus and not axes.logy else None)
+            if ylim:
+                ax.set_ylim(*ylim)
             ax.grid(alpha=0.3)
         # one subplot: the title is its axes' (a figure title would share the top row with a right legend)
         suptitle = (grid[0][0].set_title(title) if n == 1 else fig.suptitle(title)) if title else None
@@ -396,7 +507,8 @@ def plot(paths: list[str], metric: str | list[str], out: str, x: str = "round", 
         for text in values:
             check_text(text, option)
     runs, key_labels = _gather(paths)
-    per_metric = [(m, curves_of(runs, m, x, key_labels)) for m in metrics]
+    axes.budget = shared_budget(runs, x)
+    per_metric = [(m, curves_of(runs, m, x, key_labels, axes.budget)) for m in metrics]
     if not any(c for _, c in per_metric):
         raise InputError(f"{', '.join(paths)}: no evaluations to plot (the runs have not evaluated yet)")
     if labels:
@@ -510,6 +622,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(best, upper left, ...)")
     parser.add_argument("--size", default="default", help="column (3.4x2.6 in), page (7x3 in), default "
                                                           "(6.4x4.2 in) or WIDTH,HEIGHT in inches")
+    parser.add_argument("--range", choices=("focus", "all"),
+                        help="what an axis without --xlim/--ylim shows: focus = where the curves differ (x: to "
+                             "the shared budget, else a quarter beyond the time the slowest curve settles; y: "
+                             "the values held over 95%% of that time), all = every point; default focus for "
+                             "--x time, wall_time and sim_delay, all for round")
     parser.add_argument("--logx", action="store_true", help="logarithmic x axis")
     parser.add_argument("--logy", action="store_true", help="logarithmic y axis")
 
@@ -521,7 +638,7 @@ def run_cli(args: argparse.Namespace) -> int:
     if not metrics:
         raise InputError("--metric: empty")
     axes = Axes(args.xlabel, args.ylabels, parse_limits(args.xlim, "--xlim"), parse_limits(args.ylim, "--ylim"),
-                args.logx, args.logy)
+                args.logx, args.logy, focus=None if args.range is None else args.range == "focus")
     print(plot(args.inputs, metrics, args.out, x=args.x, title=args.title, labels=args.labels, legend=args.legend,
                size=parse_size(args.size), axes=axes))
     return 0
