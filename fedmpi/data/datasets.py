@@ -151,9 +151,13 @@ for _name in ("fmnist", "mnist", "cifar10", "svhn", "cinic10"):
 
 
 @dataclass
-class LeafConfig:
+class LeafSplits:
     train: str = opt("", "LEAF training split: a .json file or a folder of them")
     test: str = opt("", "LEAF test split: a .json file or a folder of them")
+
+
+@dataclass
+class LeafConfig(LeafSplits):
     classes: Optional[int] = opt(None, "number of classes; null = 1 + the largest label; 0 = regression (MSE)",
                                  ge=0)
 
