@@ -80,6 +80,7 @@ def _refused(tmp_path, task: dict, needle: str) -> str:
 def _bpe(folder, config: dict | None = None) -> str:
     """A tiny byte-level BPE tokenizer.json trained here (no download), with ``config`` as its
     tokenizer_config.json."""
+    pytest.importorskip("tokenizers", reason="a tokenizer.json needs the [llm] extra")
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -444,15 +445,25 @@ def test_bad_files_are_named_never_read_blindly(tmp_path, monkeypatch):
     monkeypatch.undo()
     _refused(tmp_path, {**_jsonl_task(good), "text": {"tokenizer": str(tmp_path / "none")}},
              f"task.text.tokenizer: {tmp_path / 'none'}: no such tokenizer file")
-    (tmp_path / "m").mkdir()
-    (tmp_path / "m" / "tokenizer.json").write_text('{"version": "1.0", "model": 3}')
-    _refused(tmp_path, {**_jsonl_task(good), "text": {"tokenizer": str(tmp_path / "m")}},
-             f"task.text.tokenizer: {tmp_path / 'm' / 'tokenizer.json'}: not a tokenizer.json")
-    (tmp_path / "m" / "tokenizer.json").write_bytes(b"\xff\xfe{}")
-    _refused(tmp_path, {**_jsonl_task(good), "text": {"tokenizer": str(tmp_path / "m")}}, "not UTF-8 text")
     _refused(tmp_path, {**_jsonl_task(good), "text": {"context": 0}}, "task.text.context")
     _refused(tmp_path, {**_jsonl_task(good), "text": {"context": 10 ** 9}}, "task.text.context")
     _refused(tmp_path, _jsonl_task(good, test_fraction=0), "task.jsonl.test_fraction: 0 with task.jsonl.test null")
+
+
+def test_a_bad_tokenizer_file_is_named(tmp_path):
+    pytest.importorskip("tokenizers", reason="a tokenizer.json needs the [llm] extra")
+    good = _jsonl(tmp_path / "good.jsonl", RECORDS)
+    with_tokenizer = {**_jsonl_task(good), "text": {"tokenizer": str(tmp_path / "m")}}
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "tokenizer.json").write_text('{"version": "1.0", "model": 3}')
+    _refused(tmp_path, with_tokenizer, f"task.text.tokenizer: {tmp_path / 'm' / 'tokenizer.json'}: not a tokenizer")
+    (tmp_path / "m" / "tokenizer.json").write_bytes(b"\xff\xfe{}")
+    _refused(tmp_path, with_tokenizer, "tokenizer.json: not UTF-8 text")
+    _bpe(tmp_path / "m", {"eos_token": 3})
+    _refused(tmp_path, with_tokenizer, "tokenizer_config.json: eos_token must be a token (a string), got int")
+    os.unlink(tmp_path / "m" / "tokenizer.json")
+    os.mkfifo(tmp_path / "m" / "tokenizer.json")
+    _refused(tmp_path, with_tokenizer, "tokenizer.json: is a FIFO")
 
 
 def test_bad_leaf_and_plays_files_are_named(tmp_path):
