@@ -286,3 +286,40 @@ def test_ylabel_count_must_match(tmp_path, capsys):
     assert main(["plot", path, "--metric", "test_acc,test_loss", "--ylabel", "a", "--ylabel", "b", "--ylabel", "c",
                  "--out", str(tmp_path / "f.png")]) == 2
     assert "--ylabel: 3 given for 2 subplots" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--ylabel", "$x^$"], "--ylabel: '$x^$' is not valid mathtext (matplotlib's TeX between $ signs) at character 2"),
+    (["--title", "$\\frac{1}$"], "--title: '$\\frac{1}$' is not valid mathtext"),
+    (["--label", "$a_$"] + ["--label", "b"] * 3, "--label: '$a_$' is not valid mathtext"),
+    (["--ylabel", "\u6f22 accuracy"], "--ylabel '\u6f22 accuracy': the font has no glyph for '\u6f22' (U+6F22)"),
+    (["--size", "0.5,0.5"], "--size: 0.5 x 0.5 in leaves the axes no room beside their texts"),
+    (["--logy", "--metric", "shifted"], "--logy: shifted has no positive values to draw on a log axis"),
+    (["--logx", "--xlim", "0,4"], "--xlim: a log axis (--logx) needs positive limits"),
+    (["--xlim", "1e300,1e308"], "--xlim: finite limits (|limit| <= 1e+200) with LOW < HIGH"),
+])
+def test_what_matplotlib_cannot_draw_is_one_line(tmp_path, extra, needle):
+    """#44 (12): '$x^$' printed four lines (a pyparsing error), and matplotlib's own warnings
+    (a missing glyph, collapsed axes, no positive values on a log axis, a non-positive log
+    limit, ticks that overflow) reached stderr beside exit 0. Each is now one line, exit 2, and
+    no figure is written."""
+    from conftest import cli
+
+    path = _sweep(tmp_path)
+    if "shifted" in extra:
+        for run, _ in plots.gather_runs([path]):
+            import h5py
+
+            with h5py.File(run.path, "a") as f:
+                f["metrics/shifted"] = -f["metrics/test_acc"][:]
+    p = cli(["plot", path, "--out", str(tmp_path / "f.png"), *extra])
+    assert p.returncode == 2 and p.stderr.strip().startswith(f"fedmpi: error: {needle}"), p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and not (tmp_path / "f.png").exists()
+
+
+def test_valid_mathtext_and_dollars_draw_without_a_word(tmp_path):
+    from conftest import cli
+
+    path = _sweep(tmp_path)
+    p = cli(["plot", path, "--ylabel", "$\\epsilon$ at \\$3", "--title", "costs $5", "--out", str(tmp_path / "f.png")])
+    assert p.returncode == 0 and p.stderr == "" and (tmp_path / "f.png").stat().st_size > 0, p.stderr

@@ -31,9 +31,13 @@ title says so once; a curve with another count says its own.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
+import re
 import textwrap
 import warnings
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import numpy as np
 import yaml
@@ -54,6 +58,8 @@ COLORS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#00
 STYLES = ("-", "--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)))
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 _BARE = ("variant", "algorithm.name", "name")  # shown as their value alone
+MAX_LIMIT = 1e200  # |axis limit|: matplotlib's tick arithmetic overflows near 1e300
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -196,9 +202,9 @@ def parse_limits(text: str | None, key: str) -> tuple[float | None, float | None
         lo, hi = (float(p) if p.strip() else None for p in parts)
     except ValueError:
         raise InputError(f"{key}: LOW,HIGH (either may be left empty), got {text!r}") from None
-    if any(v is not None and not np.isfinite(v) for v in (lo, hi)) or (lo is not None and hi is not None
-                                                                       and lo >= hi):
-        raise InputError(f"{key}: finite limits with LOW < HIGH, got {text!r}")
+    if any(v is not None and not abs(v) <= MAX_LIMIT for v in (lo, hi)) or (lo is not None and hi is not None
+                                                                             and lo >= hi):
+        raise InputError(f"{key}: finite limits (|limit| <= {MAX_LIMIT:g}) with LOW < HIGH, got {text!r}")
     return lo, hi
 
 
@@ -384,6 +390,11 @@ def plot(paths: list[str], metric: str | list[str], out: str, x: str = "round", 
     if axes.ylabels and len(axes.ylabels) not in (1, len(metrics)):
         raise InputError(f"--ylabel: {len(axes.ylabels)} given for {len(metrics)} subplots (give one for all, "
                          f"or one per --metric)")
+    texts = {"--title": [title] if title else [], "--xlabel": [axes.xlabel] if axes.xlabel else [],
+             "--ylabel": list(axes.ylabels or []), "--label": list(labels or [])}
+    for option, values in texts.items():
+        for text in values:
+            check_text(text, option)
     runs, key_labels = _gather(paths)
     per_metric = [(m, curves_of(runs, m, x, key_labels)) for m in metrics]
     if not any(c for _, c in per_metric):
@@ -395,13 +406,88 @@ def plot(paths: list[str], metric: str | list[str], out: str, x: str = "round", 
                                  f"({'; '.join(c.label for c in curves)})")
             for c, name in zip(curves, labels):
                 c.label, c.parts = name, {"label": name}
-    fig = figure(per_metric, x, size=size, legend=legend, title=title, axes=axes)
+    else:
+        texts["legend"] = [c.label for c in per_metric[0][1]]
+        for text in texts["legend"]:
+            check_text(text, "legend entry (a sweep's labels: or a config value)")
+    _check_log_axes(per_metric, axes)
+    fig, said = None, set()
     try:
-        return save_figure(fig, out, "--out", paths)
+        with _drawing(texts, size, said):  # matplotlib's warnings: a refusal in one line, or one notice each
+            fig = figure(per_metric, x, size=size, legend=legend, title=title, axes=axes)
+            fig.canvas.draw()  # every text rendered once, before anything is saved
+        with _drawing(texts, size, said, drawn=True):
+            return save_figure(fig, out, "--out", paths)
     finally:
-        plt.close(fig)
+        if fig is not None:
+            plt.close(fig)
 
 
+def check_text(text: str, where: str) -> None:
+    """Refuse a text that matplotlib cannot typeset: a ``$...$`` that is not valid mathtext
+    (matplotlib's subset of TeX) would fail only when the figure is saved, in several lines."""
+    from matplotlib import cbook
+    from matplotlib.mathtext import MathTextParser
+
+    if not cbook.is_math_text(text):
+        return
+    try:
+        MathTextParser("path").parse(text)
+    except ValueError as e:
+        at = re.search(r"\(at char (\d+)\)", str(e))
+        where_in = f" at character {at.group(1)}" if at else ""
+        raise InputError(f"{where}: {_quoted(text)} is not valid mathtext (matplotlib's TeX between $ signs)"
+                         f"{where_in}; write \\$ for a dollar sign") from None
+
+
+def _quoted(text: str) -> str:
+    """A text as typed, in quotes, on one line (a message quotes it)."""
+    return "'" + text.replace("\n", "\\n") + "'"
+
+
+def _check_log_axes(per_metric: list[tuple[str, list[Curve]]], axes: Axes) -> None:
+    """A log axis needs positive values (matplotlib would warn and draw an empty axis) and limits."""
+    for flag, option, lim, values in (
+            ("logx", "--logx", axes.xlim, lambda c: c.x), ("logy", "--logy", axes.ylim, lambda c: c.mean)):
+        if not getattr(axes, flag):
+            continue
+        if lim and any(v is not None and v <= 0 for v in lim):
+            raise InputError(f"--{option[5]}lim: a log axis ({option}) needs positive limits, got {lim}")
+        for metric, curves in per_metric:
+            if curves and not any(np.any(values(c) > 0) for c in curves):
+                what = "x values" if flag == "logx" else names.metric(metric)
+                raise InputError(f"{option}: {what} has no positive values to draw on a log axis")
+
+
+_GLYPH = re.compile(r"Glyph (\d+) .*missing from (?:current )?font")
+
+
+@contextlib.contextmanager
+def _drawing(texts: dict[str, list[str]], size: tuple[float, float], said: set[str],
+             drawn: bool = False) -> Iterator[None]:
+    """Draw (``drawn``: save) the figure with matplotlib's warnings caught: a text the font has no
+    glyph for and texts that leave the axes no room are refused in one line (before the figure is
+    saved: the drawing step renders the figure once); anything else is one notice each (``said``:
+    the notices given already)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    for w in caught:
+        message = str(w.message).strip().splitlines()[0] if str(w.message).strip() else type(w.message).__name__
+        if message in said:
+            continue
+        said.add(message)
+        glyph = _GLYPH.search(message)
+        if glyph and not drawn:
+            char = chr(int(glyph.group(1)))
+            where = next((f"{k} {_quoted(t)}" for k, ts in texts.items() for t in ts if char in t), "a text")
+            raise InputError(f"{where}: the font has no glyph for {char!r} (U+{ord(char):04X}); set a font that has "
+                             f"it (matplotlibrc font.family) or leave the character out")
+        if "constrained_layout not applied" in message and not drawn:
+            raise InputError(f"--size: {size[0]:g} x {size[1]:g} in leaves the axes no room beside their texts "
+                             f"(labels, title, legend): enlarge it or shorten the texts")
+        if not glyph:
+            log.warning("fedmpi plot: matplotlib: %s", message)
 # ----------------------------------------------------------------------------- command line
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -145,6 +145,9 @@ class Result:
         for name, a in arrays.items():
             if a.ndim != 2:
                 raise InputError(f"{self.path}: damaged result file (/clients/{name} has shape {a.shape})")
+        if len({a.shape[1] for a in arrays.values()}) > 1:  # one column per client in every array
+            shapes = ", ".join(f"{k} {a.shape}" for k, a in arrays.items())
+            raise InputError(f"{self.path}: damaged result file (/clients arrays of different widths: {shapes})")
         return {k: a[:n] for k, a in arrays.items()}  # rows past the last evaluation were never flushed as one
 
     # ---------------------------------------------------------------- DataFrames (pandas)
