@@ -59,7 +59,7 @@ def load(specs: Iterable[str] = ()) -> None:
 def _builtins() -> None:
     """Import the modules that register the built-in components (each once per process)."""
     from . import algorithms, models, participation  # noqa: F401  (each package registers its own)
-    from .data import datasets, text  # noqa: F401
+    from .data import datasets  # noqa: F401
     from . import task  # noqa: F401  (quadratic)
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import logging
 import os
 import zipfile
 import json
@@ -16,7 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import cli, write_config
-from fedmpi import config, plugins
+from fedmpi import config, log, plugins
 from fedmpi.data import jsonl, leaf, plays, readers, sequences, tokenize
 from fedmpi.data.partition import natural_parts
 from fedmpi.data.arrays import IGNORE, DataArrays, TextInfo
@@ -283,11 +282,12 @@ def test_the_embedded_default_is_shakespeare_by_speaking_role(embedded):
     assert data.text == tokenize.ByteTokenizer.info and (data.y_train != IGNORE).mean() > 0.9
 
 
-def test_missing_plays_fall_back_to_synthetic_text_with_a_notice(tmp_path, monkeypatch, caplog):
+def test_missing_plays_fall_back_to_synthetic_text_with_a_notice(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FEDMPI_DATA", str(tmp_path / "nothing"))
-    with caplog.at_level(logging.INFO):
-        data = _arrays({"dataset": "shakespeare"})
-    assert "Shakespeare's plays not found" in caplog.text and "launch/install.sh" in caplog.text
+    log.setup(0)  # notices on stderr, as a run prints them
+    data = _arrays({"dataset": "shakespeare"})
+    notice = [line for line in capsys.readouterr().err.splitlines() if "not found" in line]
+    assert len(notice) == 1 and "Shakespeare's plays not found" in notice[0] and "launch/install.sh" in notice[0]
     assert len(set(data.client_train.tolist())) == 120 and data.classes == 259
     again = _arrays({"dataset": "shakespeare"})
     assert np.array_equal(again.x_train, data.x_train)  # seeded

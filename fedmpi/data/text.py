@@ -1,6 +1,6 @@
-"""The text datasets: their common keys (``task.text``: tokenizer, context, documents), their
-registration, and the one path from a reader's documents to ``DataArrays`` (docs/DATASETS.md,
-"Text").
+"""The text datasets' one path from a reader's documents to ``DataArrays`` (docs/DATASETS.md,
+"Text"); ``fedmpi.data.datasets`` registers them and declares their keys (``task.text``: the
+tokenizer, the context, how documents become sequences; each dataset's own block).
 
 - ``shakespeare``: the embedded default, Shakespeare's plays, each speaking role a client
   (``plays``), read offline from what ``launch/install.sh`` downloaded;
@@ -17,51 +17,26 @@ sequence of ``task.text.context`` tokens each.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Optional
+import os
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
 from ..errors import InputError
-from ..schema import opt
+from . import jsonl, leaf, plays, readers, tokenize
 from .arrays import IGNORE, DataArrays
-from .datasets import DatasetParams, LeafSplits, register_dataset
+from .sequences import Document, held_out, sequences
 
 if TYPE_CHECKING:
     from ..config import Config
 
 log = logging.getLogger(__name__)
 
-MAX_CONTEXT = 1 << 16
-
-
-@dataclass
-class TextConfig:
-    tokenizer: str = opt("bytes", "bytes (built in: ids 0-255 the UTF-8 bytes, 256 pad, 257 bos, 258 eos) or a "
-                                  "tokenizer.json, or the model folder holding it (needs pip install 'fedmpi[llm]')")
-    context: int = opt(64, "tokens per sequence T (a sample is one sequence; train.batch_size counts sequences)",
-                       ge=1, le=MAX_CONTEXT)
-    documents: Literal["pack", "pad", "truncate"] = opt(
-        "pack", "pack: a client's documents one after another, cut every T tokens (a sequence may span two; "
-                "targets never do); pad: each document starts a sequence, its last one right-padded; truncate: "
-                "each document's first T tokens only")
-
-
-@dataclass
-class TextParams(DatasetParams):
-    """The keys every text dataset has."""
-
-    text: TextConfig = opt(TextConfig(), "tokenizer and sequences of a text dataset")
-
-
 Docs = list[tuple[str, str, Optional[np.ndarray]]]
 
 
 def text_arrays(cfg: Config, train: Docs, test: Docs, where: str) -> DataArrays:
     """The samples of a text dataset from its documents ``(client name, text, mask)``."""
-    from . import tokenize
-    from .sequences import Document, sequences
-
     t = cfg.task.text
     tok = tokenize.load(t.tokenizer)
     ids = {name: i for i, name in enumerate(dict.fromkeys(name for name, _, _ in train))}
@@ -82,31 +57,9 @@ def text_arrays(cfg: Config, train: Docs, test: Docs, where: str) -> DataArrays:
     return DataArrays(xtr, ytr, xte, yte, tok.info.vocab_size, client_train=ctr, client_test=cte, text=tok.info)
 
 
-# ----------------------------------------------------------------------------- shakespeare (embedded)
-
-@dataclass
-class ShakespeareConfig:
-    plays: Optional[list[str]] = opt(None, "plays by file name (hamlet, macbeth, the-tempest, ...); null = all 38")
-    test_fraction: float = opt(0.2, "each role's last speeches held out as its local test split", ge=0, lt=1)
-    min_speeches: int = opt(2, "roles with fewer speeches are left out (McMahan et al. keep roles of two lines)",
-                            ge=1)
-    fallback_synthetic: bool = opt(True, "plays missing at the standard location -> seeded synthetic text, with "
-                                         "a one-line notice (else exit 2)")
-
-
-@dataclass
-class ShakespeareParams(TextParams):
-    shakespeare: ShakespeareConfig = opt(ShakespeareConfig(), "Shakespeare's plays, each speaking role a client "
-                                                              "(task.root: null = $FEDMPI_DATA/shakespeare)")
-
-
-@register_dataset("shakespeare", params=ShakespeareParams)
-def shakespeare_data(cfg: Config) -> DataArrays:
-    """The embedded default: Shakespeare's plays by speaking role (``fedmpi.data.plays``)."""
-    import os
-
-    from . import plays, readers
-
+def shakespeare_arrays(cfg: Config) -> DataArrays:
+    """Shakespeare's plays by speaking role (``plays``), or synthetic text when they are missing
+    at the standard location (``fallback_synthetic``)."""
     s = cfg.task.shakespeare
     root = os.path.abspath(os.path.expanduser(cfg.task.root or os.path.join(readers.data_home(), "shakespeare")))
     try:
@@ -120,54 +73,15 @@ def shakespeare_data(cfg: Config) -> DataArrays:
     return text_arrays(cfg, train, test, "task.dataset: 'shakespeare'")
 
 
-# ----------------------------------------------------------------------------- LEAF's Shakespeare
-
-@dataclass
-class LeafTextParams(TextParams):
-    leaf_shakespeare: LeafSplits = opt(LeafSplits(), "LEAF's Shakespeare JSON files (users are the clients)")
-
-
-@register_dataset("leaf_shakespeare", params=LeafTextParams, cache=True)
-def leaf_shakespeare_data(cfg: Config) -> DataArrays:
-    """LEAF's Shakespeare as text: each user's windows rebuilt into its lines (``leaf.text_documents``)."""
-    from . import leaf
-
+def leaf_shakespeare_arrays(cfg: Config) -> DataArrays:
+    """LEAF's Shakespeare: each user's windows rebuilt into its text (``leaf.text_documents``)."""
     p = cfg.task.leaf_shakespeare
     train, test = leaf.text_documents(p.train, p.test, "task.leaf_shakespeare")
     return text_arrays(cfg, train, test, "task.dataset: 'leaf_shakespeare'")
 
 
-# ----------------------------------------------------------------------------- JSONL
-
-@dataclass
-class JsonlConfig:
-    train: str = opt("", "training records: a .jsonl file or a folder of them")
-    test: Optional[str] = opt(None, "test records (same layout); null = each user's last test_fraction of records")
-    user_field: str = opt("user_id", "the field naming a record's user (its client)")
-    test_fraction: float = opt(0.1, "with test null: each user's last records held out as its local test split",
-                               ge=0, lt=1)
-    loss: Literal["all", "response"] = opt("all", "all: every token is learnt; response: only responses (assistant "
-                                                  "turns), prompts are context")
-
-
-@dataclass
-class JsonlParams(TextParams):
-    jsonl: JsonlConfig = opt(JsonlConfig(), "JSONL text, instruction or chat records with a user field")
-
-
-def _check_jsonl(cfg: Config) -> None:
-    j = cfg.task.jsonl
-    if j.test is None and j.test_fraction == 0:
-        raise InputError("task.jsonl.test_fraction: 0 with task.jsonl.test null leaves no test records; "
-                         "give task.jsonl.test or a fraction > 0")
-
-
-@register_dataset("jsonl", params=JsonlParams, check=_check_jsonl, cache=True)
-def jsonl_data(cfg: Config) -> DataArrays:
-    """JSONL records of users (``fedmpi.data.jsonl``)."""
-    from . import jsonl
-    from .sequences import held_out
-
+def jsonl_arrays(cfg: Config) -> DataArrays:
+    """JSONL records of users (``jsonl``); without a test file, each user's last records."""
     j = cfg.task.jsonl
     users = jsonl.read(j.train, "task.jsonl.train", j.user_field, j.loss)
     if j.test is not None:
