@@ -10,7 +10,10 @@ augmentation for free (``fedmpi.task.build_task``). A factory may instead return
 - image datasets (fmnist, mnist, cifar10, svhn, cinic10; ``readers``): uint8 images,
   normalised per batch;
 - ``synthetic``: a seeded Gaussian mixture (one mean per class), float features;
-- ``leaf``: LEAF's JSON files, each user a client (``leaf``; ``task.partition.kind: natural``).
+- ``leaf``: LEAF's JSON files, each user a client (``leaf``; ``task.partition.kind: natural``);
+- text (``text``; token sequences, ``DataArrays.text``, the keys of ``task.text``):
+  ``shakespeare`` (the embedded default: Shakespeare's plays by speaking role),
+  ``leaf_shakespeare`` (LEAF's Shakespeare JSON) and ``jsonl`` (records with a user field).
 """
 
 from __future__ import annotations
@@ -151,9 +154,13 @@ for _name in ("fmnist", "mnist", "cifar10", "svhn", "cinic10"):
 
 
 @dataclass
-class LeafConfig:
+class LeafSplits:
     train: str = opt("", "LEAF training split: a .json file or a folder of them")
     test: str = opt("", "LEAF test split: a .json file or a folder of them")
+
+
+@dataclass
+class LeafConfig(LeafSplits):
     classes: Optional[int] = opt(None, "number of classes; null = 1 + the largest label; 0 = regression (MSE)",
                                  ge=0)
 
@@ -169,6 +176,98 @@ def leaf_data(cfg: Config) -> DataArrays:
     from . import leaf
 
     return leaf.load(cfg)
+
+
+# ----------------------------------------------------------------------------- text (fedmpi.data.text)
+
+MAX_CONTEXT = 1 << 16
+
+
+@dataclass
+class TextConfig:
+    tokenizer: str = opt("bytes", "bytes (built in: ids 0-255 the UTF-8 bytes, 256 pad, 257 bos, 258 eos) or a "
+                                  "tokenizer.json, or the model folder holding it (needs pip install 'fedmpi[llm]')")
+    context: int = opt(64, "tokens per sequence T (a sample is one sequence; train.batch_size counts sequences)",
+                       ge=1, le=MAX_CONTEXT)
+    documents: Literal["pack", "pad", "truncate"] = opt(
+        "pack", "pack: a client's documents one after another, cut every T tokens (a sequence may span two; "
+                "targets never do); pad: each document starts a sequence, its last one right-padded; truncate: "
+                "each document's first T tokens only")
+
+
+@dataclass
+class TextParams(DatasetParams):
+    """The keys every text dataset has."""
+
+    text: TextConfig = opt(TextConfig(), "tokenizer and sequences of a text dataset")
+
+
+@dataclass
+class ShakespeareConfig:
+    plays: Optional[list[str]] = opt(None, "plays by file name (hamlet, macbeth, the-tempest, ...); null = all 38")
+    test_fraction: float = opt(0.2, "each role's last speeches held out as its local test split", ge=0, lt=1)
+    min_speeches: int = opt(2, "roles with fewer speeches are left out (McMahan et al. keep roles of two lines)",
+                            ge=1)
+    fallback_synthetic: bool = opt(True, "plays missing at the standard location -> seeded synthetic text, with "
+                                         "a one-line notice (else exit 2)")
+
+
+@dataclass
+class ShakespeareParams(TextParams):
+    shakespeare: ShakespeareConfig = opt(ShakespeareConfig(), "Shakespeare's plays, each speaking role a client "
+                                                              "(task.root: null = $FEDMPI_DATA/shakespeare)")
+
+
+@register_dataset("shakespeare", params=ShakespeareParams)
+def shakespeare_data(cfg: Config) -> DataArrays:
+    """The embedded default: Shakespeare's plays, each speaking role a client (``fedmpi.data.text``)."""
+    from . import text
+
+    return text.shakespeare_arrays(cfg)
+
+
+@dataclass
+class LeafTextParams(TextParams):
+    leaf_shakespeare: LeafSplits = opt(LeafSplits(), "LEAF's Shakespeare JSON files (users are the clients)")
+
+
+@register_dataset("leaf_shakespeare", params=LeafTextParams, cache=True)
+def leaf_shakespeare_data(cfg: Config) -> DataArrays:
+    """LEAF's Shakespeare JSON as text, each user a client (``fedmpi.data.text``)."""
+    from . import text
+
+    return text.leaf_shakespeare_arrays(cfg)
+
+
+@dataclass
+class JsonlConfig:
+    train: str = opt("", "training records: a .jsonl file or a folder of them")
+    test: Optional[str] = opt(None, "test records (same layout); null = each user's last test_fraction of records")
+    user_field: str = opt("user_id", "the field naming a record's user (its client)")
+    test_fraction: float = opt(0.1, "with test null: each user's last records held out as its local test split",
+                               ge=0, lt=1)
+    loss: Literal["all", "response"] = opt("all", "all: every token is learnt; response: only responses (assistant "
+                                                  "turns), prompts are context")
+
+
+@dataclass
+class JsonlParams(TextParams):
+    jsonl: JsonlConfig = opt(JsonlConfig(), "JSONL text, instruction or chat records with a user field")
+
+
+def _check_jsonl(cfg: Config) -> None:
+    j = cfg.task.jsonl
+    if j.test is None and j.test_fraction == 0:
+        raise InputError("task.jsonl.test_fraction: 0 with task.jsonl.test null leaves no test records; "
+                         "give task.jsonl.test or a fraction > 0")
+
+
+@register_dataset("jsonl", params=JsonlParams, check=_check_jsonl, cache=True)
+def jsonl_data(cfg: Config) -> DataArrays:
+    """JSONL text, instruction or chat records of users (``fedmpi.data.text``)."""
+    from . import text
+
+    return text.jsonl_arrays(cfg)
 
 
 # ----------------------------------------------------------------------------- what a factory gives
