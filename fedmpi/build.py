@@ -1,5 +1,6 @@
 """``build_components(cfg, world)``: the components of one run, built the same way by the runner, the
-tests and the benchmarks -- task (data + model), local trainer, participation model, algorithm.
+tests and the benchmarks -- task (data + model), local trainer, participation model, privacy,
+algorithm.
 
 ``build_task(cfg, device)`` gets the arrays of the dataset named by ``task.dataset`` (a
 registered factory, ``fedmpi.data.datasets``), splits them over the clients (``partition``),
@@ -36,6 +37,7 @@ from .models.losses import mse
 from .participation import AvailabilityParams, ClientInfo
 from .participation import Participation
 from .participation import build as build_participation
+from .privacy.run import Privacy
 from .registry import ALGORITHMS, MECHANISMS
 from .runtime import World
 from .state import undeclared
@@ -62,8 +64,9 @@ def build_components(cfg: Config, world: World, participation: Participation | N
         participation = build_participation(asked_availability(cfg), task.client_info(cfg.seed, cfg.rounds))
     check_memory(cfg, world, task.m, trainer.spec.dim, task, trainer.path)
     check_step_inputs(cfg, world, trainer)
-    components = Components(cfg, world, task, trainer, participation)
-    components.algorithm = cls(Context(cfg, world, task, trainer, participation))
+    privacy = Privacy.of_run(cfg, participation, cls, trainer.spec.dim, world)  # the releases the server asks for
+    components = Components(cfg, world, task, trainer, participation, privacy)
+    components.algorithm = cls(Context(cfg, world, task, trainer, participation, privacy))
     check_state(components)
     return components
 

@@ -43,6 +43,8 @@ def combinations_table() -> str:
         decl = next(vars(c)["private"] for c in cls.__mro__ if "private" in vars(c)) if why is None else None
         privacy = (f"no: {why.removeprefix('is not covered by the privacy mechanism: ')}" if why is not None else
                    "yes, amplified by sampling" if isinstance(decl, Private) and decl.amplifiable else
+                   "yes, each server step a release, counted per client (no amplification)"
+                   if isinstance(decl, Private) and decl.counted else
                    "yes, without amplification (its release shows who took part)")
         refused = "; ".join(f"`{r.key}` other than {r.expect}" for r in cls.reads if r.supports) or "none"
         reads = ", ".join(f"`{r.key}`" for r in cls.reads if not r.supports) or "-"

@@ -89,8 +89,7 @@ class Evaluator:
                 names += ["train_loss"] + (["train_acc"] if task.classes else [])
             if scalar:
                 names.append(f"x{sfx}")
-        privacy = getattr(algo, "privacy", None)  # privacy (#27): the accountant's epsilon(s)
-        private = list(privacy.metric_names) if privacy is not None else []
+        private = list(self.run.privacy.metric_names)  # privacy (#27): the accountant's epsilon(s)
         private += ["time"] if cfg.clock.on else []  # the clock: virtual seconds (fedmpi.clock)
         clients = metrics.summary_names(task.classes, cfg.evaluation.clients.summaries) if self.per_client else []
         extra = clients + list(cfg.evaluation.metrics)
@@ -142,7 +141,7 @@ class Evaluator:
         if "time" in self.names:  # the clock: virtual seconds at this evaluation
             row["time"] = float(self.run.algorithm.virtual_time())
         if "epsilon" in self.names:  # privacy (#27): epsilon at privacy.delta after rounds_done rounds
-            row.update(self.run.algorithm.privacy.metrics(rounds_done))
+            row.update(self.run.privacy.metrics(rounds_done))
         ev = self.run.cfg.evaluation
         sizes = metrics.client_sizes(task)
         for name, values in self.last_clients.items():

@@ -77,7 +77,7 @@ def test_clipping_shrinks_long_updates_only():
     priv = Privacy(PrivacyParams("gaussian", 1.0, 0.0), Sampling("none", 2.0), 1, 0, 3, World())
     start = torch.zeros(2, 3)
     end = torch.tensor([[3.0, 4.0, 0.0], [0.3, 0.4, 0.0]])
-    out = priv.clip(0, start, end)
+    out = priv.client_side(0, np.arange(2), start, end)
     torch.testing.assert_close(out, torch.tensor([[0.6, 0.8, 0.0], [0.3, 0.4, 0.0]]))
 
 
@@ -86,7 +86,7 @@ def test_adaptive_clipping_follows_the_quantile_of_the_update_norms():
     priv = Privacy(params, Sampling("none", 10.0), 300, 0, 1, World())
     start, end = torch.zeros(10, 1), torch.arange(1.0, 11.0)[:, None]  # update norms 1..10
     for t in range(300):
-        priv.clip(t, start, end)
+        priv.client_side(t, np.arange(10), start, end)
     assert 3.0 <= priv.C < 4.0  # 3 of the 10 updates unclipped
 
 
@@ -97,7 +97,7 @@ def test_adaptive_clipping_spends_part_of_the_budget_on_the_count():
         return Privacy(params, Sampling("none", cohort), 10, 0, 1, World())
 
     assert privacy(2.0, 4.0).sigma_update == pytest.approx((2.0 ** -2 - 4.0 ** -2) ** -0.5)
-    assert privacy(2.0, None, cohort=100.0).sigma_count == 5.0  # n~ / 20
+    assert privacy(2.0, None, cohort=100.0).clipping.sigma_count == 5.0  # n~ / 20
     with pytest.raises(config.InputError, match="privacy.count_noise"):
         privacy(2.0, 1.5)
 

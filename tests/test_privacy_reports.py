@@ -167,7 +167,7 @@ def test_centred_bits_estimate_the_same_share():
     for bits in ("centred", "uncentred"):
         priv = adaptive(0.0, bits=bits, cohort=10.0)
         start, end = torch.zeros(10, 1), torch.arange(1.0, 11.0)[:, None]  # norms 1..10, C = 1: 1 unclipped
-        priv.clip(0, start, end)
+        priv.client_side(0, np.arange(10), start, end)
         assert priv.C == pytest.approx(np.exp(-0.2 * (0.1 - 0.5)))
 
 
@@ -177,7 +177,8 @@ def test_noise_cohort_size_scales_the_noise_as_for_that_cohort():
     plain, production = adaptive(2.0, 30.0), adaptive(2.0, 30.0, noise_cohort_size=1000)
     y0, y1 = (p.noise(0, 4, torch.device("cpu")) for p in (plain, production))
     torch.testing.assert_close(y1, y0 * (10.0 / 1000), rtol=1e-12, atol=0)
-    assert production.sigma_count == 30.0 and adaptive(2.0, noise_cohort_size=1000).sigma_count == 50.0
+    assert production.clipping.sigma_count == 30.0
+    assert adaptive(2.0, noise_cohort_size=1000).clipping.sigma_count == 50.0
     assert production.epsilon(10, production=True) == plain.epsilon(10)  # the production cohort's epsilon
     assert production.applied == 2.0 * 10.0 / 1000 and production.epsilon(10) > plain.epsilon(10)  # this run's
 

@@ -109,7 +109,8 @@ def test_a_zeroed_client_adds_nothing_to_the_centred_bits():
     def adapted(norms: list[float]) -> float:
         params = PrivacyParams("gaussian", 1.0, 0.0, target_quantile=0.5, count_bits="centred", clip_lr=0.2)
         priv = Privacy(params, Sampling("none", 4.0), 1, 0, 1, World())
-        priv.clip(0, torch.zeros(len(norms), 1), torch.tensor(norms, dtype=torch.float32)[:, None])
+        priv.client_side(0, np.arange(len(norms)), torch.zeros(len(norms), 1),
+                         torch.tensor(norms, dtype=torch.float32)[:, None])
         return float(priv.C)
 
     real, zeroed = adapted([5.0, 0.5, 0.5, 0.5]), adapted([0.0, 0.5, 0.5, 0.5])  # client 0: clipped, then zeroed

@@ -78,7 +78,8 @@ class AsyncAlgorithm(ServerAlgorithm):
 
     Params = AsyncParams
     packs = False  # one server step is not one training phase: a packed sweep runs it alone
-    private = "an asynchronous server: its releases are per arrival, which the round-based accountant does not cover"
+    private = ("an asynchronous server whose step is not declared a release of a sum (FedBuff's is: declare "
+               "`private = Private(..., counted=True)` on it)")
     shared_state = ("flight.client", "flight.dispatch", "flight.finish", "flight.version", "flight.steps",
                     "flight.failed", "flight.trained", "flight.last_version", "flight.dispatched", "flight.now",
                     "held")
@@ -169,6 +170,7 @@ class AsyncAlgorithm(ServerAlgorithm):
             picked = [rows[j] if j >= 0 else self.held[-1 - j] for j in source]
             update = torch.stack(picked) if picked else self.held[:0]
             tau = np.array([k[1] for k in kept], dtype=np.int64)
+            self.active = np.sort(np.array([k[0] for k in kept], dtype=np.int64))  # the step's contributors
             self.x = self.step(t, update, tau).float() if len(kept) else self.x.clone()
             for i, s in enumerate(in_flight):  # the updates still in flight, until they arrive
                 self.held[s] = rows[len(fresh) - len(in_flight) + i]
@@ -205,6 +207,7 @@ class AsyncAlgorithm(ServerAlgorithm):
         lo, hi = n * r // size, n * (r + 1) // size
         start = self.x.expand(hi - lo, -1)
         end = self.ctx.trainer.train(start, clients[lo:hi], t, steps=steps[lo:hi])
+        end = self.privacy.client_side(t, clients[lo:hi], start, end)  # privacy: the client's half of its release
         with one_thread(self.device):
             mine = self.keep(start, end)
         if size == 1:

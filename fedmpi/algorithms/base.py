@@ -69,11 +69,11 @@ Inside ``round(t)``:
 | 1b. with a clock: who the clock keeps (``fedmpi.clock.rounds``); ``failures(t, failed, late)`` | every rank | -- |
 | 2. ``start_models``, ``lr_scale``, ``local_terms`` | every rank, its active clients (``assigned``) | read state |
 | 3. ``local_training(t, local, start)`` (default: ``ctx.trainer`` with ``local_terms``) | every rank | client state |
-| 3b. privacy: each update clipped to ``privacy.clip`` (``fedmpi.privacy``) | every rank; adaptive: collective | its C |
+| 3b. privacy's release begins: updates bounded (clip), local noise | every rank; adaptive: collective | its C |
 | 3c. ``self.outputs``: all active clients' ``ClientOutputs`` (if ``client_outputs``) | collective | -- |
 | 4. ``contribution(...)`` (default ``weights``) | every rank, on blocks, twice each | nothing: pure |
 | 5. one reproducible sum of the rows into rank 0 | collective | -- |
-| 5b. privacy: its noise on ``private_part(t, total)`` | rank 0 only | nothing: pure |
+| 5b. the release ends: central noise on ``private_part(t, total)``, the ledger | rank 0 only | nothing: pure |
 | 6. ``server_update(t, active, total)`` -> x^{t+1} | rank 0 only | server state |
 | 7. broadcast of x^{t+1} | collective | -- |
 | 8. ``after_round(t, active, local, start, end)`` | every rank | client and replicated state |
@@ -110,7 +110,7 @@ from ..engine.quantities import ClientQuantity, check_quantities
 from ..engine.reduce import client_sum, gather_clients, reproducible_sum_blocks
 from ..engine.threads import one_thread
 from ..errors import InputError
-from ..privacy.declaration import Private, declaration
+from ..privacy.declaration import Private
 from ..privacy.run import Privacy
 from ..registry import ALGORITHMS
 from ..schema import Reads, opt
@@ -148,6 +148,7 @@ class Context:
     task: Task  # the data on this rank's device, the model, the clients' shares (``fedmpi.task``)
     trainer: LocalTrainer  # local training of many clients at once (``engine.local``)
     participation: Participation | None  # the availability model (None for an algorithm without one)
+    privacy: Privacy | None = None  # the run's privacy (``fedmpi.privacy.run``): the releases of sums, epsilon
 
     @property
     def m(self) -> int:
@@ -379,9 +380,7 @@ class ServerAlgorithm(Algorithm):
         self.active = np.zeros(0, dtype=np.int64)
         self._outputs: ClientOutputs | None = None  # this round's (from step 3c), else the last round's
         self._sizes = np.asarray(ctx.task.sizes, dtype=np.float64)
-        on = self.cfg.privacy.mechanism != "none"  # privacy hook: one mechanism for every declaring algorithm
-        self.privacy = Privacy.of_run(self.cfg, ctx.participation, declaration(type(self), self.cfg.algorithm.name)
-                                      if on else None, ctx.spec.dim, ctx.world)
+        self.privacy = ctx.privacy  # a sum the server releases goes through it (``finish_round``)
         self.clock = self.make_clock()  # None without ``clock:``
         slot = self.cfg.clock.slot  # availability asked at virtual times (``fedmpi.clock.availability``)
         self.in_time = InTime(ctx.participation, slot, self.m) if slot is not None and ctx.participation else None
@@ -444,15 +443,17 @@ class ServerAlgorithm(Algorithm):
         """Steps 3b-8 of ``request``'s round from the end models ``end`` (collective); returns the
         number of clients that trained (the same on every rank)."""
         t, active, local, start = request.t, request.active, request.local, request.start
-        end = self.privacy.clip(t, start, end)  # privacy: ||Delta_i|| <= C
-        if self.reads_outputs():
-            norms = self._delta_sq(start, end) if self.delta_norms else np.full(len(local), np.nan)
-            self._outputs = ClientOutputs.gather(self.world, active, local, self.stats, norms, self._sizes)
-        buf = reproducible_sum_blocks(  # one reduction; rows made block by block to bound memory
-            self.world, lambda s: self._owned(self.contribution(t, active, local[s], start[s], end[s]), start, end),
-            len(local), len(active), overwrite=True)
-        if self.world.is_server and self.privacy.noisy:  # privacy: the mechanism's noise on the private part
-            self.privacy.add_noise(t, *self.private_part(t, buf))
+
+        def summed(end: torch.Tensor) -> torch.Tensor:  # steps 3c-5 on the bounded (privacy) end models
+            if self.reads_outputs():
+                norms = self._delta_sq(start, end) if self.delta_norms else np.full(len(local), np.nan)
+                self._outputs = ClientOutputs.gather(self.world, active, local, self.stats, norms, self._sizes)
+            return reproducible_sum_blocks(  # one reduction; rows made block by block to bound memory
+                self.world, lambda s: self._owned(self.contribution(t, active, local[s], start[s], end[s]), start,
+                                                  end), len(local), len(active), overwrite=True)
+
+        # privacy: the round is one release of the sum (bounded updates, the mechanism's noise: fedmpi.privacy)
+        end, buf = self.privacy.release(t, local, start, end, summed, lambda total: self.private_part(t, total))
         # x^{t+1} goes into a fresh tensor on every rank: ``start`` may view x^t
         self.x = self.server_update(t, active, buf).float() if self.world.is_server else torch.empty_like(self.x)
         self.world.broadcast_(self.x)
@@ -620,8 +621,8 @@ class ServerAlgorithm(Algorithm):
             state.shared["clock.now"] = torch.tensor(self.clock.now, dtype=torch.float64)
         if self.in_time is not None:  # the availability step reached and who is available in it
             state.shared.update(self.in_time.state_dict().shared)
-        if self.privacy.on:  # privacy hook: sigma, C and the mechanism's state (banded MF's noise history)
-            state.shared.update({f"privacy.{k}": v for k, v in self.privacy.state_dict().shared.items()})
+        # privacy's: sigma, C, the mechanism's (banded MF's noise history) and the ledger's (none off)
+        state.shared.update({f"privacy.{k}": v for k, v in self.privacy.state_dict().shared.items()})
         return state
 
     def load_state_dict(self, state: State) -> None:
@@ -633,9 +634,8 @@ class ServerAlgorithm(Algorithm):
             self.clock.now = float(state.shared["clock.now"].item())
         if self.in_time is not None:
             self.in_time.load_state_dict(state.shared)
-        if self.privacy.on:
-            mine = {k.removeprefix("privacy."): v for k, v in state.shared.items() if k.startswith("privacy.")}
-            self.privacy.load_state_dict(State(shared=mine))
+        mine = {k.removeprefix("privacy."): v for k, v in state.shared.items() if k.startswith("privacy.")}
+        self.privacy.load_state_dict(State(shared=mine))
 
 
 def register(name: str) -> Callable[[type[Algorithm]], type[Algorithm]]:

@@ -31,6 +31,8 @@ class FedAsync(AsyncAlgorithm):
     Params = FedAsyncParams
     buffer_size = 1
     own_server_step = "mixes each arrival in by algorithm.alpha"
+    private = ("it mixes each client's whole model into the server's (x <- (1 - a) x + a x_i), not a sum of "
+               "clipped updates the noise could cover")
 
     def keep(self, start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
         return end  # x_i, the client's model

@@ -6,6 +6,11 @@
 
 s = ``algorithm.staleness`` (the paper: 1/sqrt(1 + tau)); the queue, dispatch and the clock are
 the shared asynchronous mechanism (``asynchronous``).
+
+Under privacy (DP-FedBuff, docs/PRIVACY.md) each step is one release of the buffer: every update
+clipped to C when its client computes it, the buffer's noise sigma C added once (s(tau) <= 1, so
+one update moves it by at most C), and the accountant charges each client the releases it
+contributed to (``fedmpi.privacy.ledger``): the schedule is the clock's, public and data-free.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import numpy as np
 import torch
 
 from ..errors import InputError
+from ..privacy import Private
 from ..schema import opt
 from .asynchronous import AsyncAlgorithm, AsyncParams
 from .base import register
@@ -29,6 +35,8 @@ class FedBuffParams(AsyncParams):
 @register("fedbuff")
 class FedBuff(AsyncAlgorithm):
     Params = FedBuffParams
+    #: a step shows who arrived (no amplification); its contributors are the clock's schedule, counted
+    private = Private(empty_round_releases=False, hides_participation=False, counted=True)
 
     @classmethod
     def check_config(cls, cfg) -> None:
@@ -42,11 +50,12 @@ class FedBuff(AsyncAlgorithm):
         return self.params.buffer
 
     def buffered(self, rows: torch.Tensor, staleness: np.ndarray) -> torch.Tensor:
-        """The buffer, sum_i s(tau_i) Delta_i over the kept ``rows`` in arrival order (rank 0; float64)."""
+        """The buffer, sum_i s(tau_i) Delta_i over the kept ``rows`` in arrival order, released (rank 0;
+        float64): under privacy with its noise, one release of the step's contributors ``active``."""
         buffer = torch.zeros(rows.shape[1], dtype=torch.float64, device=rows.device)
         for row, s in zip(rows, self.weight(staleness)):  # in arrival order
             buffer += float(s) * row.double()
-        return buffer
+        return self.privacy.server_side(None, buffer, contributors=self.active)
 
     def step(self, t: int, rows: torch.Tensor, staleness: np.ndarray) -> torch.Tensor:
         return self.x.double() + self.eta_g * self.buffered(rows, staleness) / self.buffer_size

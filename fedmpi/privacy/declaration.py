@@ -30,11 +30,15 @@ class Private:
     round with no client still releases a step (the noise alone), so a release does not show that
     a round was empty; ``hides_participation``: the release depends on who took part only through
     the noisy sum (no realised count, no participant's own model). The accountant claims
-    amplification by sampling only with both of the last two."""
+    amplification by sampling only with both of the last two. ``counted``: its releases are an
+    asynchronous server's steps, whose contributors the clock's public schedule decides (not the
+    availability kind's draw): the accountant counts the releases each client contributed to
+    (``fedmpi.privacy.ledger``), without amplification."""
 
     selection_reads_data: bool = False
     empty_round_releases: bool = True
     hides_participation: bool = True
+    counted: bool = False
 
     @property
     def amplifiable(self) -> bool:
@@ -43,8 +47,9 @@ class Private:
 
 
 #: the hooks whose definitions a declaration vouches for: what enters the sum (``weights``,
-#: ``contribution``, ``private_part``), who takes part (``select``), what is released (``server_update``)
-HOOKS = ("weights", "contribution", "private_part", "select", "server_update")
+#: ``contribution``, ``private_part``; an asynchronous server's ``keep``, ``weight`` and ``buffered``, the
+#: released sum), who takes part (``select``), what is released (``server_update``)
+HOOKS = ("weights", "contribution", "private_part", "select", "server_update", "keep", "weight", "buffered")
 
 
 def declaration(cls: type, name: str) -> Private:

@@ -1,10 +1,14 @@
 """What a privacy mechanism is, and its registry (``privacy.mechanism``).
 
-A mechanism owns the noise the server adds to the sum of clipped updates and everything that
-follows from its shape (docs/PRIVACY.md):
+A mechanism makes a release of a sum private in two steps (pfl-research's seam): it bounds the
+sensitivity (``bound``: each client's update clipped to L2 norm C, ``privacy.clipping``), then adds
+noise, once on the server to the sum (central DP, ``noise_at = "server"``) or by each client to its
+own update before the sum (local DP, ``noise_at = "clients"``). It owns the noise and everything
+that follows from its shape (docs/PRIVACY.md):
 
-- ``noise(t, dim)``: y_t, the round's noise direction at unit scale (``Privacy`` scales it by
-  sigma C bound / divisor); rank 0 calls it once per round, in order;
+- ``noise(t, dim)``: y_t, the release's noise direction at unit scale (``Privacy`` scales it by
+  sigma C bound / divisor); rank 0 calls it once per release, in order; a local mechanism's
+  ``client_noise(t, clients, dim)`` gives each client's instead (scaled by sigma C);
 - its state (``shared_state``: saved by rank 0 in checkpoints, restored on every rank) and what
   that state costs (``state_bytes``, in the up-front memory check);
 - ``sensitivity`` of one client's participation, in units of the clip C, and ``event``: the
@@ -33,6 +37,7 @@ from .params import PrivacyParams
 
 if TYPE_CHECKING:
     from ..participation import Sampling
+    from .clipping import Clip
 
 Relation = Literal["add_or_remove", "replace_one"]
 
@@ -41,6 +46,8 @@ class Mechanism(Stateful):
     """Base of a mechanism (see the module docstring). ``__init__`` runs on every rank."""
 
     Params: type[PrivacyParams] = PrivacyParams
+    #: where its noise goes: "server" (central: once, on the sum) or "clients" (local: each update)
+    noise_at: Literal["server", "clients"] = "server"
     #: keys of other sections it reads: calibrating a target epsilon reads the run's rounds
     reads: tuple[Reads, ...] = (
         Reads("rounds", "calibrates the noise to privacy.epsilon over the run's rounds", lambda r: r >= 1,
@@ -67,8 +74,19 @@ class Mechanism(Stateful):
     def check(self, cfg: Any, sampling: Sampling, amplified: bool) -> None:
         """What it needs of who takes part (raise InputError naming the keys)."""
 
+    def bound(self, clip: Clip, t: int, start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
+        """Bound the sensitivity: the end models of the rows' clients with their updates end - start
+        bounded (every rank, its clients; default: L2 clipping to C, ``clip.bound``)."""
+        return clip.bound(t, start, end)
+
     def noise(self, t: int, dim: int) -> torch.Tensor:
-        """y_t, float64 (dim,) on the device, at unit scale (rank 0, rounds in order)."""
+        """y_t, float64 (dim,) on the device, at unit scale (rank 0, releases in order; a central
+        mechanism's)."""
+        raise NotImplementedError
+
+    def client_noise(self, t: int, clients: np.ndarray, dim: int) -> torch.Tensor:
+        """Each client's noise in release t, float64 (len(clients), dim) on the device, at unit scale
+        (a local mechanism's; every rank, its clients)."""
         raise NotImplementedError
 
     def amplifies(self, sampling: Sampling) -> bool:

@@ -1,112 +1,121 @@
-"""One run's privacy: the clipping, the noise and the epsilon that ``ServerAlgorithm.round`` applies.
+"""One run's privacy: the release of a sum that the server asks for, and its accounting.
 
-Round t (docs/PRIVACY.md):
+A release (docs/PRIVACY.md, docs/DESIGN.md "A release") is the one call a server makes with the
+clients' updates and its way of summing them (``Privacy.release``):
 
-    Delta_i  <- Delta_i * min(1, C / ||Delta_i||)       every participating client (every rank, its own)
-    sum      <- sum_i w_i Delta_i,  w_i = 1 / n~        n~ the expected cohort (``Sampling.cohort``)
-    sum      <- sum + sigma C / n~ * y_t                rank 0, the server; y_t from the mechanism
+    Delta_i  <- bound(Delta_i)                     every rank, its clients: ||Delta_i|| <= C (``clipping``)
+    Delta_i  <- Delta_i + sigma C z_{t,i}          local DP only: each client's own noise (``local``)
+    S        =  summed(rows of the Delta_i)         the algorithm's sum (collective; rank 0 holds it)
+    S        <- S + sigma_u C bound / divisor y_t  central DP only, rank 0: on the part that holds the
+                                                   updates (``private_part``: |s_i| <= bound / divisor)
+    ledger   <- the release                         what the accountant composes (``ledger``)
 
-An algorithm whose summed rows are not that mean (FedSWE) declares, with its ``contribution``,
-which part of the sum holds sum_i s_i Delta_i and the bound a / n >= |s_i|
-(``ServerAlgorithm.private_part``); the noise is then sigma C a / n * y_t on that part.
+A synchronous round is one release with divisor n~, the fixed expected cohort (``Sampling.cohort``);
+an asynchronous server's step is one release of its buffer (``client_side`` when a client's
+update is made, ``server_side`` at the step, the two halves of ``release``). An algorithm whose
+summed rows are not that mean (FedSWE) declares, with its ``contribution``, which part of the sum
+holds sum_i s_i Delta_i and the bound a / n >= |s_i| (``ServerAlgorithm.private_part``).
 
-Adaptive clipping (Andrew et al. 2021, ``privacy.target_quantile`` gamma): C follows the gamma
-quantile of the update norms through a noisy sum of centred bits (``privacy.count_bits``),
-
-    share    =  (sum_i (b_i - 1/2) + sigma_b xi_t) / n~ + 1/2      b_i = [||Delta_i|| <= C], xi_t ~ N(0, 1)
-    C        <- C exp(-eta_C (share - gamma))
-
-and the updates get the multiplier sigma_u = (sigma^-2 - (2 sigma_b)^-2)^(-1/2) instead of sigma, so
-the pair (sum, bits) -- sensitivities C and 1/2 -- is one Gaussian mechanism of multiplier sigma
-(uncentred bits: share = (sum_i b_i + sigma_b xi_t) / n~, sensitivity 1, sigma_b in place of 2 sigma_b).
-
-``privacy.noise_cohort_size`` N scales every noise by n~ / N (the noise of a cohort of N).
-
-The availability kind says how it picks clients (``Participation.sampling``), the algorithm what
-its release shows (``Private``); amplification by sampling is claimed when the kind samples at
-random and the release hides who took part. sigma and C are declared state (checkpointed by rank
-0, restored on every rank), and so is the mechanism's own state.
+With adaptive clipping the bits' noise takes its share of sigma (``Clip.split``: the sum gets
+sigma_u); ``privacy.noise_cohort_size`` N scales every noise by n~ / N (the noise of a cohort of N).
+The availability kind says how it picks clients (``Participation.sampling``), the algorithm what its
+release shows (``Private``); amplification by sampling is claimed when the kind samples at random
+and the release hides who took part. sigma, C, the mechanism's state and the ledger's counts are
+declared state (checkpointed by rank 0, restored on every rank).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
-from .. import rng
 from ..errors import InputError
 from ..participation import Participation, Sampling
 from ..registry import MECHANISMS
 from ..runtime import World
 from ..state import State, Stateful
 from . import accounting
-from .declaration import Private
+from .clipping import Clip
+from .declaration import Private, declaration
+from .ledger import Ledger
 from .params import PrivacyParams
 
 PROBED_ROUNDS = 64  # rounds of a mechanism's noise probed at set-up (on one coordinate)
 
+#: the private part of a summed buffer: (view holding sum_i s_i Delta_i, bound, divisor), |s_i| <= bound / divisor
+Part = Callable[[torch.Tensor], "tuple[torch.Tensor, float, float]"]
+
+
+def whole(total: torch.Tensor) -> tuple[torch.Tensor, float, float]:
+    """The private part of a plain sum of weighted updates with weights |s_i| <= 1: all of it."""
+    return total, 1.0, 1.0
+
 
 class Privacy(Stateful):
-    """Clipping and noise of one run (a no-op with ``mechanism: none``); see the module docstring.
+    """The privacy of one run (a no-op with ``mechanism: none``); see the module docstring.
 
     ``sampling``: the availability kind's description; ``amplified``: whether the accountant may
-    claim amplification by sampling (the algorithm's release hides who took part). ``clip`` runs on
-    every rank, collective with adaptive clipping (the count); ``noise`` on rank 0 only; both once
-    per round, in order."""
+    claim amplification by sampling (the algorithm's release hides who took part); ``counted``: who
+    contributes to each release is counted as the run goes (an asynchronous server; ``m`` clients).
+    ``release`` runs on every rank, collective as its sum is (and with adaptive clipping);
+    ``server_side`` on rank 0; both once per release, in order."""
 
-    shared_state = ("sigma", "C")  # a resumed run keeps the noise it was calibrated with and the adapted C
-    derived = ("C_used", "_epsilons")  # the clip of the current round; epsilons computed
+    shared_state = ("sigma",)  # a resumed run keeps the noise it was calibrated with
+    derived = ("_epsilons",)  # epsilons computed (a cache)
 
     def __init__(self, params: PrivacyParams, sampling: Sampling | None, rounds: int, seed: int, dim: int,
-                 world: World, amplified: bool = True):
+                 world: World, amplified: bool = True, m: int = 0, counted: bool = False):
         self.params, self.sampling, self.seed, self.world = params, sampling, seed, world
         self.on = params.mechanism != "none"
         self.sigma = np.float64(0.0)  # float64 in checkpoints (a Python float would be saved as float32)
         self.mechanism = None
         self.amplified = False
+        self.ledger = Ledger(m, self.on and counted)
         if self.on:
             self.mechanism = MECHANISMS.get(params.mechanism).obj(params, dim, seed, world.device, rounds)
-            self.amplified = (amplified and params.amplification != "off" and sampling.kind != "none"
-                              and self.mechanism.amplifies(sampling))
+            self.amplified = (amplified and not counted and params.amplification != "off"
+                              and sampling.kind != "none" and self.mechanism.amplifies(sampling))
             self._check_mechanism(rounds)
             accounting.check(self.mechanism, sampling, self.amplified, params.accountant)
             self.sigma = np.float64(params.noise_multiplier if params.epsilon is None else
                                     accounting.calibrate(self.mechanism, sampling, self.amplified, params.epsilon,
                                                          rounds, params.delta, params.accountant))
-        self.C = np.float64(params.clip or 0.0)  # the clip of the next round (0: none)
-        self.C_used = self.C  # the clip of the current round, which scales its noise
-        self.adaptive = self.on and params.target_quantile is not None
-        if self.adaptive and self.sigma > 0 and self.sigma_count / self.count_sensitivity <= self.sigma:
-            twice = "2 x " if self.count_sensitivity < 1 else ""
-            raise InputError(f"privacy.count_noise: adaptive clipping needs {twice}the count's noise "
-                             f"{self.sigma_count:g} > the noise multiplier sigma = {self.sigma:.4g} "
-                             f"(privacy.count_bits: {params.count_bits})")
-        self._epsilons: dict[tuple[float, int], float] = {}  # (multiplier, rounds) -> epsilon, computed once
+        self.clipping = Clip(params, sampling.cohort if self.on else 1.0, seed, world, self.sigma > 0,
+                             self.noise_scale) if self.on else None
+        if self.on:
+            self.clipping.check(float(self.sigma))
+        self._epsilons: dict[tuple[float, int, bool], float] = {}  # (multiplier, rounds, counted) -> epsilon
         if self.on:
             self._check_accountant(rounds)
 
     @classmethod
-    def of_run(cls, cfg: Any, participation: Participation | None, declared: Private | None, dim: int,
+    def of_run(cls, cfg: Any, participation: Participation | None, algorithm: type, dim: int,
                world: World) -> "Privacy":
-        """The privacy of a run of ``cfg``: the availability kind's ``Sampling`` checked (a kind that
-        does not describe itself, depends on the data or expects nobody is refused), the mechanism's
-        needs of it checked (InputError naming the keys)."""
+        """The privacy of a run of ``cfg`` by the algorithm class ``algorithm``: its declaration
+        read, the availability kind's ``Sampling`` checked (a kind that does not describe itself,
+        depends on the data or expects nobody is refused), the mechanism's needs of it checked
+        (InputError naming the keys)."""
         p = cfg.privacy
         if p.mechanism == "none":
             return cls(p, None, cfg.rounds, cfg.seed, dim, world)
+        declared = declaration(algorithm, cfg.algorithm.name)
+        if declared.counted:
+            counted_refusals(cfg)
         sampling = sampling_of(cfg, participation)
-        privacy = cls(p, sampling, cfg.rounds, cfg.seed, dim, world, amplified=declared.amplifiable)
+        privacy = cls(p, sampling, cfg.rounds, cfg.seed, dim, world, amplified=declared.amplifiable,
+                      m=cfg.task.clients, counted=declared.counted)
         privacy.mechanism.check(cfg, sampling, privacy.amplified)
         if p.amplification == "required" and not privacy.amplified:
             raise InputError(f"privacy.amplification: required, but {not_amplified(cfg, sampling, declared)}")
         return privacy
 
+    # ---------------------------------------------------------------- the noise's scale
     @property
     def cohort(self) -> float:
-        """n~, the divisor of the noisy sum."""
+        """n~, the divisor of the noisy mean of a round."""
         return self.sampling.cohort
 
     @property
@@ -116,69 +125,68 @@ class Privacy(Stateful):
         return 1.0 if n is None else self.cohort / n
 
     @property
-    def sigma_count(self) -> float:
-        """sigma_b, the std of the noise on adaptive clipping's bits (as for N clients with
-        ``noise_cohort_size``: the run's is scaled by ``noise_scale``)."""
-        return self.params.count_noise or (self.params.noise_cohort_size or self.cohort) / 20
-
-    @property
-    def count_sensitivity(self) -> float:
-        """How far one client moves the sum of the bits: 1/2 centred, 1 uncentred."""
-        return 0.5 if self.params.count_bits == "centred" else 1.0
-
-    @property
     def sigma_update(self) -> float:
         """sigma_u, the multiplier of the noise on the sum (sigma without adaptive clipping)."""
-        if not (self.adaptive and self.sigma > 0):
-            return self.sigma
-        return (self.sigma ** -2 - (self.sigma_count / self.count_sensitivity) ** -2) ** -0.5
+        return self.sigma if self.clipping is None else self.clipping.split(self.sigma)
 
-    def clip(self, t: int, start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
-        """End models whose updates end - start are clipped to norm C (``end`` itself without clipping);
-        with adaptive clipping, then C for round t + 1."""
-        self.C_used = self.C
-        C = float(self.C)  # a Python float in tensor arithmetic, on any device
-        if not self.on or C == 0:
-            return end
-        delta = end - start
-        norm = delta.double().norm(dim=1)
-        if self.adaptive:  # centred bits: a zero update (a zeroed client) adds 0 to the bit sum, not +1/2
-            counted = norm > 0 if self.params.count_bits == "centred" else torch.ones_like(norm, dtype=torch.bool)
-            self._adapt(t, int(((norm <= C) & counted).sum()), int(counted.sum()))
-        scale = (C / torch.clamp(norm, min=C)).to(delta.dtype)  # min(1, C / ||Delta_i||)
-        return start + delta * scale[:, None]
-
-    def _adapt(self, t: int, unclipped: int, clients: int) -> None:
-        """C <- C exp(-eta_C (share - gamma)) from the noisy count over all ranks (collective);
-        ``unclipped`` of the ``clients`` whose bits count (centred: those with a non-zero update)."""
-        count, n = self.world.allreduce_sum_(torch.tensor([float(unclipped), float(clients)], dtype=torch.float64,
-                                                          device=self.world.device)).tolist()
-        xi = float(rng.normal(rng.key(self.seed, "privacy_count", t), 0)) if self.sigma > 0 else 0.0
-        noise = self.sigma_count * self.noise_scale * xi
-        if self.params.count_bits == "centred":
-            share = (count - n / 2 + noise) / self.cohort + 0.5
-        else:
-            share = (count + noise) / self.cohort
-        p = self.params
-        self.C = np.float64(self.C * np.exp(-p.clip_lr * (share - p.target_quantile)))
+    @property
+    def C(self) -> np.float64:
+        """The clip of the next release (0: none)."""
+        return self.clipping.C if self.clipping is not None else np.float64(0.0)
 
     @property
     def noisy(self) -> bool:
-        """Whether ``noise`` adds anything (not with sigma = 0)."""
+        """Whether a release adds noise (not with sigma = 0)."""
         return self.on and self.sigma > 0
+
+    # ---------------------------------------------------------------- a release
+    def release(self, t: int, clients: np.ndarray, start: torch.Tensor, end: torch.Tensor,
+                summed: Callable[[torch.Tensor], torch.Tensor], part: Part,
+                contributors: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Release t of a sum (every rank; collective as ``summed`` is): the rows' ``clients``
+        updates end - start bounded and, with a local mechanism, noised (``client_side``); their sum
+        ``summed(end)``; on rank 0 the central noise on its private ``part`` (``server_side``).
+        Returns (the end models as summed, the sum: the noisy one on rank 0)."""
+        end = self.client_side(t, clients, start, end)
+        total = summed(end)
+        if self.world.is_server:
+            self.server_side(t, total, part, contributors)
+        return end, total
+
+    def client_side(self, t: int, clients: np.ndarray, start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
+        """The clients' half of release t: the end models with their updates bounded
+        (``Mechanism.bound``: ||Delta_i|| <= C) and, with a local mechanism, each client's own noise
+        sigma_u C z_{t,i} added (every rank, its clients; collective with adaptive clipping)."""
+        if not self.on:
+            return end
+        end = self.mechanism.bound(self.clipping, t, start, end)
+        if self.noisy and self.mechanism.noise_at == "clients":
+            z = self.mechanism.client_noise(t, clients, end.shape[1]).to(end.device)
+            end = end + (z * float(self.sigma_update * self.clipping.C_used)).to(end.dtype)
+        return end
+
+    def server_side(self, t: int | None, total: torch.Tensor, part: Part = whole,
+                    contributors: np.ndarray | None = None) -> torch.Tensor:
+        """The server's half of release t (rank 0; None: the next counted release, the ledger's
+        count): a central mechanism's noise added in place to the private ``part`` of ``total``, and
+        the release recorded (with the clients whose updates it holds, where the ledger counts
+        them). Returns ``total``."""
+        t = self.ledger.releases if t is None else t
+        if self.noisy and self.mechanism.noise_at == "server":
+            view, bound, divisor = part(total)
+            view += self.noise(t, view.shape[0], view.device, bound, divisor)
+        self.ledger.record(contributors)
+        return total
 
     def noise(self, t: int, dim: int, device: torch.device, bound: float = 1.0,
               divisor: float | None = None) -> torch.Tensor:
         """sigma_u C bound / divisor * y_t (y_t the mechanism's), float64, for a sum of s_i Delta_i with
-        |s_i| <= bound / divisor (default: the mean, 1 / n~); rank 0, rounds in order, only when ``noisy``."""
+        |s_i| <= bound / divisor (default: the mean, 1 / n~); rank 0, releases in order, only when ``noisy``."""
         y = self.mechanism.noise(t, dim).to(device)
-        scale = self.sigma_update * self.C_used * bound / (self.cohort if divisor is None else divisor)
+        scale = self.sigma_update * self.clipping.C_used * bound / (self.cohort if divisor is None else divisor)
         return y * float(scale if self.params.noise_cohort_size is None else scale * self.noise_scale)
 
-    def add_noise(self, t: int, part: torch.Tensor, bound: float, divisor: float) -> None:
-        """Add ``noise`` to ``part``, the private view of the summed rows, in place (rank 0)."""
-        part += self.noise(t, part.shape[0], part.device, bound, divisor)
-
+    # ---------------------------------------------------------------- accounting
     @property
     def applied(self) -> float:
         """The noise multiplier each release really gets, relative to its sensitivity (one client's
@@ -194,13 +202,21 @@ class Privacy(Stateful):
 
     def epsilon(self, rounds: int, production: bool = False) -> float:
         """Epsilon at ``privacy.delta`` after ``rounds`` rounds of the noise this run applied, or
-        (``production``) of sigma, the noise of the production cohort of ``privacy.noise_cohort_size``."""
+        (``production``) of sigma, the noise of the production cohort of ``privacy.noise_cohort_size``.
+        Counted releases (an asynchronous server): after those recorded so far (rank 0)."""
         sigma = float(self.sigma) if production else self.applied
-        if (sigma, rounds) not in self._epsilons:
-            p = self.params
-            self._epsilons[sigma, rounds] = accounting.epsilon(self.mechanism, self.sampling, self.amplified, sigma,
-                                                               rounds, p.delta, p.accountant)
-        return self._epsilons[sigma, rounds]
+        counted = self.ledger.counted
+        k = self.ledger.most if counted else rounds
+        if (sigma, k, counted) not in self._epsilons:
+            self._epsilons[sigma, k, counted] = self._epsilon(sigma, k, counted)
+        return self._epsilons[sigma, k, counted]
+
+    def _epsilon(self, sigma: float, k: int, counted: bool) -> float:
+        """Epsilon of ``k`` rounds of the kind's sampling, or (``counted``) of k releases charged to
+        the most charged client: the mechanism's event on a pattern of k participations."""
+        p = self.params
+        sampling = Sampling("none", self.cohort, counted=(k, k)) if counted else self.sampling
+        return accounting.epsilon(self.mechanism, sampling, self.amplified, sigma, k, p.delta, p.accountant)
 
     @property
     def metric_names(self) -> tuple[str, ...]:
@@ -237,16 +253,21 @@ class Privacy(Stateful):
             return
         probe = type(self.mechanism)(self.params, 1, self.seed, torch.device("cpu"), rounds)
         for t in range(min(rounds, PROBED_ROUNDS)):
-            y = probe.noise(t, 1)
+            y = probe.noise(t, 1) if probe.noise_at == "server" else probe.client_noise(t, np.zeros(1, np.int64), 1)
             if not bool(torch.isfinite(y).all()):
-                raise InputError(f"privacy.mechanism: {name}'s noise is not finite in round {t} ({float(y[0])}); "
-                                 f"a mechanism's noise(t, dim) must be finite numbers (check its parameters)")
+                raise InputError(f"privacy.mechanism: {name}'s noise is not finite in round {t}; a mechanism's "
+                                 f"noise must be finite numbers (check its parameters)")
 
     def _check_accountant(self, rounds: int) -> None:
         """Epsilon after the run's rounds can be computed (kept for the last evaluation): else one line
-        naming the key that set the noise, and what to change."""
+        naming the key that set the noise, and what to change. Counted releases: as many as rounds."""
         try:
-            self.metrics(rounds)
+            for production in (False, True) if self.production else (False,):
+                sigma = float(self.sigma) if production else self.applied
+                if self.ledger.counted:
+                    self._epsilon(sigma, rounds, True)
+                else:
+                    self.epsilon(rounds, production)
         except (ArithmeticError, ValueError, MemoryError) as e:  # dp-accounting overflows at a tiny multiplier
             p = self.params
             key = ("privacy.noise_cohort_size" if self.production else "privacy.epsilon" if p.epsilon is not None
@@ -258,16 +279,38 @@ class Privacy(Stateful):
 
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> State:
-        """sigma, C and the mechanism's state, under one name each."""
+        """sigma, C, the mechanism's state and the ledger's counts, under one name each (none off)."""
+        if not self.on:
+            return State()
         state = super().state_dict()
-        if self.mechanism is not None:
-            state.shared.update(self.mechanism.state_dict().shared)
+        state.shared.update(self.clipping.state_dict().shared)
+        state.shared.update(self.mechanism.state_dict().shared)
+        state.shared.update(self.ledger.state_dict().shared)
         return state
 
     def load_state_dict(self, state: State) -> None:
-        super().load_state_dict(State(shared={k: state.shared[k] for k in ("sigma", "C") if k in state.shared}))
-        if self.mechanism is not None:
-            self.mechanism.load_state_dict(state)
+        if not self.on:
+            return
+        super().load_state_dict(State(shared={k: state.shared[k] for k in ("sigma",) if k in state.shared}))
+        self.clipping.load_state_dict(State(shared={k: state.shared[k] for k in ("C",) if k in state.shared}))
+        self.mechanism.load_state_dict(state)
+        self.ledger.load_state_dict(state)
+
+
+def counted_refusals(cfg: Any) -> None:
+    """What counted releases (an asynchronous server) do not support, refused naming both keys."""
+    p, name = cfg.privacy, cfg.algorithm.name
+    for key, on, why in (
+            ("epsilon", p.epsilon is not None, "the releases each client joins are counted as the run goes (who "
+                                               "arrives when), so no noise can be calibrated to them in advance: "
+                                               "give privacy.noise_multiplier"),
+            ("target_quantile", p.target_quantile is not None, "its releases are per server step, its updates' "
+                                                               "bits per task: adaptive clipping is not accounted "
+                                                               "there (give a fixed privacy.clip)"),
+            ("noise_cohort_size", p.noise_cohort_size is not None, "its releases are buffers of its own size, "
+                                                                   "not cohorts (leave it null)")):
+        if on:
+            raise InputError(f"privacy.{key}: algorithm.name {name} is an asynchronous server; {why}")
 
 
 def sampling_of(cfg: Any, participation: Participation | None) -> Sampling:
