@@ -42,8 +42,8 @@ ATTRIBUTES = {
     "active": ("the last round's cohort A_t (for its mask)", "empty until the first round"),
     "_outputs": ("behind ``self.outputs``: this round's ``ClientOutputs``", "None until the first round"),
     "_sizes": ("the clients' sample counts n_i (float64)", "rebuilt"),
-    "privacy": ("the run's ``fedmpi.privacy.Privacy``: ``on``, ``noisy``, ``cohort``, ``sigma``, ``clip``",
-                "restored (its mechanism's state)"),
+    "privacy": ("the run's ``fedmpi.privacy.Privacy`` (``ctx.privacy``): ``on``, ``noisy``, ``cohort``, ``sigma``, "
+                "``C``; ``release`` makes a sum private", "restored (sigma, C, its mechanism's and ledger's state)"),
     "stats": ("this round's ``LocalStats`` (set in ``begin_round``; filled by the training)", "set each round"),
     "clock": ("the synchronous rounds' ``fedmpi.clock.rounds.RoundClock`` (``now``, ``events``), None without "
               "``clock:``", "rebuilt; ``now`` restored"),

@@ -33,6 +33,7 @@ class Clip(Stateful):
 
     shared_state = ("C",)  # the clip of the next release (adapted; checkpointed)
     derived = ("C_used",)  # the clip of the current release, which scales its noise
+    configuration = ("params", "cohort", "seed", "world", "noisy", "noise_scale", "adaptive")
 
     def __init__(self, params: PrivacyParams, cohort: float, seed: int, world: World, noisy: bool,
                  noise_scale: float = 1.0):

@@ -27,7 +27,8 @@ class Ledger(Stateful):
     server's steps), else the kind's sampling bounds it (nothing kept). ``record`` runs where the
     release is made (rank 0 for an asynchronous step)."""
 
-    derived = ("charges",)  # state only when counted (``state_dict``)
+    derived = ("charges",)  # saved by ``state_dict`` when counted (with ``releases``)
+    configuration = ("counted",)
 
     def __init__(self, m: int, counted: bool):
         self.counted = counted

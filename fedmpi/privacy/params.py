@@ -14,8 +14,9 @@ from ..schema import opt
 @dataclass
 class PrivacyParams:
     mechanism: str = opt(
-        "none", "client-level DP of the centralized algorithms (docs/PRIVACY.md): gaussian = DP-FedAvg, "
-                "banded_mf = DP-FTRL with banded matrix-factorization noise", selects=MECHANISMS)
+        "none", "client-level DP of the centralized algorithms (docs/PRIVACY.md): gaussian = DP-FedAvg (and "
+                "DP-FedBuff), banded_mf = DP-FTRL with banded matrix-factorization noise, local_gaussian = local "
+                "DP (each client noises its own update)", selects=MECHANISMS)
     clip: Optional[float] = opt(None, "C: each client's update is clipped to this L2 norm; null = no clipping "
                                       "(only with a zero noise_multiplier)", gt=0)
     noise_multiplier: Optional[float] = opt(

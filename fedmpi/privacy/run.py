@@ -65,6 +65,8 @@ class Privacy(Stateful):
 
     shared_state = ("sigma",)  # a resumed run keeps the noise it was calibrated with
     derived = ("_epsilons",)  # epsilons computed (a cache)
+    own_state = ("clipping", "mechanism", "ledger")  # their state is saved with sigma (``state_dict``)
+    configuration = ("params", "sampling", "seed", "world", "on", "amplified")
 
     def __init__(self, params: PrivacyParams, sampling: Sampling | None, rounds: int, seed: int, dim: int,
                  world: World, amplified: bool = True, m: int = 0, counted: bool = False):
@@ -300,6 +302,11 @@ class Privacy(Stateful):
 def counted_refusals(cfg: Any) -> None:
     """What counted releases (an asynchronous server) do not support, refused naming both keys."""
     p, name = cfg.privacy, cfg.algorithm.name
+    if cfg.train.local_epochs is not None:
+        raise InputError(f"train.local_epochs: with it a task of algorithm.name {name} (an asynchronous server) "
+                         f"lasts comm_time + ceil(n_i E / B) x step_time, so which server step takes a client's "
+                         f"update depends on its sample count n_i, its data, which privacy.mechanism cannot "
+                         f"protect (give train.local_steps instead)")
     for key, on, why in (
             ("epsilon", p.epsilon is not None, "the releases each client joins are counted as the run goes (who "
                                                "arrives when), so no noise can be calibrated to them in advance: "
