@@ -152,7 +152,8 @@ class Runner:
             raise InputError(f"{self.out_path}: holds a completed run whose final state was not kept "
                              f"({checkpoint.folder_for(self.out_path)} is missing), so it cannot be extended; "
                              f"use --overwrite to run {cfg.rounds} rounds afresh")
-        extra = sidecars.build(cfg.runtime, self.out_path, replace=self.claim.owns_sidecars)
+        extra = sidecars.build(cfg.runtime, self.out_path, replace=self.claim.owns_sidecars, config=cfg.to_dict(),
+                               continues=resume_at is not None)
         writer = ResultWriter(self.out_path, cfg.to_yaml(), cfg.seed, self.world.size, self.evaluator.names,
                               run.m, cfg.runtime.log_availability, resume_at=resume_at,
                               claim_=self.claim, flush_s=cfg.runtime.flush_s,
@@ -160,6 +161,7 @@ class Runner:
                               round_series=run.algorithm.round_record(), events=cfg.clock.on)
         self.writer = writer  # set before anything else: a failure below still finishes the file
         writer.add_sidecars(extra)
+        writer.notes.update(sidecars.notes(extra))  # the tracker runs, which a resumed run continues
         if resume_at is None:
             hist = run.task.label_hist
             local_test = ({"local_test_samples": client_sizes(run.task).astype(np.int64)}

@@ -664,7 +664,7 @@ class ResultWriter:
             self.f.close()
         finally:
             for s in self.sidecars:
-                s.close()
+                s.close(status)  # (a tracker's run ends as the run did)
             if self.claim is not None:
                 self.claim.release()
             unreserve(self._fd)
