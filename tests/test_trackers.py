@@ -134,3 +134,28 @@ def test_trackers_log_from_rank_0_only(tmp_path, monkeypatch):
     recorded = _trackers(out)
     assert [r["id"] for r in wandb_offline_runs(str(tmp_path / "wandb"))] == [recorded["wandb"]["id"]]
     assert [r.info.run_id for r in mlflow_runs(recorded["mlflow"]["tracking_uri"])] == [recorded["mlflow"]["run_id"]]
+
+
+@pytest.mark.slow
+def test_a_packed_sweep_gives_each_cell_its_own_tracker_runs(tmp_path, monkeypatch):
+    """Cells trained together in one process each get their own W&B and MLflow run (W&B's runs
+    open at once), and a tracker's store is an output: the next cell does not take the file the
+    first one wrote for an input (which made it 'outdated' in --status)."""
+    pytest.importorskip("wandb")
+    pytest.importorskip("mlflow")
+    from helpers.trackers import mlflow_runs, wandb_offline_runs
+
+    write_config(tmp_path / "base.yaml", synthetic_config(rounds=3, eval_every=1, runtime={
+        "progress": False, "wandb": "p", "mlflow": str(tmp_path / "ml.db")}))
+    sweep = write_config(tmp_path / "s.sweep.yaml", {"base": "base.yaml", "out": "out", "grid": {"seed": [0, 1]},
+                                                     "variants": [{"label": "a"}]})
+    p = fedmpi(["sweep", sweep, "--pack", "2"], env=_env(tmp_path))
+    assert "2 done" in p.stderr.splitlines()[-1], p.stderr
+    status = fedmpi(["sweep", sweep, "--status"], env=_env(tmp_path)).stdout
+    assert "2 done" in status and " 0 outdated" in status.splitlines()[-1], status
+    ids = {_trackers(tmp_path / "out" / "a" / f"seed={s}.h5")["wandb"]["id"] for s in (0, 1)}
+    runs = wandb_offline_runs(str(tmp_path / "wandb"))
+    assert {r["id"] for r in runs} == ids and len(ids) == 2
+    assert all([row["round"] for row in r["rows"]] == [0, 1, 2, 3] for r in runs)
+    assert sorted(r.info.run_name for r in mlflow_runs(f"sqlite:///{tmp_path / 'ml.db'}")) == \
+        ["out/a/seed=0", "out/a/seed=1"]

@@ -200,7 +200,8 @@ class WandbTracker(Tracker):
         try:
             self.run = wandb.init(project=self.target, id=self.run_id, resume="allow", name=run_name(self.result_path),
                                   group=str(self.config.get("name", "run")), config=self.config,
-                                  settings=wandb.Settings(console="off"))
+                                  settings=wandb.Settings(console="off"),
+                                  reinit="create_new")  # a packed sweep's cells: several runs in one process
             self.run.config.update(self.config, allow_val_change=True)  # a resumed run's changed keys
             self.run.define_metric("round")
             self.run.define_metric("*", step_metric="round")

@@ -62,11 +62,15 @@ def wandb_offline_runs(folder: str) -> list[dict]:
 
 def mlflow_runs(uri: str) -> list:
     """Every run of every experiment at an MLflow tracking ``uri`` (mlflow.entities.Run)."""
+    import warnings
+
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=uri)
-    experiments = [e.experiment_id for e in client.search_experiments()]
-    return client.search_runs(experiments) if experiments else []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # SQLAlchemy's deprecation warnings as MLflow opens a SQLite store
+        client = MlflowClient(tracking_uri=uri)
+        experiments = [e.experiment_id for e in client.search_experiments()]
+        return client.search_runs(experiments) if experiments else []
 
 
 def mlflow_history(uri: str, run_id: str, metric: str) -> list[tuple[int, float]]:
