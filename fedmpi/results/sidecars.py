@@ -27,6 +27,7 @@ import numpy as np
 
 from ..errors import InputError, WriteFailed
 from .outfiles import AtomicFile, check_target, is_metric_csv
+from .reader import flatten
 
 
 def csv_path(result_path: str) -> str:
@@ -125,16 +126,6 @@ _ENDINGS = {"completed": ("FINISHED", 0), "interrupted": ("KILLED", 3), "diverge
 
 def _ending(status: str | None) -> tuple[str, int]:
     return _ENDINGS.get(status or "", ("FAILED", 1))
-
-
-def _flat(tree: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in tree.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def _number(v: Any) -> float | None:
@@ -300,7 +291,7 @@ class MlflowTracker(Tracker):
         from mlflow.entities import Param
         from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_PARAMS_TAGS_PER_BATCH
 
-        params = {k: str(v)[:MAX_PARAM_VAL_LENGTH] for k, v in _flat(self.config).items()}
+        params = {k: str(v)[:MAX_PARAM_VAL_LENGTH] for k, v in flatten(self.config).items()}
         run = None
         if self.previous.get("tracking_uri") == self.uri and self.previous.get("run_id"):
             try:
