@@ -13,7 +13,7 @@ import os
 import socket
 from typing import Any, Callable
 
-from ..errors import InputError, Interrupted
+from ..errors import AGREED, InputError
 
 RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
 SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS")
@@ -90,19 +90,21 @@ def mpi_module() -> Any:
 
 
 def agree_on_error(allgather: Callable[[Any], list], error: Exception | None) -> None:
-    """Collective: every rank gives its own error (or None) to ``allgather`` (the world's, or
-    mpi4py's before the world exists); if any rank has one, every rank raises: its own error (its
-    type kept), or, without one, ``InputError`` (``Interrupted`` when that rank was stopped by a
-    signal) with the first failing rank's message, prefixed
-    ``rank K:`` when K is not 0. So rank 0's one line is its own error or names the rank that met
-    one (a plug-in file missing on its node), and every rank stops with an exit code."""
-    said = allgather(None if error is None else (isinstance(error, Interrupted), str(error)))
+    """Collective: every rank gives its own error (or None; one of ``errors.AGREED``) to
+    ``allgather`` (the world's, or mpi4py's before the world exists); if any rank has one, every
+    rank raises: its own error (its type kept), or, without one, the first failing rank's error
+    of the same type (``Interrupted`` when that rank was stopped by a signal, ``WriteFailed``
+    when it could not write its file, else ``InputError``), its message prefixed ``rank K:`` when
+    K is not 0. So rank 0's one line is its own error or names the rank that met one (a plug-in
+    file missing on its node), and every rank stops with the same exit code."""
+    kind = None if error is None else next((i for i, cls in enumerate(AGREED) if isinstance(error, cls)), 0)
+    said = allgather(None if error is None else (kind, str(error)))
     if error is not None:
         raise error
     for rank, item in enumerate(said):
         if item is not None:
-            stopped, text = item  # a stop signal (``signals.interruptible``) stops every rank as Interrupted
-            raise (Interrupted if stopped else InputError)(text if rank == 0 else f"rank {rank}: {text}")
+            kind, text = item
+            raise AGREED[kind](text if rank == 0 else f"rank {rank}: {text}")
 
 
 def agree_before_the_world(error: Exception | None) -> None:
