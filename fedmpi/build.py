@@ -29,6 +29,7 @@ from .data.datasets import checked_arrays, dataset_arrays
 from .data.partition import (client_groups, label_histogram, natural_parts, natural_test_parts, partition,
                              split_local_test)
 from .engine.local import LocalTrainer
+from .engine.params import frozen_bytes
 from .errors import InputError
 from .models import build_model, loss_fn
 from .models.losses import mse
@@ -90,7 +91,8 @@ def check_state(run: Components) -> None:
 def check_memory(cfg: Config, world: World, m: int, d: int, task: Task | None = None,
                  path: str = "batched") -> None:
     """Refuse up front, with the estimate, an O(m d) algorithm state or a privacy mechanism's state
-    (banded MF's noise history) that cannot fit, and (with ``task``) a local step (batch x model,
+    (banded MF's noise history) that cannot fit (d: the trainable parameters, ``engine.params``),
+    and (with ``task``) the model's frozen base (once per rank) and a local step (batch x model,
     ``guards.step_bytes``) that cannot fit beside them."""
     lo, hi = world.shard(m)
     need = int(ALGORITHMS.get(cfg.algorithm.name).obj.client_rows) * (hi - lo) * d * 4
@@ -108,6 +110,12 @@ def check_memory(cfg: Config, world: World, m: int, d: int, task: Task | None = 
     need += noise
     if task is None:
         return
+    base = frozen_bytes(task.model)  # the frozen base: once per rank, whatever the number of clients
+    if need + base > 0.9 * free:
+        raise InputError(f"task.model: the frozen base of {cfg.task.model} takes {base / 2**30:.1f} GiB on every "
+                         f"rank, more than the {free / 2**30:.1f} GiB {where} available"
+                         + (f" besides {need / 2**30:.1f} GiB of per-client state" if need else ""))
+    need += base
     batch = int(task.sizes.max()) if cfg.train.full_gradient else cfg.train.batch_size
     step = guards.step_bytes(task, batch, hi - lo, path)
     if need + step > 0.9 * free:

@@ -137,6 +137,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         out = fill_placeholders(args.out, cfg.to_dict(), "--out")
     else:
         out = output_path(cfg)
+    cfg.output = out  # the result file records the path it is written to (--out's, placeholders filled)
     code = execute(cfg, out, quiet=args.quiet, resume=args.resume, overwrite=args.overwrite,
                    inputs=input_files(cfg, args.config))
     if code == 0 and launched_rank() == 0:

@@ -80,7 +80,8 @@ class Config:
     rounds: int = opt(100, "global rounds (centralized) or iterations (decentralized)", ge=0)
     eval_every: int = opt(5, "evaluate every N rounds (and after the last)", ge=1)
     output: Optional[str] = opt(None, "result file, {dotted.key} placeholders allowed; "
-                                      "null = runs/{name}-{algorithm.name}-s{seed}.h5")
+                                      "null = runs/{name}-{algorithm.name}-s{seed}.h5 (the file records the "
+                                      "path it was written to: --out's, placeholders filled)")
     task: TaskConfig = opt(TaskConfig(), "data, partition and model")
     train: TrainConfig = opt(TrainConfig(), "local training")
     algorithm: AlgorithmParams = opt(AlgorithmParams(), "algorithm and its parameters")
@@ -452,7 +453,8 @@ def load(path: str | None = None, overrides: list[str] | None = None, world_size
             raise InputError(f"{path}: top level must be a mapping of keys")
     _move(data)
     given: dict[str, tuple[str, Any]] = {}  # new spelling -> (spelling, value) of the command line
-    pairs = [parse_override(item) for item in overrides or []] + [(k, _copy(v)) for k, v in (values or {}).items()]
+    pairs = [pair for item in overrides or [] for pair in schema.dotted(*parse_override(item))]
+    pairs += [(k, _copy(v)) for k, v in (values or {}).items()]
     for key, value in pairs:
         new = _new_spelling(key)
         said, there = given.get(new, (key, value))

@@ -96,6 +96,15 @@ def move_keys(data: dict, check: Callable[[str, str, Any, Any], None] | None = N
 ABSENT = object()
 
 
+def dotted(key: str, value: Any) -> list[tuple[str, Any]]:
+    """An override as dotted keys: a non-empty mapping sets the keys it names and keeps the
+    section's others (``privacy={mechanism: gaussian}`` -> ``privacy.mechanism``), as a sweep's
+    ``set:`` does; any other value, ``{}`` included (the section's defaults), replaces the key."""
+    if not isinstance(value, dict) or not value:
+        return [(key, value)]
+    return [pair for k, v in value.items() for pair in dotted(f"{key}.{k}", v)]
+
+
 def current_spelling(data: dict) -> dict:
     """A copy of the nested config ``data`` (e.g. one stored in an old result file) with every
     ``MOVED`` key at its new place, silently (``move_keys``). Readers use it so that runs made

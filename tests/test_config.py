@@ -290,3 +290,47 @@ def test_a_step_draws_parameter_enters_the_resume_digest_only_with_its_draw():
     assert digest() == digest(local_steps_sigma=2.0) == digest(local_steps_stop=0.5)
     assert digest(local_steps_draw="lognormal") != digest(local_steps_draw="lognormal", local_steps_sigma=2.0)
     assert digest(local_steps_draw="geometric") != digest(local_steps_draw="geometric", local_steps_stop=0.5)
+
+
+def test_set_a_section_merges_like_a_sweeps_set(tmp_path):
+    """#46 (5): --set privacy={...} replaced the whole section (its other keys back to their
+    defaults) while a sweep's set: {privacy: {...}} merged it. Both merge now; {} restores the
+    defaults."""
+    from conftest import write_config
+    from fedmpi.results import sweepfile
+
+    base = synthetic_config(algorithm={"name": "fedavg_active"}, train={"local_steps": 4, "batch_size": 8, "lr": 0.1},
+                            privacy={"mechanism": "gaussian", "clip": 1.0, "noise_multiplier": 1.0})
+    path = write_config(tmp_path / "c.yaml", base)
+    cfg = config.load(path, ["privacy={noise_multiplier: 2.0, delta: 1e-5}", "train={lr: 0.5}"])
+    assert (cfg.privacy.mechanism, cfg.privacy.clip, cfg.privacy.noise_multiplier, cfg.privacy.delta) == \
+        ("gaussian", 1.0, 2.0, 1e-5)
+    assert (cfg.train.lr, cfg.train.local_steps) == (0.5, 4)
+    dotted = config.load(path, ["privacy.noise_multiplier=2.0", "privacy.delta=1e-5", "train.lr=0.5"])
+    sweep = write_config(tmp_path / "s.sweep.yaml", {"base": "c.yaml", "set": {
+        "privacy": {"noise_multiplier": 2.0, "delta": 1e-5}, "train": {"lr": 0.5}}})
+    sw = sweepfile.load(sweep)
+    cell = sw.config(sw.cells[0])
+    cell.output = cfg.output = dotted.output = None  # (a cell names its own file)
+    assert cfg.to_dict() == dotted.to_dict() == cell.to_dict()
+    assert config.load(path, ["task={partition: {alpha: 0.3}}"]).task.partition.kind == "dirichlet"
+    assert config.load(path, ["privacy={}"]).privacy.mechanism == "none"
+    with pytest.raises(InputError, match=r"privacy\.nope"):
+        config.load(path, ["privacy={nope: 1}"])
+
+
+def test_the_recorded_output_is_the_file_written(tmp_path):
+    """#46 (5): the result file recorded the config's output key, not the --out it was written to."""
+    import h5py
+    import yaml
+
+    from conftest import write_config
+    from fedmpi.cli import main
+
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=1, output="runs/{name}-{seed}.h5"))
+    assert main(["run", cfg, "--out", str(tmp_path / "elsewhere.h5"), "--quiet"]) == 0
+    assert main(["run", cfg, "--quiet"]) == 0
+    for path, want in ((tmp_path / "elsewhere.h5", str(tmp_path / "elsewhere.h5")),
+                       (tmp_path / "runs" / "synth-3.h5", "runs/synth-3.h5")):
+        with h5py.File(path) as f:
+            assert yaml.safe_load(f.attrs["config"])["output"] == want

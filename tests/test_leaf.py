@@ -95,7 +95,8 @@ def test_regression_trains_with_mse_and_matches_its_rederivation(tmp_path):
 
 @pytest.mark.parametrize("change, needle", [
     ({"partition": {"kind": "dirichlet"}}, "task.partition.kind: dirichlet splits by class labels"),
-    ({"leaf": {"train": "missing.json", "test": "missing.json", "classes": 0}}, "no such LEAF file"),
+    ({"leaf": {"train": "missing.json", "test": "missing.json", "classes": 0}},
+     "no such file or folder (task.leaf.train, LEAF layout)"),
 ])
 def test_regression_and_leaf_errors(tmp_path, change, needle):
     cfg = write_config(tmp_path / "bad.yaml", _config(tmp_path, regression=True, **change))

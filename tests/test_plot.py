@@ -286,3 +286,114 @@ def test_ylabel_count_must_match(tmp_path, capsys):
     assert main(["plot", path, "--metric", "test_acc,test_loss", "--ylabel", "a", "--ylabel", "b", "--ylabel", "c",
                  "--out", str(tmp_path / "f.png")]) == 2
     assert "--ylabel: 3 given for 2 subplots" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--ylabel", "$x^$"], "--ylabel: '$x^$' is not valid mathtext (matplotlib's TeX between $ signs) at character 2"),
+    (["--title", "$\\frac{1}$"], "--title: '$\\frac{1}$' is not valid mathtext"),
+    (["--label", "$a_$"] + ["--label", "b"] * 3, "--label: '$a_$' is not valid mathtext"),
+    (["--ylabel", "\u6f22 accuracy"], "--ylabel '\u6f22 accuracy': the font has no glyph for '\u6f22' (U+6F22)"),
+    (["--size", "0.5,0.5"], "--size: 0.5 x 0.5 in leaves the axes no room beside their texts"),
+    (["--logy", "--metric", "shifted"], "--logy: shifted has no positive values to draw on a log axis"),
+    (["--logx", "--xlim", "0,4"], "--xlim: a log axis (--logx) needs positive limits"),
+    (["--xlim", "1e300,1e308"], "--xlim: finite limits (|limit| <= 1e+200) with LOW < HIGH"),
+])
+def test_what_matplotlib_cannot_draw_is_one_line(tmp_path, extra, needle):
+    """#44 (12): '$x^$' printed four lines (a pyparsing error), and matplotlib's own warnings
+    (a missing glyph, collapsed axes, no positive values on a log axis, a non-positive log
+    limit, ticks that overflow) reached stderr beside exit 0. Each is now one line, exit 2, and
+    no figure is written."""
+    from conftest import cli
+
+    path = _sweep(tmp_path)
+    if "shifted" in extra:
+        for run, _ in plots.gather_runs([path]):
+            import h5py
+
+            with h5py.File(run.path, "a") as f:
+                f["metrics/shifted"] = -f["metrics/test_acc"][:]
+    p = cli(["plot", path, "--out", str(tmp_path / "f.png"), *extra])
+    assert p.returncode == 2 and p.stderr.strip().startswith(f"fedmpi: error: {needle}"), p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and not (tmp_path / "f.png").exists()
+
+
+def test_valid_mathtext_and_dollars_draw_without_a_word(tmp_path):
+    from conftest import cli
+
+    path = _sweep(tmp_path)
+    p = cli(["plot", path, "--ylabel", "$\\epsilon$ at \\$3", "--title", "costs $5", "--out", str(tmp_path / "f.png")])
+    assert p.returncode == 0 and p.stderr == "" and (tmp_path / "f.png").stat().st_size > 0, p.stderr
+
+
+def _timed(tmp_path, name: str, times, accs, seed: int = 0, lr: float = 0.1, **over) -> str:
+    from fake_results import fake_result
+
+    return fake_result(tmp_path / f"{name}-s{seed}.h5", {"round": list(range(len(times))), "time": list(times),
+                                                         "test_acc": list(accs)},
+                       seed=seed, train__lr=lr, runtime__label=name, **over)
+
+
+def _climb(times, start, end, rate):
+    return [end - (end - start) * np.exp(-t / rate) for t in times]
+
+
+def test_time_figures_show_where_the_curves_differ(tmp_path):
+    """#46 (1): a method's long tail (to ~5000 virtual s) squeezed the interesting start into a
+    sliver of the x axis, and the y axis began at the initial model's accuracy, with the curves'
+    plateaus on top of each other. By default a time axis now ends a quarter beyond the time the
+    slowest curve settles (95% of its climb) and the y axis shows every curve over at least 90% of
+    the shown time; --range all, --xlim and --ylim restore or set them."""
+    fast_t, slow_t = np.linspace(0, 300, 31), np.linspace(0, 5000, 101)
+    _timed(tmp_path, "fast", fast_t, _climb(fast_t, 0.1, 0.82, 20.0), lr=0.1)
+    _timed(tmp_path, "slow", slow_t, _climb(slow_t, 0.1, 0.80, 200.0), lr=0.2)
+    runs = plots.gather_runs([str(tmp_path)])
+    curves = plots.curves_of(runs, "test_acc", "time")
+    settle = -200.0 * np.log(0.05)  # the slow curve's 95% point: 599 s
+    fig = plots.figure([("test_acc", curves)], "time")
+    lo, hi = fig.axes[0].get_xlim()
+    assert lo == 0 and settle <= hi <= 1.25 * settle + 50 < 5000, (lo, hi)
+    ylo, yhi = fig.axes[0].get_ylim()
+    assert 0.2 < ylo < 0.6 and 0.82 < yhi < 0.86, (ylo, yhi)  # not the initial 0.1
+    for c in curves:  # each curve inside the y range over >= 90% of the shown x range
+        x = np.linspace(0, min(hi, c.x[-1]), 1000)
+        assert np.mean(np.interp(x, c.x, c.mean) >= ylo) >= 0.9, c.label
+    everything = plots.figure([("test_acc", curves)], "time", axes=plots.Axes(focus=False))
+    assert everything.axes[0].get_xlim()[1] >= 5000 and everything.axes[0].get_ylim()[0] < 0.1
+    rounds = plots.figure([("test_acc", plots.curves_of(runs, "test_acc", "round"))], "round")
+    assert rounds.axes[0].get_xlim()[1] >= 100  # rounds: all of them, as before
+    given = plots.figure([("test_acc", curves)], "time", axes=plots.Axes(xlim=(0, 2000)))
+    assert given.axes[0].get_xlim() == (0, 2000) and given.axes[0].get_ylim()[0] > 0.1
+    falling = [plots.Curve(c.label, c.x, 1 - c.mean, c.std, c.runs) for c in curves]  # a loss: mirrored
+    fig = plots.figure([("test_loss", falling)], "time")
+    assert fig.axes[0].get_xlim() == (lo, hi) and np.allclose(fig.axes[0].get_ylim(), (1 - yhi, 1 - ylo))
+    from conftest import cli
+
+    for extra in ([], ["--range", "all"], ["--xlim", "0,1000", "--ylim", "0.5,0.9"]):
+        p = cli(["plot", str(tmp_path), "--x", "time", "--out", str(tmp_path / "f.png"), *extra])
+        assert p.returncode == 0 and p.stderr == "", p.stderr
+
+
+def test_runs_that_share_a_time_budget_end_together(tmp_path):
+    """#46 (1): each curve stopped at its shortest seed's last time; runs given one virtual-time
+    budget (runtime.stop_at: {metric: time, value: B}) are drawn to B, every curve reaching it: a
+    seed that ended before it (its rounds done) holds its last value, and seeds evaluated at other
+    times are interpolated onto one grid."""
+    budget = {"metric": "time", "value": 400.0}
+    for seed, step in ((0, 37.0), (1, 41.0)):  # stopped at the first evaluation at or after 400 s
+        t = np.arange(0, 400 + step, step)
+        _timed(tmp_path, "fast", t, _climb(t, 0.1, 0.8, 50.0), seed=seed, runtime__stop_at=budget)
+    _timed(tmp_path, "short", [0.0, 100.0, 200.0], [0.1, 0.5, 0.6], lr=0.3, runtime__stop_at=budget)  # rounds done
+    runs = plots.gather_runs([str(tmp_path)])
+    assert plots.shared_budget(runs, "time") == 400.0 and plots.shared_budget(runs, "round") is None
+    curves = plots.curves_of(runs, "test_acc", "time", end=400.0)
+    assert {c.label: c.runs for c in curves} == {"fast": 2, "short": 1}
+    for c in curves:
+        assert c.x[-1] >= 400.0 and np.interp(400.0, c.x, c.mean) > 0.55, c.label
+    short = next(c for c in curves if c.label == "short")
+    assert np.interp(400.0, short.x, short.mean) == 0.6  # its final model, held to the budget
+    fast = next(c for c in curves if c.label == "fast")
+    assert len(fast.x) == 200 and fast.x[0] == 0.0  # two time grids: interpolated onto one
+    fig = plots.figure([("test_acc", curves)], "time", axes=plots.Axes(budget=400.0))
+    assert fig.axes[0].get_xlim() == (0.0, 400.0)
+    _timed(tmp_path, "other", [0.0, 500.0], [0.1, 0.7], lr=0.4, runtime__stop_at={"metric": "time", "value": 500.0})
+    assert plots.shared_budget(plots.gather_runs([str(tmp_path)]), "time") is None  # budgets differ: none shared

@@ -249,3 +249,18 @@ def test_damaged_groups_are_one_line(tmp_path):
                          (r.mask, "/availability/mask is not numeric")):
         with pytest.raises(InputError, match=re.escape(needle)):
             call()
+
+
+@pytest.mark.parametrize("damage", ["widths", "empty"])
+def test_clients_frame_of_a_damaged_file_is_one_line(tmp_path, damage):
+    """#44 (12): per-client arrays of different widths made clients_frame() raise pandas'
+    ValueError ("All arrays must be of the same length")."""
+    pytest.importorskip("pandas")
+    path = _file(tmp_path)
+    with h5py.File(path, "a") as f:
+        f["clients/loss"] = np.zeros((3, 4))
+        f["clients/acc"] = np.zeros((3, 5 if damage == "widths" else 0))
+    from fedmpi import results
+
+    with pytest.raises(InputError, match=r"damaged result file \(/clients arrays of different widths: acc \(3, "):
+        results.load(path).clients_frame()

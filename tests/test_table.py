@@ -322,3 +322,56 @@ def test_files_of_a_sweep_keep_their_variant_in_tables_and_exports(tmp_path, cap
     rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
     assert rows[0]["variant"] == "FedAvg" and {r["variant"] for r in rows} == {"FedAvg", "FedSWE (k=100)"}
     assert list(rows[0])[:3] == ["file", "variant", "seed"]
+
+
+@pytest.mark.parametrize("target, needle", [
+    ("test_acc=nan", "--time-to test_acc=nan: the target must be a finite number, got 'nan'"),
+    ("test_acc>=inf", "--time-to test_acc>=inf: the target must be a finite number, got 'inf'"),
+    ("test_loss<=abc", "--time-to test_loss<=abc: the target must be a finite number, got 'abc'"),
+    ("test_acc=", "--time-to test_acc=: the target value is missing after '=' (e.g. test_acc=0.8)"),
+])
+def test_time_to_targets_are_finite_numbers(tmp_path, target, needle):
+    """#44 (12): --time-to test_acc=nan was accepted (a column of '-'), and test_acc= answered
+    with the sweep table's keys ('last must be an integer >= 1, at/rounds_to/scale numbers...')."""
+    from conftest import cli
+
+    path = _runs(tmp_path, {("mifa", 0): [0.1] * 4})[0]
+    for option in ("--time-to", "--rounds-to"):
+        p = cli(["table", path, option, target])
+        assert p.returncode == 2 and p.stderr.strip() == f"fedmpi: error: {needle.replace('--time-to', option)}", \
+            p.stderr
+
+
+@pytest.mark.parametrize("entry, needle", [
+    ({"rounds_to": float("nan")}, "t.rounds_to: must be a finite number, got nan"),
+    ({"time_to": "inf"}, "t.time_to: must be a finite number, got 'inf'"),
+    ({"at": float("nan")}, "t.at: must be a finite number, got nan"),
+    ({"window": [3, 1]}, "t.window: must be [LOW, HIGH], finite numbers with LOW <= HIGH, got [3, 1]"),
+    ({"last": 2.5}, "t.last: must be an integer >= 1, got 2.5"),
+    ({"digits": 40}, "t.digits: must be an integer in 0..17, got 40"),
+    ({"time_to": 0.5, "rounds_to": 0.5}, "t: give one of rounds_to, time_to"),
+    ({"time_to": 0.5, "x": "round"}, "t.x: time_to counts virtual seconds (x: time), got x: 'round'"),
+])
+def test_bad_table_entries_name_their_key(entry, needle):
+    with pytest.raises(InputError) as e:
+        table.metric_spec({"metric": "test_acc", **entry}, "t")
+    assert str(e.value).startswith(needle), str(e.value)
+
+
+def test_time_to_is_one_name_in_sweep_tables_and_on_the_command_line(tmp_path, capsys):
+    """#46 (2): a sweep's table said `rounds_to: V, x: time` where the command line says
+    --time-to, and `time_to` was refused; the time-to column had no unit."""
+    acc, time = [0.1, 0.5, 0.7, 0.9], [0.0, 12.5, 30.0, 41.0]
+    path = fake_result(tmp_path / "r.h5", {"round": ROUNDS, "test_acc": acc, "time": time})
+    r = results.load(path)
+    sweep = table.metric_spec({"metric": "test_acc", "time_to": 0.6}, "t")
+    old = table.metric_spec({"metric": "test_acc", "rounds_to": 0.6, "x": "time"}, "t")
+    assert sweep == old and sweep.value(r) == 30.0 and sweep.title == "time to test_acc >= 0.6 (s)"
+    out = _table(capsys, [path, "--time-to", "test_acc=0.6", "--rounds-to", "test_acc=0.6", "--metric", "time",
+                          "--format", "csv"])
+    row = next(csv.DictReader(io.StringIO(out)))
+    assert row["time (s) mean"] == "41.0" and row["time to test_acc >= 0.6 (s) mean"] == "30.0"
+    assert row["rounds to test_acc >= 0.6 mean"] == "20.0"  # a count of rounds: no unit
+    assert table.metric_spec({"metric": "test_loss", "time_to": 0.3, "goal": "at_most"}, "t").title == \
+        "time to test_loss <= 0.3 (s)"
+    assert table.metric_spec({"metric": "time", "scale": 0.001}, "t").title == "time"  # scaled: the user's unit

@@ -7,7 +7,8 @@ clients by id, an asynchronous server step's arrivals in (finish time, client id
 written, as every ``round`` column of a result file), ``client``, ``dispatch`` and ``finish``
 (virtual seconds; for a failed task, when it failed), ``version`` (the model version it trained
 from: the round, or the server steps done at its dispatch), ``staleness`` (server steps between
-its dispatch and its arrival; 0 in a synchronous round) and ``outcome`` (``OUTCOMES``)."""
+its dispatch and its arrival; 0 in a synchronous round) and ``outcome`` (``OUTCOMES``, stored as an
+HDF5 enum of their names)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ import numpy as np
 #: outcome codes: kept (its update counted), late (after the deadline), failed (dropout),
 #: surplus (over-selected, reported after the first K), stale (beyond algorithm.max_staleness)
 OUTCOMES = ("kept", "late", "failed", "surplus", "stale")
+#: int8 codes that carry their names (an HDF5 enum in the file: h5py, h5dump and pandas readers see them)
+OUTCOME = np.dtype(np.int8, metadata={"enum": {name: code for code, name in enumerate(OUTCOMES)}})
 EVENT_COLUMNS = {"round": np.int64, "client": np.int64, "dispatch": np.float64, "finish": np.float64,
-                 "version": np.int64, "staleness": np.int64, "outcome": np.int8}
+                 "version": np.int64, "staleness": np.int64, "outcome": OUTCOME}
 
 
 class Events:

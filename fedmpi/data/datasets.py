@@ -10,7 +10,10 @@ augmentation for free (``fedmpi.task.build_task``). A factory may instead return
 - image datasets (fmnist, mnist, cifar10, svhn, cinic10; ``readers``): uint8 images,
   normalised per batch;
 - ``synthetic``: a seeded Gaussian mixture (one mean per class), float features;
-- ``leaf``: LEAF's JSON files, each user a client (``leaf``; ``task.partition.kind: natural``).
+- ``leaf``: LEAF's JSON files, each user a client (``leaf``; ``task.partition.kind: natural``);
+- text (``text``; token sequences, ``DataArrays.text``, the keys of ``task.text``):
+  ``shakespeare`` (the embedded default: Shakespeare's plays by speaking role),
+  ``leaf_shakespeare`` (LEAF's Shakespeare JSON) and ``jsonl`` (records with a user field).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import inspect
+import json
 import logging
 import os
 from dataclasses import dataclass
@@ -31,7 +35,7 @@ from .. import provenance, rng
 from ..errors import InputError
 from ..registry import DATASETS, MODELS
 from ..schema import opt
-from .arrays import DataArrays
+from .arrays import IGNORE, DataArrays, TextInfo
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -150,9 +154,13 @@ for _name in ("fmnist", "mnist", "cifar10", "svhn", "cinic10"):
 
 
 @dataclass
-class LeafConfig:
+class LeafSplits:
     train: str = opt("", "LEAF training split: a .json file or a folder of them")
     test: str = opt("", "LEAF test split: a .json file or a folder of them")
+
+
+@dataclass
+class LeafConfig(LeafSplits):
     classes: Optional[int] = opt(None, "number of classes; null = 1 + the largest label; 0 = regression (MSE)",
                                  ge=0)
 
@@ -170,9 +178,101 @@ def leaf_data(cfg: Config) -> DataArrays:
     return leaf.load(cfg)
 
 
+# ----------------------------------------------------------------------------- text (fedmpi.data.text)
+
+MAX_CONTEXT = 1 << 16
+
+
+@dataclass
+class TextConfig:
+    tokenizer: str = opt("bytes", "bytes (built in: ids 0-255 the UTF-8 bytes, 256 pad, 257 bos, 258 eos) or a "
+                                  "tokenizer.json, or the model folder holding it (needs pip install 'fedmpi[llm]')")
+    context: int = opt(64, "tokens per sequence T (a sample is one sequence; train.batch_size counts sequences)",
+                       ge=1, le=MAX_CONTEXT)
+    documents: Literal["pack", "pad", "truncate"] = opt(
+        "pack", "pack: a client's documents one after another, cut every T tokens (a sequence may span two; "
+                "targets never do); pad: each document starts a sequence, its last one right-padded; truncate: "
+                "each document's first T tokens only")
+
+
+@dataclass
+class TextParams(DatasetParams):
+    """The keys every text dataset has."""
+
+    text: TextConfig = opt(TextConfig(), "tokenizer and sequences of a text dataset")
+
+
+@dataclass
+class ShakespeareConfig:
+    plays: Optional[list[str]] = opt(None, "plays by file name (hamlet, macbeth, the-tempest, ...); null = all 38")
+    test_fraction: float = opt(0.2, "each role's last speeches held out as its local test split", ge=0, lt=1)
+    min_speeches: int = opt(2, "roles with fewer speeches are left out (McMahan et al. keep roles of two lines)",
+                            ge=1)
+    fallback_synthetic: bool = opt(True, "plays missing at the standard location -> seeded synthetic text, with "
+                                         "a one-line notice (else exit 2)")
+
+
+@dataclass
+class ShakespeareParams(TextParams):
+    shakespeare: ShakespeareConfig = opt(ShakespeareConfig(), "Shakespeare's plays, each speaking role a client "
+                                                              "(task.root: null = $FEDMPI_DATA/shakespeare)")
+
+
+@register_dataset("shakespeare", params=ShakespeareParams)
+def shakespeare_data(cfg: Config) -> DataArrays:
+    """The embedded default: Shakespeare's plays, each speaking role a client (``fedmpi.data.text``)."""
+    from . import text
+
+    return text.shakespeare_arrays(cfg)
+
+
+@dataclass
+class LeafTextParams(TextParams):
+    leaf_shakespeare: LeafSplits = opt(LeafSplits(), "LEAF's Shakespeare JSON files (users are the clients)")
+
+
+@register_dataset("leaf_shakespeare", params=LeafTextParams, cache=True)
+def leaf_shakespeare_data(cfg: Config) -> DataArrays:
+    """LEAF's Shakespeare JSON as text, each user a client (``fedmpi.data.text``)."""
+    from . import text
+
+    return text.leaf_shakespeare_arrays(cfg)
+
+
+@dataclass
+class JsonlConfig:
+    train: str = opt("", "training records: a .jsonl file or a folder of them")
+    test: Optional[str] = opt(None, "test records (same layout); null = each user's last test_fraction of records")
+    user_field: str = opt("user_id", "the field naming a record's user (its client)")
+    test_fraction: float = opt(0.1, "with test null: each user's last records held out as its local test split",
+                               ge=0, lt=1)
+    loss: Literal["all", "response"] = opt("all", "all: every token is learnt; response: only responses (assistant "
+                                                  "turns), prompts are context")
+
+
+@dataclass
+class JsonlParams(TextParams):
+    jsonl: JsonlConfig = opt(JsonlConfig(), "JSONL text, instruction or chat records with a user field")
+
+
+def _check_jsonl(cfg: Config) -> None:
+    j = cfg.task.jsonl
+    if j.test is None and j.test_fraction == 0:
+        raise InputError("task.jsonl.test_fraction: 0 with task.jsonl.test null leaves no test records; "
+                         "give task.jsonl.test or a fraction > 0")
+
+
+@register_dataset("jsonl", params=JsonlParams, check=_check_jsonl, cache=True)
+def jsonl_data(cfg: Config) -> DataArrays:
+    """JSONL text, instruction or chat records of users (``fedmpi.data.text``)."""
+    from . import text
+
+    return text.jsonl_arrays(cfg)
+
+
 # ----------------------------------------------------------------------------- what a factory gives
 
-_CACHED = ("x_train", "y_train", "x_test", "y_test", "classes", "mean", "std", "client_train", "client_test")
+_CACHED = ("x_train", "y_train", "x_test", "y_test", "classes", "mean", "std", "client_train", "client_test", "text")
 
 
 def dataset_arrays(cfg: Config) -> "DataArrays | Task":
@@ -199,12 +299,14 @@ def dataset_arrays(cfg: Config) -> "DataArrays | Task":
     if hit is not None:
         mean, std = (tuple(hit[k].tolist()) if hit[k].size else None for k in ("mean", "std"))
         ids = {k: hit[k] if hit[k].size else None for k in ("client_train", "client_test")}
+        text = TextInfo(**json.loads(str(hit["text"]))) if str(hit["text"]) else None
         return DataArrays(hit["x_train"], hit["y_train"], hit["x_test"], hit["y_test"], int(hit["classes"]),
-                          mean, std, **ids)
+                          mean, std, **ids, text=text)
     data = entry.obj(cfg)
     if isinstance(data, DataArrays):
         ids = {k: () if getattr(data, k) is None else getattr(data, k) for k in ("client_train", "client_test")}
-        arrays = {**dataclasses.asdict(data), "mean": data.mean or (), "std": data.std or (), **ids}
+        text = json.dumps(dataclasses.asdict(data.text)) if isinstance(data.text, TextInfo) else ""
+        arrays = {**dataclasses.asdict(data), "mean": data.mean or (), "std": data.std or (), **ids, "text": text}
         readers._write_cache(path, fingerprint, arrays, _CACHED)
     return data
 
@@ -218,29 +320,8 @@ def checked_arrays(data: Any, name: str) -> DataArrays:
         raise InputError(f"{where}: classes must be a positive integer (or 0 for regression), got {data.classes!r}")
     out = {}
     for split in ("train", "test"):
-        x, y = np.asarray(getattr(data, f"x_{split}")), np.asarray(getattr(data, f"y_{split}"))
-        if data.classes == 0 and y.ndim == 1:  # regression: one target per sample
-            y = y[:, None]
-        targets = (x.shape[0],) if data.classes else (x.shape[0], y.shape[-1])
-        if x.ndim < 2 or y.shape != targets or x.shape[0] == 0:
-            want = "(N,)" if data.classes else "(N,) or (N, k)"
-            raise InputError(f"{where}: x_{split} must be (N, ...) with N > 0 and y_{split} {want}, "
-                             f"got {x.shape} and {np.shape(getattr(data, f'y_{split}'))}")
-        if data.classes == 0:
-            if not np.issubdtype(y.dtype, np.number) or not np.isfinite(y).all():
-                raise InputError(f"{where}: y_{split} must hold finite numbers (regression: classes 0)")
-            y = y.astype(np.float32)
-        elif not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= data.classes:
-            raise InputError(f"{where}: y_{split} must be integer labels in [0, {data.classes})")
-        if data.image and (x.dtype != np.uint8 or x.ndim != 4 or len(data.mean) != x.shape[1]
-                           or len(data.std or ()) != x.shape[1]):
-            raise InputError(f"{where}: images with mean/std must be uint8 (N, C, H, W) with C values each, "
-                             f"got {x.dtype} {x.shape}")
-        if not data.image:
-            if not np.issubdtype(x.dtype, np.floating) or not np.isfinite(x).all():
-                raise InputError(f"{where}: x_{split} must hold finite floats (or uint8 images with mean/std)")
-            x = x.astype(np.float32, copy=False)
-        out[f"x_{split}"], out[f"y_{split}"] = x, (y.astype(np.int64, copy=False) if data.classes else y)
+        x, y = (_checked_tokens if data.text is not None else _checked_samples)(data, split, where)
+        out[f"x_{split}"], out[f"y_{split}"] = x, y
     if out["x_train"].shape[1:] != out["x_test"].shape[1:] or out["y_train"].shape[1:] != out["y_test"].shape[1:]:
         raise InputError(f"{where}: train and test samples differ in shape "
                          f"({out['x_train'].shape[1:]} vs {out['x_test'].shape[1:]}, targets "
@@ -256,3 +337,58 @@ def checked_arrays(data: Any, name: str) -> DataArrays:
     if data.client_test is not None and data.client_train is None:
         raise InputError(f"{where}: client_test needs client_train (the training samples' client ids)")
     return dataclasses.replace(data, classes=int(data.classes), **out)
+
+
+def _checked_samples(data: DataArrays, split: str, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """One split's (x, y) of a dataset of labelled (or regression) samples, checked."""
+    x, y = np.asarray(getattr(data, f"x_{split}")), np.asarray(getattr(data, f"y_{split}"))
+    if data.classes == 0 and y.ndim == 1:  # regression: one target per sample
+        y = y[:, None]
+    targets = (x.shape[0],) if data.classes else (x.shape[0], y.shape[-1])
+    if x.ndim < 2 or y.shape != targets or x.shape[0] == 0:
+        want = "(N,)" if data.classes else "(N,) or (N, k)"
+        raise InputError(f"{where}: x_{split} must be (N, ...) with N > 0 and y_{split} {want}, "
+                         f"got {x.shape} and {np.shape(getattr(data, f'y_{split}'))}")
+    if data.classes == 0:
+        if not np.issubdtype(y.dtype, np.number) or not np.isfinite(y).all():
+            raise InputError(f"{where}: y_{split} must hold finite numbers (regression: classes 0)")
+        y = y.astype(np.float32)
+    elif not np.issubdtype(y.dtype, np.integer) or y.min() < 0 or y.max() >= data.classes:
+        raise InputError(f"{where}: y_{split} must be integer labels in [0, {data.classes})")
+    if data.image and (x.dtype != np.uint8 or x.ndim != 4 or len(data.mean) != x.shape[1]
+                       or len(data.std or ()) != x.shape[1]):
+        raise InputError(f"{where}: images with mean/std must be uint8 (N, C, H, W) with C values each, "
+                         f"got {x.dtype} {x.shape}")
+    if not data.image:
+        if not np.issubdtype(x.dtype, np.floating) or not np.isfinite(x).all():
+            raise InputError(f"{where}: x_{split} must hold finite floats (or uint8 images with mean/std)")
+        x = x.astype(np.float32, copy=False)
+    return x, (y.astype(np.int64, copy=False) if data.classes else y)
+
+
+def _checked_tokens(data: DataArrays, split: str, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """One split's (x, y) of a text dataset (``DataArrays.text``), checked: int64 ids (N, T) in
+    [0, vocab) and targets of the same shape, each an id or ``IGNORE``."""
+    t = data.text
+    if not isinstance(t, TextInfo):
+        raise InputError(f"{where}: text must be a TextInfo, got {type(t).__name__}")
+    vocab = t.vocab_size
+    if data.classes != vocab or data.image:
+        raise InputError(f"{where}: a text dataset's classes must be its vocabulary size ({vocab}), without mean/std")
+    specials = {"pad_id": t.pad_id, "bos_id": t.bos_id, "eos_id": t.eos_id}
+    for k, v in specials.items():
+        if (v is not None or k == "pad_id") and not (isinstance(v, (int, np.integer)) and 0 <= v < vocab):
+            raise InputError(f"{where}: text.{k} must be a token id in [0, {vocab}), got {v!r}")
+    x, y = np.asarray(getattr(data, f"x_{split}")), np.asarray(getattr(data, f"y_{split}"))
+    if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] == 0 or y.shape != x.shape:
+        raise InputError(f"{where}: x_{split} and y_{split} must be token sequences (N, T) with N, T > 0, "
+                         f"got {x.shape} and {y.shape}")
+    if not (np.issubdtype(x.dtype, np.integer) and np.issubdtype(y.dtype, np.integer)):
+        raise InputError(f"{where}: x_{split} and y_{split} must hold integer token ids, got {x.dtype}, {y.dtype}")
+    if x.min() < 0 or x.max() >= vocab:
+        raise InputError(f"{where}: x_{split} must hold token ids in [0, {vocab})")
+    if ((y < 0) & (y != IGNORE)).any() or y.max() >= vocab:
+        raise InputError(f"{where}: y_{split} must hold token ids in [0, {vocab}) or {IGNORE} (no target)")
+    if split == "train" and (y == IGNORE).all():
+        raise InputError(f"{where}: y_train has no target (all {IGNORE}): nothing to train on")
+    return x.astype(np.int64, copy=False), y.astype(np.int64, copy=False)

@@ -60,7 +60,7 @@ class _Format:
     default_root: str
 
 
-def _data_home() -> str:
+def data_home() -> str:
     return os.environ.get("FEDMPI_DATA") or os.path.join(os.path.expanduser("~"), "data")
 
 
@@ -70,7 +70,7 @@ def standard_root(dataset: str) -> str:
     fmt = _format(dataset)
     if os.path.isabs(fmt.default_root):
         return fmt.default_root
-    return os.path.join(_data_home(), fmt.default_root)
+    return os.path.join(data_home(), fmt.default_root)
 
 
 def default_cache_dir() -> str:

@@ -34,6 +34,8 @@ have three implementations (``conv_impl``):
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -42,6 +44,7 @@ from torch import nn
 from ..models.nets import ScalarModel
 from ..models.dropout import KeyedDropout
 from ..models.losses import Loss, per_client, per_sample
+from .params import frozen
 from .threads import one_thread
 
 Tensor = torch.Tensor
@@ -64,9 +67,14 @@ def _shift(dim: int) -> int:
 
 
 class _Layer:
-    """One stacked layer: ``forward(params, x, keys)`` on x (n, b, ...); ``keys`` None = eval mode."""
+    """One stacked layer: ``forward(params, x, keys)`` on x (n, b, ...); ``keys`` None = eval mode.
+
+    ``params``: the names of the parameters it uses (trainable or frozen; the net checks that
+    every parameter of the model is used by exactly one layer); ``reads``: names of parameters
+    another layer owns that it reads too (a tied output head)."""
 
     params: tuple[str, ...] = ()
+    reads: tuple[str, ...] = ()
     reads_values = True  # False: the output depends on the input's shape only
 
     def forward(self, p: Params, x: Tensor, keys: Params | None) -> Tensor:
@@ -76,6 +84,12 @@ class _Layer:
         """Parameter gradients from this layer's input ``x`` and d loss/d output (closed form),
         or None when the layer has none."""
         return None
+
+    def activations(self, p: Params, x: Tensor) -> tuple[Tensor, int]:
+        """The output of ``forward`` in eval mode and the number of elements of the outputs it keeps
+        (a composite layer counts its inner ones too: ``StackedNet.activation_numel``)."""
+        out = self.forward(p, x, None)
+        return out, out.numel()
 
 
 def _linear(h: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
@@ -211,13 +225,66 @@ class _Scalar(_Layer):
         return {self.x: dout.reshape(dout.shape[0], -1, dout.shape[-1]).sum(1)}
 
 
-def _rule(mod: nn.Module, prefix: str, conv: str) -> _Layer | None:
+class _Chain(_Layer):
+    """Layers applied one after another (a nested ``nn.Sequential`` inside a composite layer)."""
+
+    def __init__(self, layers: list[_Layer]):
+        self.layers = layers
+        self.params = tuple(name for layer in layers for name in layer.params)
+        self.reads = tuple(name for layer in layers for name in layer.reads)
+
+    def forward(self, p: Params, x: Tensor, keys: Params | None) -> Tensor:
+        for layer in self.layers:
+            x = layer.forward(p, x, keys)
+        return x
+
+    def activations(self, p: Params, x: Tensor) -> tuple[Tensor, int]:
+        total = 0
+        for layer in self.layers:
+            x, k = layer.activations(p, x)
+            total += k
+        return x, total
+
+
+class Compiler:
+    """What a stacked rule gets besides its module: the convolution implementation and ``layer``,
+    which compiles a child module (a ``Sequential`` into a ``_Chain``) with the same rules."""
+
+    def __init__(self, conv: str):
+        self.conv = conv
+
+    def layer(self, mod: nn.Module, prefix: str) -> _Layer | None:
+        """The stacked form of ``mod`` (parameter names under ``prefix``), None without a rule."""
+        out: list[_Layer] = []
+        if not _collect(mod, prefix, self, out) or not out:
+            return None
+        return out[0] if len(out) == 1 else _Chain(out)
+
+
+RuleFactory = Callable[[nn.Module, str, Compiler], "_Layer | None"]
+_RULES: list[tuple[type, RuleFactory]] = []
+
+
+def stacked_rule(cls: type) -> Callable[[RuleFactory], RuleFactory]:
+    """Decorator registering ``factory(mod, prefix, compiler) -> _Layer | None`` as the stacked rule
+    of modules of type ``cls`` (``prefix``: the module's parameter-name prefix, e.g. ``"h0.attn."``;
+    ``compiler.layer`` compiles its children). The rules of ``engine.sequence_layers`` (embeddings,
+    LayerNorm, causal attention, the transformer block, the tied head) and of
+    ``engine.adapter_layers`` (LoRA) register this way; the rule must keep the bit contract of
+    the module docstring."""
+    def add(factory: RuleFactory) -> RuleFactory:
+        _RULES.append((cls, factory))
+        return factory
+    return add
+
+
+def _rule(mod: nn.Module, prefix: str, compiler: Compiler) -> _Layer | None:
     if isinstance(mod, nn.Linear):
         return _Linear(prefix, mod)
     if isinstance(mod, nn.Conv2d):
         if mod.groups != 1 or mod.padding_mode != "zeros" or isinstance(mod.padding, str):
             return None
-        return _Conv2d(prefix, mod, conv)
+        return _Conv2d(prefix, mod, compiler.conv)
     if isinstance(mod, nn.MaxPool2d):
         return None if mod.return_indices else _MaxPool2d(mod)
     if isinstance(mod, nn.Flatten):
@@ -228,27 +295,37 @@ def _rule(mod: nn.Module, prefix: str, conv: str) -> _Layer | None:
         return _Scalar(prefix)
     if isinstance(mod, _ELEMENTWISE) and not any(True for _ in mod.parameters()):
         return _Elementwise(mod)
+    for cls, factory in _RULES:
+        if isinstance(mod, cls):
+            return factory(mod, prefix, compiler)
     return None
 
 
-def _collect(mod: nn.Module, prefix: str, conv: str, out: list[_Layer]) -> bool:
+def _collect(mod: nn.Module, prefix: str, compiler: Compiler, out: list[_Layer]) -> bool:
     if isinstance(mod, nn.Sequential) and type(mod).forward is nn.Sequential.forward:
         # every child as Sequential.forward runs it (named_children would skip a repeated module)
-        return all(_collect(child, f"{prefix}{name}.", conv, out) for name, child in mod._modules.items())
-    layer = _rule(mod, prefix, conv)
+        return all(_collect(child, f"{prefix}{name}.", compiler, out) for name, child in mod._modules.items())
+    layer = _rule(mod, prefix, compiler)
     if layer is not None:
         out.append(layer)
     return layer is not None
 
 
 class StackedNet:
-    """A model compiled into stacked layers; see the module docstring."""
+    """A model compiled into stacked layers; see the module docstring.
 
-    def __init__(self, layers: list[_Layer]):
+    ``frozen``: the model's frozen parameters (``engine.params.frozen``), held once: ``forward``
+    gives every layer each of them expanded over the n clients (a stride-0 view, never a copy),
+    so a layer reads a base weight as it reads a client's own, and autograd computes no gradient
+    for it."""
+
+    def __init__(self, layers: list[_Layer], frozen: dict[str, Tensor] | None = None):
         self.layers = layers
+        self.frozen = dict(frozen or {})
         *body, last = layers
         # closed-form gradients: only the last layer has parameters, and it knows its gradients
-        self._head = not any(layer.params for layer in body) and type(last).grads is not _Layer.grads
+        self._head = (not any(layer.params for layer in body) and type(last).grads is not _Layer.grads
+                      and not self.frozen)
         self._numel: dict[tuple, int] = {}  # activation_numel by its arguments
 
     @classmethod
@@ -258,39 +335,54 @@ class StackedNet:
         if conv not in CONV_IMPLS:
             raise ValueError(f"conv must be one of {CONV_IMPLS}, got {conv!r}")
         layers: list[_Layer] = []
-        if not _collect(model, "", conv, layers) or not layers:
+        if not _collect(model, "", Compiler(conv), layers) or not layers:
             return None
+        names = [name for name, _ in model.named_parameters()]
         used = [name for layer in layers for name in layer.params]
-        if sorted(used) != sorted(name for name, _ in model.named_parameters()):
+        if sorted(used) != sorted(names) or not set(r for layer in layers for r in layer.reads) <= set(names):
             return None
-        return cls(layers)
+        return cls(layers, frozen(model))
 
     def forward(self, params: Params, x: Tensor, keys: Params | None = None) -> Tensor:
         """Outputs (n, b, ...) of the n clients' models ``params`` {name: (n, *shape)} on their
         inputs ``x`` (n, b, ...). ``keys``: dropout keys {'<layer>.key': (n,)} in training,
         None for evaluation (dropout off)."""
+        params = self.with_base(params, x.shape[0])
         for layer in self.layers:
             x = layer.forward(params, x, keys)
         return x
 
-    def activation_numel(self, shapes: dict[str, torch.Size], sample: torch.Size, batch: int) -> int:
+    def with_base(self, params: Params, n: int) -> Params:
+        """``params`` and the frozen base, each base tensor expanded (not copied) over n clients."""
+        if not self.frozen:
+            return params
+        return {**params, **{name: v.expand(n, *v.shape) for name, v in self.frozen.items()}}
+
+    def activation_numel(self, shapes: dict[str, torch.Size], sample: torch.Size, batch: int,
+                         dtype: torch.dtype = torch.float32) -> int:
         """Elements of all layer outputs of one client's forward pass on a minibatch of ``batch``
-        samples of shape ``sample`` (counted once per argument set: the trainer asks every round)."""
+        samples of shape ``sample`` and type ``dtype`` (token ids: int64) (counted once per argument
+        set: the trainer asks every round). ``shapes``: the trainable parameters' (the frozen base
+        is the net's own)."""
         args = (tuple((name, tuple(shape)) for name, shape in shapes.items()), tuple(sample), batch)
+        if dtype != torch.float32:
+            args += (dtype,)
         if args not in self._numel:
-            self._numel[args] = self._count_activations(shapes, sample, batch)
+            self._numel[args] = self._count_activations(shapes, sample, batch, *args[3:])
         return self._numel[args]
 
-    def _count_activations(self, shapes: dict[str, torch.Size], sample: torch.Size, batch: int) -> int:
+    def _count_activations(self, shapes: dict[str, torch.Size], sample: torch.Size, batch: int,
+                           dtype: torch.dtype = torch.float32) -> int:
         """One zero sample through the layers on the CPU, parameters as zero views that take no memory;
         the count grows linearly with the minibatch. (On the meta device, torch's baddbmm imports
         sympy: 0.3 s in the first round of every run.)"""
+        shapes = {**shapes, **{name: v.shape for name, v in self.frozen.items()}}
         params = {name: torch.zeros(()).expand(1, *shape) for name, shape in shapes.items()}
-        x, total = torch.zeros(1, 1, *sample), 0
+        x, total = torch.zeros(1, 1, *sample, dtype=dtype), 0
         with torch.no_grad(), one_thread(torch.device("cpu")):
             for layer in self.layers:
-                x = layer.forward(params, x, None)
-                total += x.numel()
+                x, k = layer.activations(params, x)
+                total += k
         return total * batch
 
     @property

@@ -186,6 +186,7 @@ class LocalTrainer:
         if self._only is not None and np.array_equal(self._only, np.arange(len(self._only))):
             self._only = None
         self._step_counts = StepCounts(cfg, task.sizes, seed)
+        self._input_dtype = task.inputs(task.train_x[:1]).dtype  # float32, or int64 token ids
         self._reads_inputs = self.net is None or self.net.reads_inputs
         if replay is None:
             replay = cfg.cuda_graphs and self.device.type == "cuda" and self.fixed_shape
@@ -364,7 +365,7 @@ class LocalTrainer:
         per_client = 12 * self.spec.dim + 4 * b * self.task.train_x[0].numel()
         if self.net is not None:
             shapes = dict(zip(self.spec.names, self.spec.shapes))
-            per_client += 8 * self.net.activation_numel(shapes, self.task.train_x.shape[1:], b)
+            per_client += 8 * self.net.activation_numel(shapes, self.task.train_x.shape[1:], b, self._input_dtype)
         return per_client
 
     def _train_block(self, x: torch.Tensor, clients: np.ndarray, t: int, lr: torch.Tensor,

@@ -4,6 +4,16 @@ Algorithms work on flat vectors (averaging, echoing, tables, reductions are plai
 arithmetic); the engine views a row block as a dict of stacked parameter tensors for
 ``torch.func.functional_call``. The flat order is the module's ``named_parameters`` order,
 which is also ``state_dict`` order for the buffer-free models of fedmpi.
+
+**Trainable and frozen.** A model declares its frozen part the way PyTorch does: a parameter
+with ``requires_grad`` False (``LoRA``'s base weights, ``fedmpi.models.adapters``) is frozen.
+``ParamSpec`` describes the trainable part only: a client's row, and so everything that carries
+client rows (the client table, reproducible sums, server state, privacy, checkpoints' client
+rows, packing, the memory check's per-client part), holds only it. The frozen parameters stay
+in the model itself, held once per rank on its device (``frozen``): the stacked layers read them
+un-batched (``engine.layers``), ``functional_call`` keeps them from the module. A model whose
+parameters are all trainable (every built-in model without an adapter) is described exactly as
+before.
 """
 
 from __future__ import annotations
@@ -20,7 +30,8 @@ class ParamSpec:
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> "ParamSpec":
-        named = list(model.named_parameters())
+        """The trainable part of ``model`` (its parameters with ``requires_grad``)."""
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         return cls(tuple(n for n, _ in named), tuple(p.shape for _, p in named))
 
     @property
@@ -32,8 +43,8 @@ class ParamSpec:
         return sum(self.numels)
 
     def flatten(self, model: torch.nn.Module) -> torch.Tensor:
-        """The model's current parameters as one float32 vector (d,)."""
-        return torch.cat([p.detach().reshape(-1).float() for p in model.parameters()])
+        """The model's current trainable parameters as one float32 vector (d,)."""
+        return torch.cat([p.detach().reshape(-1).float() for p in model.parameters() if p.requires_grad])
 
     def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         """Views of a (..., d) tensor as {name: (..., *shape)} (no copy)."""
@@ -47,3 +58,14 @@ class ParamSpec:
     def cat(self, tensors: dict[str, torch.Tensor], lead: int) -> torch.Tensor:
         """Inverse of ``views`` for freshly computed tensors (e.g. gradients)."""
         return torch.cat([tensors[n].reshape(lead, -1) for n in self.names], dim=1)
+
+
+def frozen(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    """The frozen parameters of ``model`` by name (``requires_grad`` False): its base, held once
+    per rank; {} for a model that trains every parameter."""
+    return {n: p for n, p in model.named_parameters() if not p.requires_grad}
+
+
+def frozen_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the frozen base of ``model`` (``frozen``)."""
+    return sum(p.numel() * p.element_size() for p in frozen(model).values())

@@ -13,7 +13,9 @@ local ``torch.Generator``. A plug-in's module keeps its own initialisation (``in
 under a forked global RNG seeded with ``seed``. Models hold no persistent buffers, so
 ``dict(model.named_parameters())`` describes them fully: the engine trains many clients'
 copies at once through its stacked layers (``engine.layers``), or ``torch.func.functional_call``
-+ ``vmap`` + ``grad`` for other modules. Losses: ``models.losses``. Dropout is
++ ``vmap`` + ``grad`` for other modules. A parameter with ``requires_grad`` False is frozen: it
+belongs to the base every client shares, held once per rank, and only the others are the
+clients' own (``engine.params``). Losses: ``models.losses``. Dropout is
 ``models.dropout.KeyedDropout``: its mask comes from a per-client key the engine passes (a
 non-persistent buffer), not from torch's generator; ``nn.Dropout`` is refused.
 """
@@ -101,7 +103,8 @@ def _materialise(model: nn.Module) -> None:
 
 
 def _check_trainable(name: str, model: nn.Module) -> None:
-    """Refuse what stacked-parameter training cannot reproduce: persistent buffers, nn.Dropout."""
+    """Refuse what stacked-parameter training cannot reproduce (persistent buffers, nn.Dropout) and
+    a model with nothing to train (every parameter frozen)."""
     if not isinstance(model, nn.Module):
         raise InputError(f"task.model: {name!r} must build an nn.Module, got {type(model).__name__}")
     extra = sorted(set(model.state_dict()) - {n for n, _ in model.named_parameters()})
@@ -111,6 +114,8 @@ def _check_trainable(name: str, model: nn.Module) -> None:
     if any(isinstance(mod, nn.Dropout) for mod in model.modules()):
         raise InputError(f"task.model: {name!r} uses nn.Dropout, whose masks depend on torch's global "
                          f"generator; use fedmpi.models.dropout.KeyedDropout")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise InputError(f"task.model: {name!r} has no trainable parameter (every one has requires_grad False)")
 
 
 def _check_size(name: str, model: nn.Module) -> None:

@@ -10,6 +10,12 @@ evaluation schedule, runtime or output) form one curve: their mean with a +/- on
 deviation band, on a common x grid (interpolated when the x values differ, as ``sim_delay``
 does between seeds).
 
+Range. On an x axis of time (every x but ``round``) an axis without limits shows where the curves
+differ (``x_focus``, ``y_focus``): x to a quarter beyond the time the slowest curve settles, or to
+the budget every run shares (``runtime.stop_at`` on that x: each curve is drawn to it, a run that
+ended before holding its last value), y over what every curve holds for 90% of that x range.
+``--range all`` draws every point (the default against rounds); ``--xlim``/``--ylim`` set an axis.
+
 Names. A curve is named by its variant (a sweep cell's file records it as ``runtime.label``, so
 any subset of a sweep's files keeps it), else by its algorithm, then by the keys that tell it
 apart from the curves of its variant, with the sweep's ``labels:`` and readable key names
@@ -31,9 +37,13 @@ title says so once; a curve with another count says its own.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
+import re
 import textwrap
 import warnings
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import numpy as np
 import yaml
@@ -54,6 +64,8 @@ COLORS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#00
 STYLES = ("-", "--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)))
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 _BARE = ("variant", "algorithm.name", "name")  # shown as their value alone
+MAX_LIMIT = 1e200  # |axis limit|: matplotlib's tick arithmetic overflows near 1e300
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -117,7 +129,15 @@ def _labels(experiments: list[dict], labels: dict[str, names.KeyLabel] | None = 
     return [_join(p) or "run" for p in _describe(experiments, labels)]
 
 
-def _mean_std(runs: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _mean_std(runs: list[tuple[np.ndarray, np.ndarray]], end: float | None = None
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The runs' mean and std on one x grid: their own when they share it, else 200 points from
+    the latest first x to the earliest last x, each run interpolated linearly. ``end``: the x
+    budget the runs share; a run that ended before it (its rounds done) holds its last value to
+    it, so that the curve reaches the common end."""
+    if end is not None:
+        runs = [(x, y) if not len(x) or x[-1] >= end else (np.append(x, end), np.append(y, y[-1]))
+                for x, y in runs]
     if all(len(r[0]) == len(runs[0][0]) and np.array_equal(r[0], runs[0][0]) for r in runs):
         grid = runs[0][0]
         ys = np.stack([r[1] for r in runs])
@@ -129,9 +149,24 @@ def _mean_std(runs: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np
         return grid, np.nanmean(ys, 0), np.nanstd(ys, 0)
 
 
+def shared_budget(runs: list[tuple[Result, str]], x: str) -> float | None:
+    """The x budget every run shares: ``runtime.stop_at`` on the metric ``x`` (``time``: the
+    same virtual-time budget, docs/ALGORITHMS.md section 7), the same value everywhere; else None."""
+    values = set()
+    for r, _ in runs:
+        if r.get("runtime.stop_at.metric") != x or r.get("runtime.stop_at.goal", "at_least") != "at_least":
+            return None
+        value = r.get("runtime.stop_at.value")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+            return None
+        values.add(float(value))
+    return values.pop() if len(values) == 1 else None
+
+
 def curves_of(runs: list[tuple[Result, str]], metric: str, x: str,
-              labels: dict[str, names.KeyLabel] | None = None) -> list[Curve]:
-    """One Curve per experiment among ``(result, variant label or "")`` pairs, in first-seen order."""
+              labels: dict[str, names.KeyLabel] | None = None, end: float | None = None) -> list[Curve]:
+    """One Curve per experiment among ``(result, variant label or "")`` pairs, in first-seen order
+    (``end``: the x budget the runs share, ``shared_budget``)."""
     groups: dict[str, tuple[dict, list]] = {}
     for r, variant in runs:
         for name in (metric, x):
@@ -146,7 +181,7 @@ def curves_of(runs: list[tuple[Result, str]], metric: str, x: str,
     for parts, (_, rs) in zip(_describe([g[0] for g in groups.values()], labels), groups.values()):
         rs = [rn for rn in rs if len(rn[0])]
         if rs:
-            curves.append(Curve(_join(parts) or "run", *_mean_std(rs), len(rs), parts))
+            curves.append(Curve(_join(parts) or "run", *_mean_std(rs, end), len(rs), parts))
     return curves
 
 
@@ -196,9 +231,9 @@ def parse_limits(text: str | None, key: str) -> tuple[float | None, float | None
         lo, hi = (float(p) if p.strip() else None for p in parts)
     except ValueError:
         raise InputError(f"{key}: LOW,HIGH (either may be left empty), got {text!r}") from None
-    if any(v is not None and not np.isfinite(v) for v in (lo, hi)) or (lo is not None and hi is not None
-                                                                       and lo >= hi):
-        raise InputError(f"{key}: finite limits with LOW < HIGH, got {text!r}")
+    if any(v is not None and not abs(v) <= MAX_LIMIT for v in (lo, hi)) or (lo is not None and hi is not None
+                                                                             and lo >= hi):
+        raise InputError(f"{key}: finite limits (|limit| <= {MAX_LIMIT:g}) with LOW < HIGH, got {text!r}")
     return lo, hi
 
 
@@ -213,6 +248,84 @@ class Axes:
     ylim: tuple[float | None, float | None] | None = None
     logx: bool = False
     logy: bool = False
+    focus: bool | None = None    # an axis without limits shows where the curves differ (True) or all data;
+    #                              None: focus on x axes of time (every x but round)
+    budget: float | None = None  # the x budget every run shares (runtime.stop_at on the x axis)
+
+
+# ----------------------------------------------------------------------------- the range shown
+
+SETTLED = 0.95   # a curve has settled once it has made this share of its climb from start to end
+MARGIN = 0.25    # the x range goes this share beyond the last curve to settle
+LOW_SHARE = 0.1  # the y range may leave out a curve's lowest (falling: highest) values of this share of its x
+
+
+def _settled_at(c: Curve) -> float | None:
+    """The first x at which the curve has made ``SETTLED`` of its change from its first value to
+    its level at the end (the mean of its last tenth of x), or None when it has no change."""
+    ok = np.isfinite(c.mean) & np.isfinite(c.x)
+    x, y = c.x[ok], c.mean[ok]
+    if len(x) < 2:
+        return None
+    end = float(np.mean(y[x >= x[-1] - 0.1 * (x[-1] - x[0])]))
+    change = end - y[0]
+    if not abs(change) > 1e-12 * max(abs(end), abs(y[0]), 1e-300):
+        return None
+    reached = np.flatnonzero((y - (y[0] + SETTLED * change)) * np.sign(change) >= 0)
+    return float(x[reached[0]]) if reached.size else float(x[-1])
+
+
+def _direction(curves: list[Curve]) -> int:
+    """+1 when most curves end above where they start (an accuracy), -1 below (a loss), else 0."""
+    votes = 0
+    for c in curves:
+        y = c.mean[np.isfinite(c.mean)]
+        if len(y) >= 2:
+            votes += int(np.sign(y[-1] - y[0]))
+    return int(np.sign(votes))
+
+
+def x_focus(curves: list[Curve], budget: float | None) -> tuple[float, float] | None:
+    """The x range of a figure (all its subplots' curves): from the first x to the shared budget
+    when the runs have one, else to ``MARGIN`` beyond the time the slowest curve settles (never
+    past the data's end); None when that would leave out nothing worth it (keep all)."""
+    xs = [c.x[np.isfinite(c.x)] for c in curves]
+    xs = [x for x in xs if len(x)]
+    if not xs:
+        return None
+    lo, last = min(float(x[0]) for x in xs), max(float(x[-1]) for x in xs)
+    if budget is not None and lo < budget:
+        return lo, float(budget)
+    settled = [t for t in map(_settled_at, curves) if t is not None]
+    if not settled or last <= lo:
+        return None
+    hi = max(settled) + MARGIN * (max(settled) - lo)
+    return (lo, hi) if hi < lo + 0.9 * (last - lo) else None
+
+
+def y_focus(curves: list[Curve], xlim: tuple[float | None, float | None] | None) -> tuple[float, float] | None:
+    """The y range of a subplot: every curve shown over at least 1 - ``LOW_SHARE`` of its x
+    inside ``xlim`` (each curve's values sampled evenly in x: the start of a climb from the initial
+    model may lie below, or above for a falling metric), std bands on the other side included,
+    with a margin; None without finite values."""
+    lo, hi = (xlim or (None, None))
+    side = _direction(curves)
+    lows, highs = [], []
+    for c in curves:
+        ok = np.isfinite(c.mean) & np.isfinite(c.x)
+        x, y, sd = c.x[ok], c.mean[ok], np.nan_to_num(c.std[ok])
+        keep = (x >= (lo if lo is not None else -np.inf)) & (x <= (hi if hi is not None else np.inf))
+        if not keep.any():
+            continue
+        x, y, sd = x[keep], y[keep], sd[keep]
+        held = np.interp(np.linspace(x[0], x[-1], 200), x, y) if x[-1] > x[0] else y
+        lows.append(float(np.quantile(held, LOW_SHARE)) if side > 0 else float(np.min(y - sd)))
+        highs.append(float(np.quantile(held, 1 - LOW_SHARE)) if side < 0 else float(np.max(y + sd)))
+    if not lows or not max(highs) > min(lows):
+        return None
+    low, high = min(lows), max(highs)
+    pad = 0.05 * (high - low)
+    return low - pad, high + pad
 
 
 # ----------------------------------------------------------------------------- the figure
@@ -346,10 +459,14 @@ def figure(curves_per_metric: list[tuple[str, list[Curve]]], x: str, *, size: tu
             ax.set_ylabel(ylabels[i] if len(ylabels) == n else ylabels[0] if ylabels else names.metric(metric))
             ax.set_xscale("log" if axes.logx else "linear")
             ax.set_yscale("log" if axes.logy else "linear")
-            if axes.xlim:
-                ax.set_xlim(*axes.xlim)
-            if axes.ylim:
-                ax.set_ylim(*axes.ylim)
+            focus = axes.focus if axes.focus is not None else x != "round"
+            xlim = axes.xlim or (x_focus([c for _, cs in curves_per_metric for c in cs], axes.budget)
+                                 if focus else None)
+            if xlim:
+                ax.set_xlim(*(None if axes.logx and v is not None and v <= 0 else v for v in xlim))
+            ylim = axes.ylim or (y_focus(curves, xlim) if focus and not axes.logy else None)
+            if ylim:
+                ax.set_ylim(*ylim)
             ax.grid(alpha=0.3)
         # one subplot: the title is its axes' (a figure title would share the top row with a right legend)
         suptitle = (grid[0][0].set_title(title) if n == 1 else fig.suptitle(title)) if title else None
@@ -384,8 +501,14 @@ def plot(paths: list[str], metric: str | list[str], out: str, x: str = "round", 
     if axes.ylabels and len(axes.ylabels) not in (1, len(metrics)):
         raise InputError(f"--ylabel: {len(axes.ylabels)} given for {len(metrics)} subplots (give one for all, "
                          f"or one per --metric)")
+    texts = {"--title": [title] if title else [], "--xlabel": [axes.xlabel] if axes.xlabel else [],
+             "--ylabel": list(axes.ylabels or []), "--label": list(labels or [])}
+    for option, values in texts.items():
+        for text in values:
+            check_text(text, option)
     runs, key_labels = _gather(paths)
-    per_metric = [(m, curves_of(runs, m, x, key_labels)) for m in metrics]
+    axes.budget = shared_budget(runs, x)
+    per_metric = [(m, curves_of(runs, m, x, key_labels, axes.budget)) for m in metrics]
     if not any(c for _, c in per_metric):
         raise InputError(f"{', '.join(paths)}: no evaluations to plot (the runs have not evaluated yet)")
     if labels:
@@ -395,13 +518,88 @@ def plot(paths: list[str], metric: str | list[str], out: str, x: str = "round", 
                                  f"({'; '.join(c.label for c in curves)})")
             for c, name in zip(curves, labels):
                 c.label, c.parts = name, {"label": name}
-    fig = figure(per_metric, x, size=size, legend=legend, title=title, axes=axes)
+    else:
+        texts["legend"] = [c.label for c in per_metric[0][1]]
+        for text in texts["legend"]:
+            check_text(text, "legend entry (a sweep's labels: or a config value)")
+    _check_log_axes(per_metric, axes)
+    fig, said = None, set()
     try:
-        return save_figure(fig, out, "--out", paths)
+        with _drawing(texts, size, said):  # matplotlib's warnings: a refusal in one line, or one notice each
+            fig = figure(per_metric, x, size=size, legend=legend, title=title, axes=axes)
+            fig.canvas.draw()  # every text rendered once, before anything is saved
+        with _drawing(texts, size, said, drawn=True):
+            return save_figure(fig, out, "--out", paths)
     finally:
-        plt.close(fig)
+        if fig is not None:
+            plt.close(fig)
 
 
+def check_text(text: str, where: str) -> None:
+    """Refuse a text that matplotlib cannot typeset: a ``$...$`` that is not valid mathtext
+    (matplotlib's subset of TeX) would fail only when the figure is saved, in several lines."""
+    from matplotlib import cbook
+    from matplotlib.mathtext import MathTextParser
+
+    if not cbook.is_math_text(text):
+        return
+    try:
+        MathTextParser("path").parse(text)
+    except ValueError as e:
+        at = re.search(r"\(at char (\d+)\)", str(e))
+        where_in = f" at character {at.group(1)}" if at else ""
+        raise InputError(f"{where}: {_quoted(text)} is not valid mathtext (matplotlib's TeX between $ signs)"
+                         f"{where_in}; write \\$ for a dollar sign") from None
+
+
+def _quoted(text: str) -> str:
+    """A text as typed, in quotes, on one line (a message quotes it)."""
+    return "'" + text.replace("\n", "\\n") + "'"
+
+
+def _check_log_axes(per_metric: list[tuple[str, list[Curve]]], axes: Axes) -> None:
+    """A log axis needs positive values (matplotlib would warn and draw an empty axis) and limits."""
+    for flag, option, lim, values in (
+            ("logx", "--logx", axes.xlim, lambda c: c.x), ("logy", "--logy", axes.ylim, lambda c: c.mean)):
+        if not getattr(axes, flag):
+            continue
+        if lim and any(v is not None and v <= 0 for v in lim):
+            raise InputError(f"--{option[5]}lim: a log axis ({option}) needs positive limits, got {lim}")
+        for metric, curves in per_metric:
+            if curves and not any(np.any(values(c) > 0) for c in curves):
+                what = "x values" if flag == "logx" else names.metric(metric)
+                raise InputError(f"{option}: {what} has no positive values to draw on a log axis")
+
+
+_GLYPH = re.compile(r"Glyph (\d+) .*missing from (?:current )?font")
+
+
+@contextlib.contextmanager
+def _drawing(texts: dict[str, list[str]], size: tuple[float, float], said: set[str],
+             drawn: bool = False) -> Iterator[None]:
+    """Draw (``drawn``: save) the figure with matplotlib's warnings caught: a text the font has no
+    glyph for and texts that leave the axes no room are refused in one line (before the figure is
+    saved: the drawing step renders the figure once); anything else is one notice each (``said``:
+    the notices given already)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    for w in caught:
+        message = str(w.message).strip().splitlines()[0] if str(w.message).strip() else type(w.message).__name__
+        if message in said:
+            continue
+        said.add(message)
+        glyph = _GLYPH.search(message)
+        if glyph and not drawn:
+            char = chr(int(glyph.group(1)))
+            where = next((f"{k} {_quoted(t)}" for k, ts in texts.items() for t in ts if char in t), "a text")
+            raise InputError(f"{where}: the font has no glyph for {char!r} (U+{ord(char):04X}); set a font that has "
+                             f"it (matplotlibrc font.family) or leave the character out")
+        if "constrained_layout not applied" in message and not drawn:
+            raise InputError(f"--size: {size[0]:g} x {size[1]:g} in leaves the axes no room beside their texts "
+                             f"(labels, title, legend): enlarge it or shorten the texts")
+        if not glyph:
+            log.warning("fedmpi plot: matplotlib: %s", message)
 # ----------------------------------------------------------------------------- command line
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -424,6 +622,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(best, upper left, ...)")
     parser.add_argument("--size", default="default", help="column (3.4x2.6 in), page (7x3 in), default "
                                                           "(6.4x4.2 in) or WIDTH,HEIGHT in inches")
+    parser.add_argument("--range", choices=("focus", "all"),
+                        help="what an axis without --xlim/--ylim shows: focus = where the curves differ (x: to "
+                             "the shared budget, else a quarter beyond the time the slowest curve settles; y: "
+                             "the values held over 95%% of that time), all = every point; default focus for "
+                             "--x time, wall_time and sim_delay, all for round")
     parser.add_argument("--logx", action="store_true", help="logarithmic x axis")
     parser.add_argument("--logy", action="store_true", help="logarithmic y axis")
 
@@ -435,7 +638,7 @@ def run_cli(args: argparse.Namespace) -> int:
     if not metrics:
         raise InputError("--metric: empty")
     axes = Axes(args.xlabel, args.ylabels, parse_limits(args.xlim, "--xlim"), parse_limits(args.ylim, "--ylim"),
-                args.logx, args.logy)
+                args.logx, args.logy, focus=None if args.range is None else args.range == "focus")
     print(plot(args.inputs, metrics, args.out, x=args.x, title=args.title, labels=args.labels, legend=args.legend,
                size=parse_size(args.size), axes=axes))
     return 0

@@ -39,7 +39,7 @@ import numpy as np
 from .. import yamlio
 from ..errors import InputError
 from ..schema import current_spelling
-from .hdf5 import is_locked, read_arrays, read_metrics
+from .hdf5 import is_locked, open_result, read_arrays, read_metrics
 
 #: Config keys (a top-level key covers its whole section) that cannot change a number a run
 #: stores: a longer run's rows are a shorter one's and more (``rounds``, ``runtime.stop_at``), the
@@ -145,6 +145,9 @@ class Result:
         for name, a in arrays.items():
             if a.ndim != 2:
                 raise InputError(f"{self.path}: damaged result file (/clients/{name} has shape {a.shape})")
+        if len({a.shape[1] for a in arrays.values()}) > 1:  # one column per client in every array
+            shapes = ", ".join(f"{k} {a.shape}" for k, a in arrays.items())
+            raise InputError(f"{self.path}: damaged result file (/clients arrays of different widths: {shapes})")
         return {k: a[:n] for k, a in arrays.items()}  # rows past the last evaluation were never flushed as one
 
     # ---------------------------------------------------------------- DataFrames (pandas)
@@ -174,7 +177,8 @@ class Result:
     def records_frame(self, group: str):
         """A group of one value per row (``/privacy``, ``/events``) as a table: a ``round``
         column (the group's own, else its row's round: the evaluation's for /clients-like groups,
-        t + 1 for per-round groups), then one column per dataset."""
+        t + 1 for per-round groups), then one column per dataset; a column of named codes (an HDF5
+        enum: /events's ``outcome``) holds the names, as a pandas Categorical."""
         pd = _pandas()
         arrays = self.records(group)
         flat = {k: a for k, a in arrays.items() if a.ndim == 1}
@@ -188,7 +192,39 @@ class Result:
             cols["round"] = (self.metrics["round"][:n] if group.strip("/") in EVALUATION_GROUPS
                              else np.arange(1, n + 1))
         cols.update(flat)
+        for k, a in flat.items():
+            names = _enum_names(a) or (self._legacy_names(group) if k == "outcome" else None)
+            if names:
+                cols[k] = self._named(group, k, a, names, pd)
         return pd.DataFrame(cols)
+
+    def _named(self, group: str, column: str, codes: np.ndarray, names: dict[int, str], pd):
+        """A column of enum codes as a pandas Categorical of their names (categories in code order)."""
+        unknown = sorted(set(np.unique(codes).tolist()) - set(names))
+        if unknown:
+            raise InputError(f"{self.path}: damaged result file (/{group.strip('/')}/{column} holds code "
+                             f"{unknown[0]}, not one of {dict(sorted(names.items()))})")
+        order = [names[c] for c in sorted(names)]
+        return pd.Categorical([names[int(c)] for c in codes], categories=order)
+
+    def _legacy_names(self, group: str) -> dict[int, str] | None:
+        """The outcome names of /events in a file from before they were an enum (its ``outcomes``
+        attribute, the names in code order), or None."""
+        try:
+            with open_result(self.path) as f:
+                text = f[group.strip("/")].attrs.get("outcomes")
+        except (OSError, KeyError, ValueError, TypeError, InputError):
+            return None
+        if isinstance(text, bytes):
+            text = text.decode("utf-8", "replace")
+        return dict(enumerate(text.split(","))) if isinstance(text, str) and text else None
+
+
+def _enum_names(a: np.ndarray) -> dict[int, str] | None:
+    """{code: name} of an array read from an HDF5 enum dataset (h5py keeps the names in its
+    dtype), or None."""
+    enum = (a.dtype.metadata or {}).get("enum")
+    return {int(v): str(k) for k, v in enum.items()} if isinstance(enum, dict) and enum else None
 
 
 def load(path: str) -> Result:

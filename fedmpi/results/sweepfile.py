@@ -47,6 +47,7 @@ from typing import Any
 
 from .. import log, provenance, yamlio
 from ..errors import InputError
+from ..schema import dotted
 from .names import KeyLabel, same_value
 from .paths import assignments, value_text
 
@@ -129,9 +130,8 @@ def _flat_overrides(data: Any, where: str) -> dict[str, Any]:
         if not isinstance(k, str) or not k.strip():
             raise InputError(f"{where}: keys must be dotted config keys, got {k!r}")
         if isinstance(v, dict) and v:
-            out.update({f"{k}.{kk}": vv for kk, vv in _flat_overrides(v, f"{where}.{k}").items()})
-        else:
-            out[k] = v
+            _flat_overrides(v, f"{where}.{k}")  # (its keys checked)
+        out.update(dotted(k, v))  # a mapping merges into its section, as --set KEY={...} does
     if "output" in out:
         raise InputError(f"{where}.output: a sweep names each cell's result file itself (use 'out:' for the folder)")
     return out

@@ -9,13 +9,15 @@ or ``sim_delay``...), the mean over a window of x (``window: [lo, hi]``), the be
 (``best: max|min``), or the rounds to reach a target (``rounds_to: V``, ``--rounds-to test_acc=0.8``:
 the first x whose value is >= V, or <= V with ``goal: at_most`` / ``test_loss<=0.3``; NaN
 when never reached, so such runs are left out of the cell's mean and its n counts those that
-reached); ``--time-to test_acc=0.8`` is the same with x = ``time``, the virtual seconds of a run
-with a clock (``fedmpi.clock``). ``scale`` multiplies metric values, never such counts of x (V is in the metric's own
-units). Runs are grouped by the row and column keys; a group's cell is the mean +/- standard
-deviation (numpy's, ddof = 0) of its runs' numbers, one run per seed. Runs of one group must not
-differ in any other result-defining key (``reader.is_result_key``): such a table would silently
-average different experiments, so it is refused, naming the key. A run whose config cannot be
-read cannot be grouped at all: refused, naming the file.
+reached); ``time_to: V`` (``--time-to test_acc=0.8``) is the same with x = ``time``, the virtual
+seconds of a run with a clock (``fedmpi.clock``). ``scale`` multiplies metric values, never such
+counts of x (V is in the metric's own units). A sweep's ``table:`` and the command line share these
+names (docs/SWEEPS.md, "Tables"); a column's header carries its unit (``time to test_acc >= 0.8 (s)``).
+Runs are grouped by the row and column keys; a group's cell is the mean +/- standard deviation
+(numpy's, ddof = 0) of its runs' numbers, one run per seed. Runs of one group must not differ in
+any other result-defining key (``reader.is_result_key``): such a table would silently average
+different experiments, so it is refused, naming the key. A run whose config cannot be read cannot
+be grouped at all: refused, naming the file.
 
 Markdown and LaTeX head the key columns with readable names and show values by their labels
 (``results/names.py``: a sweep's ``labels:``, else the key's shortest distinct tail); CSV keeps
@@ -45,8 +47,10 @@ from .hdf5 import is_locked
 from .reader import Result, is_result_key, load
 
 FORMATS = ("md", "csv", "latex")
-_METRIC_KEYS = ("metric", "last", "at", "window", "best", "rounds_to", "goal", "x", "scale", "digits", "label",
-                "bold")
+_METRIC_KEYS = ("metric", "last", "at", "window", "best", "rounds_to", "time_to", "goal", "x", "scale", "digits",
+                "label", "bold")
+#: units of the metrics and x axes that have one, shown in column headers
+UNITS = {"time": "s", "wall_time": "s", "peak_rss_mb": "MB"}
 _TABLE_KEYS = ("rows", "cols", "metrics", "format")
 MAX_DIGITS = 17  # a float64 has at most 17 significant decimals
 
@@ -70,14 +74,19 @@ class MetricSpec:
 
     @property
     def title(self) -> str:
+        """The column's header: its label, else what it is, with its unit (``(s)``: seconds)."""
         if self.label:
             return self.label
-        if self.rounds_to is not None:
-            x = "time" if self.x == "time" else f"{self.x}s"  # virtual seconds (the clock), or a count
-            return f"{x} to {self.metric} {'>=' if self.goal == 'at_least' else '<='} {self.rounds_to:g}"
+        if self.rounds_to is not None:  # a count of x: x's unit (virtual seconds for time)
+            x = self.x if self.x in UNITS else f"{self.x}s"
+            return _with_unit(f"{x} to {self.metric} {'>=' if self.goal == 'at_least' else '<='} "
+                              f"{self.rounds_to:g}", UNITS.get(self.x))
         how = (f"at {self.x} {self.at:g}" if self.at is not None else f"{self.best}" if self.best
                else f"last {self.last}" if self.last and self.last > 1 else "")
-        return f"{self.metric} ({how})" if how else self.metric
+        if self.window is not None:
+            how = f"{how or 'mean'} of {self.x} {self.window[0]:g}..{self.window[1]:g}"
+        unit = UNITS.get(self.metric) if self.scale == 1 else None  # a scaled value's unit is the user's
+        return _with_unit(f"{self.metric} ({how})" if how else self.metric, unit)
 
     def value(self, r: Result) -> float | None:
         """This run's number (None when the run has no such metric)."""
@@ -108,6 +117,20 @@ class MetricSpec:
         return float(np.mean(y[-k:])) * self.scale
 
 
+def _with_unit(title: str, unit: str | None) -> str:
+    return f"{title} ({unit})" if unit else title
+
+
+def _finite(value: Any) -> float:
+    """A finite number from a table setting (ValueError otherwise: nan and inf are no targets)."""
+    if isinstance(value, bool):
+        raise ValueError
+    x = float(value)
+    if not math.isfinite(x):
+        raise ValueError
+    return x
+
+
 def metric_spec(data: Any, where: str) -> MetricSpec:
     """A MetricSpec from a sweep's table entry (a metric name or a mapping)."""
     if isinstance(data, str):
@@ -117,26 +140,43 @@ def metric_spec(data: Any, where: str) -> MetricSpec:
     for k in data:
         if k not in _METRIC_KEYS:
             raise InputError(f"{where}.{k}: unknown key (allowed: {', '.join(_METRIC_KEYS)})")
-    s = MetricSpec(data["metric"])
-    try:
-        if data.get("last") is not None:
-            s.last = int(data["last"])
-            if s.last < 1 or isinstance(data["last"], bool):
-                raise ValueError
-        if data.get("at") is not None:
-            s.at = float(data["at"])
+    if data.get("time_to") is not None:  # rounds_to on the clock's x axis, the command line's --time-to
         if data.get("rounds_to") is not None:
-            s.rounds_to = float(data["rounds_to"])
-        if data.get("window") is not None:
-            lo, hi = (float(v) for v in data["window"])
-            s.window = (lo, hi)
-        s.scale = float(data.get("scale", 1.0))
-        s.digits = int(data.get("digits", 1 if s.rounds_to is not None else 4))
-        if not 0 <= s.digits <= MAX_DIGITS or isinstance(data.get("digits"), bool):
-            raise InputError(f"{where}.digits: must be an integer in 0..{MAX_DIGITS}, got {data.get('digits')!r}")
-    except (TypeError, ValueError, OverflowError):
-        raise InputError(f"{where}: last must be an integer >= 1, at/rounds_to/scale numbers, window [lo, hi], "
-                         f"digits an integer; got {data!r}") from None
+            raise InputError(f"{where}: give one of rounds_to, time_to (time_to is rounds_to with x: time)")
+        if data.get("x", "time") != "time":
+            raise InputError(f"{where}.x: time_to counts virtual seconds (x: time), got x: {data['x']!r}; "
+                             f"use rounds_to with x: {data['x']}")
+        data = {**{k: v for k, v in data.items() if k != "time_to"}, "rounds_to": data["time_to"], "x": "time"}
+        said = {"rounds_to": "time_to"}  # messages name the key the user wrote
+    else:
+        said = {}
+    s = MetricSpec(data["metric"])
+    for k, what in (("last", "an integer >= 1"), ("at", "a finite number"), ("rounds_to", "a finite number"),
+                    ("window", "[LOW, HIGH], finite numbers with LOW <= HIGH"), ("scale", "a finite number"),
+                    ("digits", f"an integer in 0..{MAX_DIGITS}")):
+        if data.get(k) is None:
+            continue
+        try:
+            v = data[k]
+            if k == "last":
+                s.last = int(v)
+                if s.last < 1 or isinstance(v, bool) or s.last != v:
+                    raise ValueError
+            elif k == "window":
+                lo, hi = (_finite(x) for x in v)
+                if lo > hi:
+                    raise ValueError
+                s.window = (lo, hi)
+            elif k == "digits":
+                s.digits = int(v)
+                if not 0 <= s.digits <= MAX_DIGITS or isinstance(v, bool) or s.digits != v:
+                    raise ValueError
+            else:
+                setattr(s, k, _finite(v))
+        except (TypeError, ValueError, OverflowError):
+            raise InputError(f"{where}.{said.get(k, k)}: must be {what}, got {data[k]!r}") from None
+    if data.get("digits") is None:
+        s.digits = 1 if s.rounds_to is not None else 4
     for k, allowed in (("best", ("max", "min")), ("bold", ("max", "min")), ("goal", ("at_least", "at_most"))):
         v = data.get(k)
         if v is not None and v not in allowed:
@@ -474,7 +514,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-to", action="append", metavar="METRIC=V",
                         help="virtual seconds (the clock's metric time) to reach a target (repeatable), as "
                              "--rounds-to; NaN when never reached")
-    parser.add_argument("--x", default=None, help="x axis of --at (round, sim_delay, ...; default round)")
+    parser.add_argument("--window", metavar="LOW,HIGH", help="only the evaluations with LOW <= x <= HIGH (the mean "
+                                                             "of them, or with --last/--best of those)")
+    parser.add_argument("--x", default=None, help="x axis of --at, --window and --rounds-to (round, time, "
+                                                  "sim_delay, ...; default round)")
     parser.add_argument("--scale", type=float, help="multiply metric values (100 for percent; not --rounds-to "
                                                      "counts, whose targets stay in the metric's units)")
     parser.add_argument("--digits", type=int, help="decimals shown (default 4)")
@@ -484,8 +527,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _specs(args: argparse.Namespace, spec: dict, runs: list[Run]) -> list[MetricSpec]:
+    window = None if args.window is None else _window(args.window)
     cli = {k: v for k, v in (("last", args.last), ("at", args.at), ("best", args.best), ("x", args.x),
-                             ("scale", args.scale), ("digits", args.digits)) if v is not None}
+                             ("window", window), ("scale", args.scale), ("digits", args.digits)) if v is not None}
     targets = [_target(t, cli) for t in args.rounds_to or ()]  # columns after the others
     targets += [_target(t, {**cli, "x": "time"}, "--time-to") for t in args.time_to or ()]
     if args.metric:
@@ -502,12 +546,23 @@ def _specs(args: argparse.Namespace, spec: dict, runs: list[Run]) -> list[Metric
     for i, e in enumerate(entries):
         e = {"metric": e} if isinstance(e, str) else dict(e) if isinstance(e, dict) else e
         if isinstance(e, dict) and cli:
-            if {"last", "at", "best"} & set(cli):
-                for k in ("last", "at", "best"):
+            if {"last", "at", "best"} & set(cli):  # the command line's reduction replaces the entry's
+                for k in ("last", "at", "best", "rounds_to", "time_to", "goal"):
                     e.pop(k, None)
-            e.update(cli)
+            e.update({k: v for k, v in cli.items() if not (k == "x" and e.get("time_to") is not None)})
         out.append(metric_spec(e, f"table.metrics[{i}]"))
     return out + targets
+
+
+def _window(text: str) -> list[float]:
+    """``--window LOW,HIGH`` -> [low, high] (finite, LOW <= HIGH)."""
+    try:
+        lo, hi = (_finite(v) for v in text.split(","))
+        if lo > hi:
+            raise ValueError
+    except ValueError:
+        raise InputError(f"--window: LOW,HIGH, finite numbers with LOW <= HIGH, got {text!r}") from None
+    return [lo, hi]
 
 
 def _target(text: str, cli: dict, option: str = "--rounds-to") -> MetricSpec:
@@ -515,8 +570,16 @@ def _target(text: str, cli: dict, option: str = "--rounds-to") -> MetricSpec:
     for op, goal in (("<=", "at_most"), (">=", "at_least"), ("=", "at_least")):
         name, sep, value = text.partition(op)
         if sep and name.strip():
-            keep = {k: v for k, v in cli.items() if k not in ("last", "at", "best")}
-            entry = {"metric": name.strip(), "rounds_to": value, "goal": goal, **keep}
+            if not value.strip():
+                raise InputError(f"{option} {text}: the target value is missing after {op!r} (e.g. {name.strip()}"
+                                 f"{op}0.8)")
+            try:
+                target = _finite(value)
+            except ValueError:
+                raise InputError(f"{option} {text}: the target must be a finite number, got {value.strip()!r}") \
+                    from None
+            keep = {k: v for k, v in cli.items() if k not in ("last", "at", "best", "window")}
+            entry = {"metric": name.strip(), "rounds_to": target, "goal": goal, **keep}
             return metric_spec(entry, f"{option} {text}")
     raise InputError(f"{option} {text}: must be METRIC=V, METRIC>=V or METRIC<=V (e.g. test_acc=0.8)")
 
