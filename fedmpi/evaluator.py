@@ -3,7 +3,8 @@
 Metric names follow from the task and the algorithm's declarations: for each label of
 ``algorithm.evaluated_models`` (``""`` -> no suffix) ``test_loss``, ``test_acc`` (classification),
 ``x`` (a scalar model), and ``train_loss`` (and ``train_acc`` for classification) for the main
-model when ``evaluation.train``; then the algorithm's own ``metrics``; ``epsilon`` under ``privacy``; the
+model when ``evaluation.train``; then the algorithm's own ``metrics``; ``epsilon`` under ``privacy`` (and
+``epsilon_production`` under ``privacy.noise_cohort_size``); the
 per-client summaries (``evaluation.clients``) and the registered metrics the config names
 (``evaluation.metrics``; ``fedmpi.metrics``); then ``n_active``, ``wall_time`` and
 ``peak_rss_mb``. The result-file contract is in docs/INTERFACES.md.
@@ -88,7 +89,8 @@ class Evaluator:
                 names += ["train_loss"] + (["train_acc"] if task.classes else [])
             if scalar:
                 names.append(f"x{sfx}")
-        private = ["epsilon"] if cfg.privacy.mechanism != "none" else []  # privacy (#27): the accountant's
+        privacy = getattr(algo, "privacy", None)  # privacy (#27): the accountant's epsilon(s)
+        private = list(privacy.metric_names) if privacy is not None else []
         private += ["time"] if cfg.clock.on else []  # the clock: virtual seconds (fedmpi.clock)
         clients = metrics.summary_names(task.classes, cfg.evaluation.clients.summaries) if self.per_client else []
         extra = clients + list(cfg.evaluation.metrics)
@@ -140,7 +142,7 @@ class Evaluator:
         if "time" in self.names:  # the clock: virtual seconds at this evaluation
             row["time"] = float(self.run.algorithm.virtual_time())
         if "epsilon" in self.names:  # privacy (#27): epsilon at privacy.delta after rounds_done rounds
-            row["epsilon"] = self.run.algorithm.privacy.epsilon(rounds_done)
+            row.update(self.run.algorithm.privacy.metrics(rounds_done))
         ev = self.run.cfg.evaluation
         sizes = metrics.client_sizes(task)
         for name, values in self.last_clients.items():

@@ -178,18 +178,19 @@ def test_noise_cohort_size_scales_the_noise_as_for_that_cohort():
     y0, y1 = (p.noise(0, 4, torch.device("cpu")) for p in (plain, production))
     torch.testing.assert_close(y1, y0 * (10.0 / 1000), rtol=1e-12, atol=0)
     assert production.sigma_count == 30.0 and adaptive(2.0, noise_cohort_size=1000).sigma_count == 50.0
-    assert production.epsilon(10) == plain.epsilon(10)  # the production cohort's epsilon
+    assert production.epsilon(10, production=True) == plain.epsilon(10)  # the production cohort's epsilon
+    assert production.applied == 2.0 * 10.0 / 1000 and production.epsilon(10) > plain.epsilon(10)  # this run's
 
 
-def test_noise_cohort_size_in_a_run_is_the_production_epsilon(tmp_path, capsys):
+def test_noise_cohort_size_in_a_run_labels_the_production_epsilon(tmp_path, capsys):
     cfg = synthetic_config(rounds=4, algorithm={"name": "fedavg_active"}, availability=SPARSE,
                            privacy={"mechanism": "gaussian", "clip": 1.0, "noise_multiplier": 1.0,
                                     "noise_cohort_size": 600})
     out = run(cfg, tmp_path / "r.h5")
     with h5py.File(out) as f:
-        eps = f["metrics/epsilon"][-1]
+        eps = f["metrics/epsilon_production"][-1]
     assert main(["info", out, "--no-config"]) == 0
-    assert "noise as for a cohort of 600, epsilon that cohort's" in capsys.readouterr().out
+    assert "noise as for a cohort of 600: applied" in capsys.readouterr().out
     acc = dp.rdp.RdpAccountant()
     acc.compose(dp.PoissonSampledDpEvent(0.5, dp.GaussianDpEvent(1.0)), 4)
     assert eps == acc.get_epsilon(1e-6)

@@ -586,12 +586,10 @@ class ServerAlgorithm(Algorithm):
 
     # ---------------------------------------------------------------- outputs
     def round_record(self) -> dict[str, float | np.ndarray]:
-        """Under privacy the noise multiplier of the round, ``privacy/noise_multiplier``; for each
+        """Under privacy the noise multipliers of the round (``Privacy.round_record``); for each
         ``client_quantities`` entry with ``store``, ``client_rounds/<name>``: its value for every
         client that trained this round, NaN for the others (m float64; all NaN at set-up)."""
-        record: dict[str, float | np.ndarray] = {}
-        if self.privacy.on:
-            record["privacy/noise_multiplier"] = float(self.privacy.sigma)
+        record: dict[str, float | np.ndarray] = dict(self.privacy.round_record())
         for q in self.client_quantities:
             if q.store:
                 row = record[f"client_rounds/{q.name}"] = np.full(self.m, np.nan)

@@ -26,6 +26,7 @@ logging.getLogger("absl").setLevel(logging.ERROR)  # the RDP orders it drops are
 
 PLD_STEP = 1e-4  # dp-accounting's default discretisation of the privacy loss
 PLD_POINTS = 2**19  # at most this many grid points (~90 MB, ~3 s per epsilon)
+LEAST_NOISE = 1e-3  # the smallest noise multiplier calibration tries (dp-accounting's search from there up)
 
 
 def _relation(name: str) -> Any:
@@ -84,10 +85,16 @@ def calibrate(mechanism: Mechanism, sampling: Sampling, amplified: bool, target:
     from dp_accounting.mechanism_calibration import (ExplicitBracketInterval, LowerEndpointAndGuess,
                                                      calibrate_dp_mechanism)
 
-    bracket = LowerEndpointAndGuess(1e-3, 1.0)
+    bracket = LowerEndpointAndGuess(LEAST_NOISE, 1.0)
     if accountant == "pld":
         upper = calibrate(mechanism, sampling, amplified, target, rounds, delta, "rdp")
         bracket = ExplicitBracketInterval(upper / 2, upper)
+    else:
+        most = epsilon(mechanism, sampling, amplified, LEAST_NOISE, rounds, delta)
+        if most <= target:
+            raise InputError(f"privacy.epsilon: {target:g} is more than the epsilon of the least noise calibration "
+                             f"tries (noise multiplier {LEAST_NOISE:g}: epsilon {most:.3g} over {rounds} rounds); "
+                             f"give a smaller target, or privacy.noise_multiplier")
     relation = mechanism.relation(sampling, amplified)
 
     def event(s: float) -> Any:
@@ -96,7 +103,18 @@ def calibrate(mechanism: Mechanism, sampling: Sampling, amplified: bool, target:
     def fresh() -> Any:  # the PLD's step follows the sigma being tried (calibrate_dp_mechanism composes once)
         return _Fresh(relation, accountant, delta)
 
-    return float(calibrate_dp_mechanism(fresh, event, target, delta, bracket, tol=1e-4))
+    from dp_accounting.mechanism_calibration import NoBracketIntervalFoundError
+
+    try:
+        sigma = float(calibrate_dp_mechanism(fresh, event, target, delta, bracket, tol=1e-4))
+        reached = epsilon(mechanism, sampling, amplified, sigma, rounds, delta, accountant)
+    except (NoBracketIntervalFoundError, ArithmeticError, ValueError):
+        sigma, reached = math.nan, math.nan
+    if not reached <= target:  # the library's search ended without a multiplier that reaches the target
+        raise InputError(f"privacy.epsilon: {target:g} at delta {delta:g} over {rounds} rounds is out of reach of "
+                         f"privacy.accountant {accountant} (the least epsilon it certifies is above it); give a "
+                         f"larger target (or privacy.delta), or privacy.noise_multiplier")
+    return sigma
 
 
 class _Fresh:

@@ -19,6 +19,7 @@ replaces ``coefficients`` (a plug-in's: examples/fedmpi_examples/mechanism.py).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,8 +57,25 @@ class BandedMF(Mechanism):
 
     def __init__(self, params: BandedParams, dim: int, seed: int, device: torch.device, rounds: int = 0):
         super().__init__(params, dim, seed, device, rounds)
-        self.c = self.coefficients()
+        with np.errstate(all="ignore"):  # a plug-in's factor of NaN or inf: one line below, not numpy's warning
+            c = self.coefficients()
+        self.c = self.checked(c, rounds)
         self.history = torch.zeros(len(self.c) - 1, dim, dtype=torch.float64, device=device)
+
+    def checked(self, c: np.ndarray, rounds: int) -> np.ndarray:
+        """``c`` when it is a factor whose noise stays finite over ``rounds`` rounds: finite
+        numbers, c_0 > 0, and C^{-1} (the noise's recurrence) without overflow; else InputError
+        naming the mechanism (a plug-in's own coefficients)."""
+        name = self.params.mechanism
+        c = np.asarray(c, dtype=np.float64).ravel()
+        if not (c.size and np.all(np.isfinite(c)) and c[0] > 0):
+            raise InputError(f"privacy.mechanism: {name}'s factor coefficients() must be finite numbers with "
+                             f"c_0 > 0 (the noise solves C y = z), got {np.array2string(c[:8], precision=4)}")
+        if rounds >= 1 and len(c) > 1 and not math.isfinite(factors.errors(c, rounds)["max_error"]):
+            raise InputError(f"privacy.mechanism: {name}'s factor {np.array2string(c[:8], precision=4)} has an "
+                             f"inverse that overflows within {rounds} rounds (its noise would grow without bound); "
+                             f"give coefficients whose polynomial has no root inside the unit circle")
+        return c
 
     def coefficients(self) -> np.ndarray:
         """c_0..c_{b-1} (b = ``privacy.band``), the factor's first column, of unit norm (c_0 > 0)."""

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal, Optional
 
 from ..errors import InputError
@@ -32,8 +32,9 @@ class PrivacyParams:
                    "sensitivity 1/2, as TFF) or uncentred (b_i, sensitivity 1: a quarter of the RDP budget more)")
     noise_cohort_size: Optional[int] = opt(
         None, "noise as for an expected cohort of this many clients (pfl-research's noise_cohort_size): std sigma C / "
-              "noise_cohort_size on the mean instead of sigma C / n~; the epsilon reported is that production "
-              "cohort's (the same sampling over m noise_cohort_size / n~ clients), not this run's", ge=1)
+              "noise_cohort_size on the mean instead of sigma C / n~; the metric epsilon_production is that "
+              "production cohort's (the same sampling over m noise_cohort_size / n~ clients), epsilon this run's "
+              "(multiplier sigma n~ / noise_cohort_size)", ge=1)
     delta: float = opt(1e-6, "delta of the (epsilon, delta) guarantee reported as the metric epsilon", gt=0, lt=1)
     epsilon: Optional[float] = opt(None, "target epsilon after all rounds: calibrates noise_multiplier "
                                          "(then leave it null)", gt=0)
@@ -54,6 +55,13 @@ def check(cfg) -> None:
 
     p = cfg.privacy
     if p.mechanism == "none":
+        given = next((f.name for f in fields(PrivacyParams) if f.name != "mechanism"
+                      and getattr(p, f.name) != f.default), None)
+        if given is not None:
+            others = ", ".join(n for n in MECHANISMS.names() if n != "none")
+            raise InputError(f"privacy.{given}: set to {getattr(p, given)!r}, but privacy.mechanism is none, which "
+                             f"neither clips nor adds noise (nothing is private); choose a mechanism "
+                             f"(privacy.mechanism: {others}) or remove privacy.{given} (or the whole privacy section)")
         return
     if (p.noise_multiplier is None) == (p.epsilon is None):
         raise InputError("privacy.noise_multiplier: give either noise_multiplier or a target privacy.epsilon "

@@ -30,6 +30,7 @@ random and the release hides who took part. sigma and C are declared state (chec
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -45,6 +46,8 @@ from . import accounting
 from .declaration import Private
 from .params import PrivacyParams
 
+PROBED_ROUNDS = 64  # rounds of a mechanism's noise probed at set-up (on one coordinate)
+
 
 class Privacy(Stateful):
     """Clipping and noise of one run (a no-op with ``mechanism: none``); see the module docstring.
@@ -55,7 +58,7 @@ class Privacy(Stateful):
     per round, in order."""
 
     shared_state = ("sigma", "C")  # a resumed run keeps the noise it was calibrated with and the adapted C
-    derived = ("C_used",)  # the clip of the current round
+    derived = ("C_used", "_epsilons")  # the clip of the current round; epsilons computed
 
     def __init__(self, params: PrivacyParams, sampling: Sampling | None, rounds: int, seed: int, dim: int,
                  world: World, amplified: bool = True):
@@ -68,6 +71,7 @@ class Privacy(Stateful):
             self.mechanism = MECHANISMS.get(params.mechanism).obj(params, dim, seed, world.device, rounds)
             self.amplified = (amplified and params.amplification != "off" and sampling.kind != "none"
                               and self.mechanism.amplifies(sampling))
+            self._check_mechanism(rounds)
             accounting.check(self.mechanism, sampling, self.amplified, params.accountant)
             self.sigma = np.float64(params.noise_multiplier if params.epsilon is None else
                                     accounting.calibrate(self.mechanism, sampling, self.amplified, params.epsilon,
@@ -80,6 +84,9 @@ class Privacy(Stateful):
             raise InputError(f"privacy.count_noise: adaptive clipping needs {twice}the count's noise "
                              f"{self.sigma_count:g} > the noise multiplier sigma = {self.sigma:.4g} "
                              f"(privacy.count_bits: {params.count_bits})")
+        self._epsilons: dict[tuple[float, int], float] = {}  # (multiplier, rounds) -> epsilon, computed once
+        if self.on:
+            self._check_accountant(rounds)
 
     @classmethod
     def of_run(cls, cfg: Any, participation: Participation | None, declared: Private | None, dim: int,
@@ -135,13 +142,15 @@ class Privacy(Stateful):
             return end
         delta = end - start
         norm = delta.double().norm(dim=1)
-        if self.adaptive:
-            self._adapt(t, int((norm <= C).sum()), norm.shape[0])
+        if self.adaptive:  # centred bits: a zero update (a zeroed client) adds 0 to the bit sum, not +1/2
+            counted = norm > 0 if self.params.count_bits == "centred" else torch.ones_like(norm, dtype=torch.bool)
+            self._adapt(t, int(((norm <= C) & counted).sum()), int(counted.sum()))
         scale = (C / torch.clamp(norm, min=C)).to(delta.dtype)  # min(1, C / ||Delta_i||)
         return start + delta * scale[:, None]
 
     def _adapt(self, t: int, unclipped: int, clients: int) -> None:
-        """C <- C exp(-eta_C (share - gamma)) from the noisy count over all ranks (collective)."""
+        """C <- C exp(-eta_C (share - gamma)) from the noisy count over all ranks (collective);
+        ``unclipped`` of the ``clients`` whose bits count (centred: those with a non-zero update)."""
         count, n = self.world.allreduce_sum_(torch.tensor([float(unclipped), float(clients)], dtype=torch.float64,
                                                           device=self.world.device)).tolist()
         xi = float(rng.normal(rng.key(self.seed, "privacy_count", t), 0)) if self.sigma > 0 else 0.0
@@ -170,11 +179,82 @@ class Privacy(Stateful):
         """Add ``noise`` to ``part``, the private view of the summed rows, in place (rank 0)."""
         part += self.noise(t, part.shape[0], part.device, bound, divisor)
 
-    def epsilon(self, rounds: int) -> float:
-        """Epsilon at ``privacy.delta`` after ``rounds`` rounds."""
-        p = self.params
-        return accounting.epsilon(self.mechanism, self.sampling, self.amplified, self.sigma, rounds, p.delta,
-                                  p.accountant)
+    @property
+    def applied(self) -> float:
+        """The noise multiplier each release really gets, relative to its sensitivity (one client's
+        update, C bound / divisor): sigma, scaled by ``noise_scale`` under ``privacy.noise_cohort_size``
+        (adaptive clipping: the pair of the sum and the bits, both scaled)."""
+        return float(self.sigma) * self.noise_scale
+
+    @property
+    def production(self) -> bool:
+        """Whether the noise is a production cohort's (``privacy.noise_cohort_size``): then
+        ``epsilon_production`` is that cohort's epsilon and ``epsilon`` this run's."""
+        return self.on and self.params.noise_cohort_size is not None
+
+    def epsilon(self, rounds: int, production: bool = False) -> float:
+        """Epsilon at ``privacy.delta`` after ``rounds`` rounds of the noise this run applied, or
+        (``production``) of sigma, the noise of the production cohort of ``privacy.noise_cohort_size``."""
+        sigma = float(self.sigma) if production else self.applied
+        if (sigma, rounds) not in self._epsilons:
+            p = self.params
+            self._epsilons[sigma, rounds] = accounting.epsilon(self.mechanism, self.sampling, self.amplified, sigma,
+                                                               rounds, p.delta, p.accountant)
+        return self._epsilons[sigma, rounds]
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        """The metrics ``metrics`` gives: ``epsilon``, and ``epsilon_production`` under
+        ``privacy.noise_cohort_size``; none without a mechanism."""
+        return () if not self.on else ("epsilon", "epsilon_production") if self.production else ("epsilon",)
+
+    def metrics(self, rounds: int) -> dict[str, float]:
+        """The ``metric_names`` after ``rounds`` rounds (rank 0, at an evaluation)."""
+        row = {"epsilon": self.epsilon(rounds)} if self.on else {}
+        if self.production:
+            row["epsilon_production"] = self.epsilon(rounds, production=True)
+        return row
+
+    def round_record(self) -> dict[str, float]:
+        """The numbers of the last release for the result file: ``privacy/noise_multiplier`` (sigma,
+        calibrated or given) and ``privacy/applied_noise_multiplier`` (``applied``, what the noise
+        really was relative to the release's sensitivity, from which ``epsilon`` is composed)."""
+        if not self.on:
+            return {}
+        return {"privacy/noise_multiplier": float(self.sigma), "privacy/applied_noise_multiplier": self.applied}
+
+    # ---------------------------------------------------------------- set-up checks (exit 2 on every rank)
+    def _check_mechanism(self, rounds: int) -> None:
+        """What a mechanism says of itself: a finite sensitivity > 0 and, for a plug-in's, finite noise
+        in its first rounds (probed on a fresh instance of one coordinate)."""
+        name = self.params.mechanism
+        s = self.mechanism.sensitivity(self.sampling, self.amplified)
+        if not (isinstance(s, (int, float, np.number)) and math.isfinite(s) and s > 0):
+            raise InputError(f"privacy.mechanism: {name}'s sensitivity() is {s!r}; it must be a finite number > 0 "
+                             f"(how far one client's participation moves what the noise covers, in units of "
+                             f"privacy.clip)")
+        if MECHANISMS.get(name).builtin:  # the built-ins check their parameters themselves
+            return
+        probe = type(self.mechanism)(self.params, 1, self.seed, torch.device("cpu"), rounds)
+        for t in range(min(rounds, PROBED_ROUNDS)):
+            y = probe.noise(t, 1)
+            if not bool(torch.isfinite(y).all()):
+                raise InputError(f"privacy.mechanism: {name}'s noise is not finite in round {t} ({float(y[0])}); "
+                                 f"a mechanism's noise(t, dim) must be finite numbers (check its parameters)")
+
+    def _check_accountant(self, rounds: int) -> None:
+        """Epsilon after the run's rounds can be computed (kept for the last evaluation): else one line
+        naming the key that set the noise, and what to change."""
+        try:
+            self.metrics(rounds)
+        except (ArithmeticError, ValueError, MemoryError) as e:  # dp-accounting overflows at a tiny multiplier
+            p = self.params
+            key = ("privacy.noise_cohort_size" if self.production else "privacy.epsilon" if p.epsilon is not None
+                   else "privacy.noise_multiplier")
+            raise InputError(f"{key}: the noise applied (multiplier {self.applied:.3g}) is too small for "
+                             f"privacy.accountant {p.accountant} to compose over {rounds} rounds "
+                             f"({type(e).__name__}: {str(e)[:60]}); use privacy.accountant: rdp, or more noise") \
+                from None
 
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> State:

@@ -8,7 +8,8 @@ files a line says so or gives the largest difference from the first file. ``made
 run's provenance (``fedmpi.provenance``): fedmpi's source hash, each plug-in and input file with
 its hash, and what of it has changed since. ``privacy`` (runs with ``privacy:``) is the mechanism
 and the noise multiplier sigma the rounds used (``/privacy/noise_multiplier``), calibrated to
-``privacy.epsilon`` or given, which a paper reports beside epsilon.
+``privacy.epsilon`` or given, which a paper reports beside epsilon; under ``privacy.noise_cohort_size``
+also the multiplier really applied (``/privacy/applied_noise_multiplier``) and which epsilon is whose.
 """
 
 from __future__ import annotations
@@ -116,10 +117,10 @@ def describe(path: str, show_config: bool = True) -> str:
     return "\n".join(lines)
 
 
-def noise_multiplier(r: Result) -> str:
-    """The noise multiplier the run's rounds used (``/privacy/noise_multiplier``): one value, or the
-    first and last where a resume changed it; '-' before the first round."""
-    sigma = r.records("privacy").get("noise_multiplier")
+def noise_multiplier(r: Result, name: str = "noise_multiplier") -> str:
+    """The noise multiplier the run's rounds used (``/privacy/noise_multiplier``, or another record of
+    ``/privacy``): one value, or the first and last where a resume changed it; '-' before the first round."""
+    sigma = r.records("privacy").get(name)
     sigma = np.asarray([] if sigma is None else sigma, dtype=np.float64).ravel()
     sigma = sigma[np.isfinite(sigma)]  # NaN: rounds of a file from before the record
     if not sigma.size:
@@ -140,7 +141,8 @@ def privacy_line(r: Result) -> str | None:
         else "given"
     production = flat.get("privacy.noise_cohort_size")
     if production:
-        how += f"; noise as for a cohort of {production}, epsilon that cohort's"
+        how += (f"; noise as for a cohort of {production}: applied {noise_multiplier(r, 'applied_noise_multiplier')}, "
+                f"epsilon this run's, epsilon_production that cohort's")
     return (f"{mechanism}, noise multiplier {noise_multiplier(r)} ({how}), delta {flat.get('privacy.delta', 1e-6):g}, "
             f"accountant {flat.get('privacy.accountant', 'rdp')}")
 

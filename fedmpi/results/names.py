@@ -16,7 +16,8 @@ from typing import Any
 _METRICS = {"test_acc": "test accuracy", "test_loss": "test loss", "train_acc": "train accuracy",
             "train_loss": "train loss", "n_active": "active clients", "wall_time": "wall time (s)",
             "peak_rss_mb": "peak memory (MB)", "sim_delay": "emulated delay", "round": "round",
-            "consensus_error": "consensus error", "epsilon": "privacy epsilon"}
+            "consensus_error": "consensus error", "epsilon": "privacy epsilon",
+            "epsilon_production": "privacy epsilon of the production cohort"}
 _CLIENT_STATS = {"p10": "10th percentile", "p50": "median", "p90": "90th percentile", "std": "std",
                  "worst": "worst clients"}
 _SELECTORS = ("name", "kind")
