@@ -16,7 +16,7 @@ import os
 import sys
 
 from . import __version__, log, signals
-from .errors import Diverged, InputError, Interrupted, exit_code
+from .errors import Diverged, InputError, Interrupted, WriteFailed, exit_code
 from .runtime.launcher import launched_rank, launched_size, record_exit
 
 
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except BrokenPipeError:
         return _quiet_broken_pipe()
-    except (InputError, Interrupted, Diverged, KeyboardInterrupt) as e:
+    except (InputError, Interrupted, Diverged, WriteFailed, KeyboardInterrupt) as e:
         return exit_code(e, launched_rank())
 
 

@@ -34,7 +34,7 @@ from . import checkpoint, guards, provenance, signals
 from .build import Components, build_components, check_state
 from .checkpointer import Checkpointer
 from .config import Config
-from .errors import Diverged, InputError, Interrupted, RankLost, WriteFailed
+from .errors import AGREED, Diverged, InputError, Interrupted, RankLost, WriteFailed
 from .evaluator import Evaluator
 from .metrics import client_sizes, stop_at
 from .registry import CALLBACKS, METRICS
@@ -53,15 +53,15 @@ SETUP_STOPPED = "during set-up; no round was run, run the same command again to 
 
 
 def agree(world: World, fn: Callable[[], object], setup: bool = True) -> object:
-    """Run ``fn`` on every rank; if it raised InputError anywhere, or (``setup``) a stop signal came
-    during it (``signals.interruptible``), raise on every rank (``agree_on_error``: a rank's own
+    """Run ``fn`` on every rank; if it raised InputError or WriteFailed anywhere, or (``setup``) a stop
+    signal came during it (``signals.interruptible``), raise on every rank (``agree_on_error``: a rank's own
     error keeps its type, the others name the failing rank). In the round loop (``setup=False``)
     a signal waits for the round boundary, where the run checkpoints."""
     err, out = None, None
     try:
         with signals.interruptible(SETUP_STOPPED) if setup else signals.shielded():
             out = fn()
-    except (InputError, Interrupted) as e:
+    except AGREED as e:  # bad input, a stop signal, a result file that could not be created
         err = e
     agree_on_error(world.allgather_obj, err)
     return out
