@@ -16,7 +16,7 @@ import os
 import sys
 
 from . import __version__, log, signals
-from .errors import Diverged, InputError, Interrupted, exit_code
+from .errors import Diverged, InputError, Interrupted, WriteFailed, exit_code
 from .runtime.launcher import launched_rank, launched_size, record_exit
 
 
@@ -74,6 +74,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     i = sub.add_parser("info", help="status, rounds and last metrics of result files (several: compared)")
     i.add_argument("files", nargs="+")
     i.add_argument("--no-config", action="store_true", help="do not print the stored config")
+    i.add_argument("--verbose", "-v", action="store_true",
+                   help="several files: after the verdict, every metric's last value and the config keys they "
+                        "share (default: only what differs)")
     _add_plugin_option(i)
 
     for name, module, text in _EXTENSIONS:
@@ -158,7 +161,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
     if len(args.files) == 1:
         print(describe(args.files[0], show_config=not args.no_config))
     else:
-        print(compare(args.files, show_config=not args.no_config))
+        print(compare(args.files, show_config=not args.no_config, verbose=args.verbose))
     return 0
 
 
@@ -193,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except BrokenPipeError:
         return _quiet_broken_pipe()
-    except (InputError, Interrupted, Diverged, KeyboardInterrupt) as e:
+    except (InputError, Interrupted, Diverged, WriteFailed, KeyboardInterrupt) as e:
         return exit_code(e, launched_rank())
 
 

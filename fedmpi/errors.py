@@ -47,15 +47,20 @@ class WriteFailed(Exception):
     exit_code = 1
 
 
-def exit_code(e: InputError | Interrupted | Diverged | KeyboardInterrupt, rank: int) -> int:
+#: The endings every rank of a run agrees on before its rounds start (``runtime.launcher.agree_on_error``).
+AGREED = (InputError, Interrupted, WriteFailed)
+
+
+def exit_code(e: InputError | Interrupted | Diverged | WriteFailed | KeyboardInterrupt, rank: int) -> int:
     """The exit code that ``e`` ends a command with, after its one line on stderr (rank 0 only):
     InputError 2 (``fedmpi: error: ...``), Interrupted 3 (``fedmpi: interrupted: ...``),
-    Diverged 4 (``fedmpi: diverged: ...``), KeyboardInterrupt 3 (silent). A stderr that a killed
-    launcher closed does not turn the code into a BrokenPipeError."""
+    Diverged 4 (``fedmpi: diverged: ...``), WriteFailed 1 (``fedmpi: error: ...``; a result file
+    that could not be created), KeyboardInterrupt 3 (silent). A stderr that a killed launcher
+    closed does not turn the code into a BrokenPipeError."""
     if isinstance(e, KeyboardInterrupt):
         return 3
     if rank == 0:
-        word = "error" if isinstance(e, InputError) else "diverged" if isinstance(e, Diverged) else "interrupted"
+        word = "diverged" if isinstance(e, Diverged) else "interrupted" if isinstance(e, Interrupted) else "error"
         try:
             print(f"fedmpi: {word}: {e}", file=sys.stderr, flush=True)
         except OSError:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-from .errors import Diverged, Interrupted, exit_code
+from .errors import Diverged, Interrupted, WriteFailed, exit_code
 
 if TYPE_CHECKING:
     from .config import Config
@@ -33,7 +33,7 @@ def execute(cfg: Config, out: str, *, quiet: bool = False, resume: bool = False,
         code = run(cfg, world, out, quiet=quiet, resume=resume, overwrite=overwrite, inputs=inputs, label=label)
         finished = code == 0
         return code
-    except (Interrupted, Diverged, KeyboardInterrupt) as e:  # 3 or 4 (also for a sweep's cell)
+    except (Interrupted, Diverged, WriteFailed, KeyboardInterrupt) as e:  # 3, 4 or 1 (also for a sweep's cell)
         return exit_code(e, world.rank)
     finally:
         world.close(finished)

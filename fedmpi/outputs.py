@@ -43,3 +43,9 @@ class SidecarParams:
     csv: bool = opt(False, "also write the metric rows to a CSV file next to the result file (RUN.csv)")
     tensorboard: Optional[str] = opt(None, "also log the metrics as TensorBoard scalars under this folder "
                                            "(needs the tensorboard package: fedmpi[tensorboard])")
+    wandb: Optional[str] = opt(None, "also log the config and the metrics to Weights & Biases, in this project: one "
+                                     "W&B run per result file, continued on resume (WANDB_MODE=offline: locally, "
+                                     "no account; needs fedmpi[wandb])")
+    mlflow: Optional[str] = opt(None, "also log the config (as parameters) and the metrics to MLflow: a tracking URI, "
+                                      "or a path: a .db file (a local SQLite store) or a folder (a file store); one "
+                                      "MLflow run per result file, continued on resume (needs fedmpi[mlflow])")

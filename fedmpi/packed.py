@@ -45,7 +45,7 @@ from typing import Callable, Iterator, Sequence
 from .algorithms.base import ServerAlgorithm, TrainingRequest
 from .config import Config
 from .engine.packed import PackedTrainer, SharedData, incompatibility, step_rule
-from .errors import Diverged, InputError, Interrupted, exit_code
+from .errors import Diverged, InputError, Interrupted, WriteFailed, exit_code
 from .registry import ALGORITHMS
 from .runner import Runner, end_job
 from .runtime import World
@@ -138,8 +138,9 @@ class _Group:
         self.data = SharedData()
 
     def add(self, cfg: Config, out: str, label: str, inputs: tuple[str, ...], quiet: bool) -> None:
-        """Set up one run (collective); bad input ends that run alone (exit 2), a stop signal
-        (set-up is interruptible) that run and, as the signal stays received, every later one (3)."""
+        """Set up one run (collective); bad input ends that run alone (exit 2), so does a result
+        file that cannot be created (1), a stop signal (set-up is interruptible) that run and, as
+        the signal stays received, every later one (3)."""
         from .results.hdf5 import OutputBusy
 
         try:
@@ -153,6 +154,10 @@ class _Group:
         except Interrupted as e:  # a stop signal in its set-up (on every rank): the next cells stop at once too
             exit_code(e, self.world.rank)
             self.members.append(_Member(None, label, outcome=Outcome(3)))
+            return
+        except WriteFailed as e:  # its result file could not be created (disk full): said, nothing left behind
+            exit_code(e, self.world.rank)
+            self.members.append(_Member(None, label, outcome=Outcome(1)))
             return
         self.data.share(runner.components.task)  # before the next run loads its copy
         self.members.append(_Member(runner, label))

@@ -162,7 +162,8 @@ def record(config: dict, skip: Iterable[str] = ()) -> dict[str, str]:
     """The provenance attributes of a run of ``config``: after its set-up (the data was read)."""
     skip = {os.path.abspath(p) for p in skip}
     inputs = dict(_inputs)
-    for _, p in _named(config):
+    read = {k: v for k, v in config.items() if k != "runtime"}  # runtime names outputs (a tracker store), not inputs
+    for _, p in _named(read):
         if p not in skip and p not in inputs:
             inputs[p] = fingerprint(p)
     return {"fedmpi_source": fedmpi_source(), "plugins": json.dumps(_plugins, sort_keys=True),

@@ -34,7 +34,7 @@ from . import checkpoint, guards, provenance, signals
 from .build import Components, build_components, check_state
 from .checkpointer import Checkpointer
 from .config import Config
-from .errors import Diverged, InputError, Interrupted, RankLost, WriteFailed
+from .errors import AGREED, Diverged, InputError, Interrupted, RankLost, WriteFailed
 from .evaluator import Evaluator
 from .metrics import client_sizes, stop_at
 from .registry import CALLBACKS, METRICS
@@ -53,15 +53,15 @@ SETUP_STOPPED = "during set-up; no round was run, run the same command again to 
 
 
 def agree(world: World, fn: Callable[[], object], setup: bool = True) -> object:
-    """Run ``fn`` on every rank; if it raised InputError anywhere, or (``setup``) a stop signal came
-    during it (``signals.interruptible``), raise on every rank (``agree_on_error``: a rank's own
+    """Run ``fn`` on every rank; if it raised InputError or WriteFailed anywhere, or (``setup``) a stop
+    signal came during it (``signals.interruptible``), raise on every rank (``agree_on_error``: a rank's own
     error keeps its type, the others name the failing rank). In the round loop (``setup=False``)
     a signal waits for the round boundary, where the run checkpoints."""
     err, out = None, None
     try:
         with signals.interruptible(SETUP_STOPPED) if setup else signals.shielded():
             out = fn()
-    except (InputError, Interrupted) as e:
+    except AGREED as e:  # bad input, a stop signal, a result file that could not be created
         err = e
     agree_on_error(world.allgather_obj, err)
     return out
@@ -152,7 +152,8 @@ class Runner:
             raise InputError(f"{self.out_path}: holds a completed run whose final state was not kept "
                              f"({checkpoint.folder_for(self.out_path)} is missing), so it cannot be extended; "
                              f"use --overwrite to run {cfg.rounds} rounds afresh")
-        extra = sidecars.build(cfg.runtime, self.out_path, replace=self.claim.owns_sidecars)
+        extra = sidecars.build(cfg.runtime, self.out_path, replace=self.claim.owns_sidecars, config=cfg.to_dict(),
+                               continues=resume_at is not None)
         writer = ResultWriter(self.out_path, cfg.to_yaml(), cfg.seed, self.world.size, self.evaluator.names,
                               run.m, cfg.runtime.log_availability, resume_at=resume_at,
                               claim_=self.claim, flush_s=cfg.runtime.flush_s,
@@ -160,6 +161,7 @@ class Runner:
                               round_series=run.algorithm.round_record(), events=cfg.clock.on)
         self.writer = writer  # set before anything else: a failure below still finishes the file
         writer.add_sidecars(extra)
+        writer.notes.update(sidecars.notes(extra))  # the tracker runs, which a resumed run continues
         if resume_at is None:
             hist = run.task.label_hist
             local_test = ({"local_test_samples": client_sizes(run.task).astype(np.int64)}

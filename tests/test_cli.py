@@ -64,17 +64,49 @@ def test_info_compares_several_files(tmp_path, capsys):
     a = fake_result(tmp_path / "a.h5", {"round": ROUNDS, "test_acc": [0.1, 0.2, 0.3]}, algorithm__name="mifa")
     b = fake_result(tmp_path / "b.h5", {"round": ROUNDS, "test_acc": [0.1, 0.2, 0.4]}, status="running",
                     algorithm__name="fedvarp", train__lr=0.5)
-    assert main(["info", a, b]) == 0
+    assert main(["info", a, b, "--verbose"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["file", a, b] and lines[1].split() == ["status", "completed", "running"]
+    assert lines[0] == ("differ from the first file: status completed vs running; config train.lr, algorithm.name; "
+                        "metrics test_acc (max |difference| 0.1); final model (not in every file)")
+    assert lines[1].split() == ["file", a, b] and lines[2].split() == ["status", "completed", "running"]
     start = lines.index("differing config keys:")
     differing = lines[start + 1:lines.index("last metrics:")]
     assert [ln.split()[0] for ln in differing] == ["train.lr", "algorithm.name"]
     assert differing[1].split() == ["algorithm.name", "mifa", "fedvarp"]
     assert any(ln.split() == ["test_acc", "0.3", "0.4"] for ln in lines)
     assert "same in all files:" in lines and "  task.dataset: synthetic" in lines
-    assert main(["info", a, b, "--no-config"]) == 0
+    assert main(["info", a, b, "--no-config", "--verbose"]) == 0
     assert "same in all files:" not in capsys.readouterr().out
+
+
+def test_info_of_identical_runs_says_so_first_and_briefly(tmp_path, capsys):
+    """#46 (4): `fedmpi info A B` printed ~110 lines (every last metric, every shared key) to say
+    'identical'. The verdict comes first; the details are behind --verbose."""
+    import h5py
+
+    acc = {"round": ROUNDS, "test_acc": [0.1, 0.2, 0.3], "wall_time": [1.0, 2.0, 3.0]}
+    a = fake_result(tmp_path / "a.h5", acc)
+    b = fake_result(tmp_path / "b.h5", {**acc, "wall_time": [1.5, 2.5, 3.5]}, runtime__threads=2)
+    with h5py.File(b, "r+") as f:
+        f.attrs["world_size"] = 2
+    assert main(["info", a, b]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == ("identical: the same experiment, metrics and final model, bit for bit (wall_time, peak_rss_mb "
+                      "left out; they ran differently in runtime.threads, world size)")
+    assert len(out) <= 12 and "same in all files:" not in out and out[-1].startswith("(--verbose:")
+    assert main(["info", a, b, "--verbose"]) == 0
+    verbose = capsys.readouterr().out.splitlines()
+    assert verbose[0] == out[0] and "same in all files:" in verbose and len(verbose) > 40
+    c = fake_result(tmp_path / "c.h5", {**acc, "test_acc": [0.1, 0.2, 0.3, 0.4], "round": ROUNDS + [30],
+                                        "wall_time": [1.0] * 4}, rounds=30)
+    with h5py.File(c, "r+") as f:
+        f["final/params"][0] = 1.0
+    assert main(["info", a, c]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == ("differ from the first file: metrics round (the same rows, 3 vs 4 evaluations), test_acc (the "
+                      "same rows, 3 vs 4 evaluations); final model (max |difference| 1)"), out[0]
+    rows = out[out.index("differing metrics (last values):") + 1:-1]
+    assert [r.split() for r in rows] == [["round", "10", "30"], ["test_acc", "0.3", "0.4"]]
 
 
 def test_plot_groups_by_result_keys_only(tmp_path):

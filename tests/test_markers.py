@@ -25,7 +25,7 @@ def test_the_suite_collects_without_the_optional_extras():
 
     from conftest import ROOT
 
-    env = dict(os.environ, FEDMPI_HIDE="dp_accounting,pandas,scipy,hypothesis,tensorboard",
+    env = dict(os.environ, FEDMPI_HIDE="dp_accounting,pandas,scipy,hypothesis,tensorboard,wandb,mlflow",
                PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
                PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests", "without_extras")]))
     p = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",

@@ -119,6 +119,82 @@ def test_disk_full_during_a_run_is_one_line_and_resumes(tmp_path, small_disk, wh
             assert f["availability/mask"][:].shape == (80, 2000)
 
 
+def _no_room(disk) -> None:
+    """Fill ``disk`` (a small tmpfs) but for 8 KiB: a file can be created, a result file cannot."""
+    from fault_plugin import fill
+
+    pad = disk / "pad"
+    fill(str(pad))
+    os.truncate(pad, os.path.getsize(pad) - 8192)
+
+
+def _file_size_limit(nbytes: int):
+    """A subprocess's preexec_fn: files larger than ``nbytes`` cannot be written (EFBIG), as on a
+    full disk; Python ignores SIGXFSZ."""
+    import resource
+
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("full", ["tmpfs", "file size limit"])
+def test_a_disk_full_while_the_result_file_is_created_is_exit_1_and_leaves_no_stub(tmp_path, full, request):
+    """#44 hostile (1): exit 2, and an 800-byte stub the same command then refused for ever as "not
+    a fedmpi result file". Now exit 1 (WriteFailed, as on a full disk later on), and nothing left:
+    the same command runs once there is room."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    cfg = write_config(tmp_path / "c.yaml", synthetic_config(rounds=2))
+    if full == "tmpfs":
+        disk = request.getfixturevalue("small_disk")
+        _no_room(disk)
+        limit = None
+    else:
+        disk, limit = tmp_path / "out", _file_size_limit(4096)
+    out = disk / "r.h5"
+    for _ in range(2):  # and again: nothing was left that refuses the next try
+        proc = subprocess.run([sys.executable, "-m", "fedmpi", "run", cfg, "--out", str(out), "--quiet"],
+                              env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=300,
+                              preexec_fn=limit)
+        line = _one_line_error(proc, 1, f"{out}: cannot write the result file (", "nothing was run")
+        assert ("No space left on device" if full == "tmpfs" else "File too large") in line, line
+        assert not out.exists() and not os.path.exists(f"{out}.ckpt")
+    if full == "tmpfs":
+        (disk / "pad").unlink()
+    fedmpi(["run", cfg, "--out", str(out), "--quiet"])
+    with h5py.File(out, "r") as f:
+        assert f.attrs["status"] == "completed"
+
+
+@pytest.mark.slow
+def test_a_packed_cell_whose_file_cannot_be_created_runs_once_there_is_room(tmp_path, small_disk):
+    """#44 hostile (1): a packed cell stayed failed for ever (its stub refused by every rerun)."""
+    s = _sweep(tmp_path, {"rounds": 2}, grid={"seed": [0, 1]}, pack=2)
+    data = yamlio_load(s)
+    data["out"] = str(small_disk / "out")
+    write_config(s, data)
+    (small_disk / "out").mkdir()
+    _no_room(small_disk)
+    proc = fedmpi(["sweep", s, "--quiet"], check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("fedmpi: error:")]
+    assert len(errors) == 2 and all("nothing was run" in ln for ln in errors), proc.stderr
+    assert os.listdir(small_disk / "out") == []
+    (small_disk / "pad").unlink()
+    fedmpi(["sweep", s, "--quiet"])
+    status = cli(["sweep", s, "--status"])
+    assert "2 cells: 2 done" in status.stdout, status.stdout
+
+
+def yamlio_load(path) -> dict:
+    import yaml
+
+    return yaml.safe_load(open(path))
+
+
 def test_a_flush_that_finds_no_space_writes_nothing(tmp_path, monkeypatch):
     """The stand-in for file systems without a tmpfs: reserving space fails (ENOSPC)."""
     import errno

@@ -106,6 +106,18 @@ def test_runs_at_different_rounds_and_lengths():
     assert all(torch.equal(a, r.algorithm.final_params()) for a, r in zip(alone, runs))
 
 
+def test_a_run_with_no_client_in_a_round_between_others():
+    """#44 hostile (7): a packed group crashed (``cannot reshape array of size 0`` in
+    engine/local.py, on every rerun) in a round where a run between two others had no client."""
+    schedule = {"availability": {"kind": "trace", "schedule": [[0, 3], [], [5], []], "trace_repeat": True}}
+    cfgs = [_cfg(0, *RUNS[0]), _cfg(1, RUNS[0][0], schedule), _cfg(2, *RUNS[1])]
+    world = World()
+    alone = _rounds([build_components(c, world) for c in cfgs], None)
+    runs = [build_components(c, world) for c in cfgs]
+    together = _rounds(runs, PackedTrainer([r.trainer for r in runs]))
+    assert all(torch.equal(a, b) for a, b in zip(alone, together))
+
+
 def test_a_signal_during_a_groups_set_up_ends_every_cell_as_interrupted(tmp_path, monkeypatch):
     """Set-up is interruptible (#38 item 7): a stop signal while the second cell is set up ended
     the group through its generic error path (a traceback, exit 1 for every cell); now each cell

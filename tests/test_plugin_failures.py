@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import fedmpi, synthetic_config, write_config
-from fedmpi.errors import InputError, Interrupted
+from fedmpi.errors import AGREED, InputError, Interrupted, WriteFailed
 
 FORGED = '''
 from fedmpi.algorithms import register
@@ -117,6 +117,8 @@ class _Failed(InputError):
     ([Interrupted("signal SIGTERM during set-up"), None], 1,  # a stop signal stops every rank as such
      (Interrupted, "signal SIGTERM during set-up")),
     ([None, Interrupted("signal SIGTERM during set-up")], 0, (Interrupted, "rank 1: signal SIGTERM during set-up")),
+    ([WriteFailed("r.h5: cannot write the result file (No space left on device)"), None], 1,  # exit 1 on every rank
+     (WriteFailed, "r.h5: cannot write the result file (No space left on device)")),
 ])
 def test_one_agreement_on_errors_before_and_after_the_world(errors, me, expect):
     """``agree_on_error`` serves the launcher (before the world) and the runner's set-up (after):
@@ -124,8 +126,9 @@ def test_one_agreement_on_errors_before_and_after_the_world(errors, me, expect):
     from fedmpi.runner import agree
     from fedmpi.runtime.launcher import agree_on_error
 
-    said = [None if e is None else (isinstance(e, Interrupted), str(e)) for e in errors]
     mine = errors[me] if isinstance(errors[me], Exception) else (InputError(errors[me]) if errors[me] else None)
+    errors = [InputError(e) if isinstance(e, str) else e for e in errors]
+    said = [None if e is None else (next(i for i, c in enumerate(AGREED) if isinstance(e, c)), str(e)) for e in errors]
 
     class World:  # the world's allgather, as seen by rank ``me``
         def allgather_obj(self, obj):

@@ -53,18 +53,65 @@ def test_intervals_json(tmp_path):
     assert rounds(trace(f, 3), 7) == [[0], [0, 2], [2], [], [], [0], [0]]
 
 
-FEDSCALE = {0: {"active": [0, 4], "inactive": [2], "finish_time": 3}, 1: {"active": [1], "inactive": [3]}}
-FEDSCALE_ROUNDS = [[0], [0, 1], [1], [], [0]]  # client 0's open interval from 4 lasts to the end (5)
+FEDSCALE = {0: {"active": [0, 3], "inactive": [1], "finish_time": 5}, 1: {"active": [1], "inactive": [2]}}
+# client 0: the closed [0, 1], then on from 3 until its wrap at 5; client 1: [1, 2], wrapping with the trace (5)
+FEDSCALE_ROUNDS = [[0], [0, 1], [1], [0], [0]]
 
 
 def test_intervals_fedscale_layout_json_and_pickle(tmp_path):
     j = tmp_path / "behave.json"
     j.write_text(json.dumps({str(k): v for k, v in FEDSCALE.items()}))
-    assert rounds(trace(j, 2), 6) == FEDSCALE_ROUNDS + [[0]]
+    assert rounds(trace(j, 2), 7) == FEDSCALE_ROUNDS + [[0], [0, 1]]
     p = tmp_path / "client_behave_trace"  # no extension: recognised as a pickle
     p.write_bytes(pickle.dumps(FEDSCALE, protocol=4))
     assert rounds(trace(p, 2, "intervals"), 5) == FEDSCALE_ROUNDS
     assert rounds(trace(p, 2), 5) == FEDSCALE_ROUNDS
+
+
+def fedscale_replay(spec: dict, times) -> list[bool]:
+    """FedScale's own rule (its ClientMetadata.is_active), written out by hand: the client keeps a
+    cursor k over its intervals; asked at time t, with n = t mod finish_time, the cursor moves on
+    by one when n is past the end of interval k (wrapping to the first), and the client is active
+    when active[k] <= n <= inactive[k]. Asked at ``times`` in order."""
+    k, out = 0, []
+    for t in times:
+        n = t % spec["finish_time"]
+        if n > spec["inactive"][k]:
+            k += 1
+        k %= len(spec["active"])
+        out.append(spec["active"][k] <= n <= spec["inactive"][k])
+    return out
+
+
+# the issue's probe (client 0) and clients with their own periods; client 3 has two intervals
+BEHAVIOUR = {0: {"active": [0], "inactive": [5], "finish_time": 10},
+             1: {"active": [3], "inactive": [3], "finish_time": 7},
+             2: {"active": [2], "inactive": [40], "finish_time": 41},
+             3: {"active": [0, 10], "inactive": [5, 15], "finish_time": 20}}
+
+
+def test_fedscale_behaviour_traces_replay_as_fedscale_does(tmp_path):
+    """#44: each client wraps at its own finish_time and its intervals are closed (fedmpi replayed
+    the probe client 0 at 0-4 s only: a global wrap at the longest trace, half-open intervals)."""
+    f = tmp_path / "behave.json"
+    f.write_text(json.dumps({str(k): v for k, v in BEHAVIOUR.items()}))
+    part = trace(f, 4)
+    assert part.length == 41
+    got = rounds(part, 120)  # asked every second, as with clock.slot: 1
+    active = {c: [t for t in range(120) if c in got[t]] for c in BEHAVIOUR}
+    assert active[0] == [t for t in range(120) if t % 10 <= 5]  # 0-5, 10-15, 20-25, 30-35, ...
+    for c in (0, 1, 2):  # one interval: FedScale's answers, at every time
+        assert [c in r for r in got] == fedscale_replay(BEHAVIOUR[c], range(120)), c
+    # two intervals: FedScale's in the client's first pass; after it FedScale's cursor, which moves
+    # on by one interval per question and is not reset at the wrap, skips [20, 25] (docs/TRACES.md)
+    assert [3 in r for r in got[:20]] == fedscale_replay(BEHAVIOUR[3], range(20))
+    assert active[3] == [t for t in range(120) if t % 20 <= 5 or 10 <= t % 20 <= 15]
+    assert [t for t, on in enumerate(fedscale_replay(BEHAVIOUR[3], range(120))) if on][12:18] == \
+        [30, 31, 32, 33, 34, 35]
+    expected = sum(len([t for t in range(spec["finish_time"]) if any(
+        a <= t <= b for a, b in zip(spec["active"], spec["inactive"]))]) / spec["finish_time"]
+        for spec in BEHAVIOUR.values())
+    assert part.sampling(10).cohort == pytest.approx(expected)  # the mean cohort of each own period
 
 
 class _Evil:
@@ -100,6 +147,11 @@ BAD = [
     ("iv.json", '{"0": [[0, 1.5]]}', "auto", "expected an integer round"),
     ("iv.json", '[[0, 1]]', "intervals", "expected a mapping"),
     ("iv.json", '{"0": {"active": [0], "inactive": [1, 2, 3]}}', "auto", "'active'/'inactive'"),
+    ("iv.json", '{"0": {"active": [3], "inactive": [1]}}', "auto", "interval [3, 1] ends before it starts"),
+    ("iv.json", '{"0": {"active": [0, 6], "inactive": [2, 8], "finish_time": 6}}', "auto",
+     "active 6 is at or after its finish_time 6"),
+    ("iv.json", '{"0": {"active": [0], "inactive": [1], "finish_time": 0}}', "auto", "finish_time must be >= 1"),
+    ("iv.json", '{"1": [[0, 1]], "01": [[2, 3]]}', "auto", "client 1 is given twice (keys '1' and '01')"),
     ("iv.pkl", "garbage", "auto", "malformed JSON"),
 ]
 

@@ -42,7 +42,7 @@ class TrainConfig:
         "uniformly; geometric: each round, interrupted after each step with probability local_steps_stop; "
         "lognormal: floor(v_i c_i) every round, device speed v_i = exp(local_steps_sigma z_i) drawn once")
     local_steps_stop: float = opt(0.2, "q: the geometric draw's chance of stopping after each step", gt=0, lt=1)
-    local_steps_sigma: float = opt(1.0, "sigma: the lognormal draw's log-speed spread", gt=0)
+    local_steps_sigma: float = opt(1.0, "sigma: the lognormal draw's log-speed spread", gt=0, le=100)
     batch_size: int = opt(32, "minibatch size (drawn uniformly with replacement)", ge=1)
     lr: float = opt(0.05, "eta_l (eta_0 when scheduled)", gt=0)
     lr_schedule: str = opt(

@@ -198,7 +198,7 @@ class PackedTrainer:
                 k = min(chunk, total - a)
                 extra = chunk - k if self.block.fixed_shape else 0  # engine.shapes: pad to one shape
                 pieces = [(j, max(a, ends[j]), min(a + k, ends[j + 1])) for j in range(len(runs))
-                          if ends[j] < a + k and ends[j + 1] > a]
+                          if ends[j] < a + k and ends[j + 1] > a and ends[j] < ends[j + 1]]  # none of a clientless run
                 xs, rates, todo = (pad_rows(v[a:a + k], extra) for v in (x, lr, steps))
                 rule = self._rule(runs, ends, pieces, a, extra)
                 inp = self._inputs(runs, ends, pieces, extra, self.block.replays(rule, samples))

@@ -7,16 +7,19 @@
   and/or commas; an empty line means nobody is available that round.
 - ``matrix``: a 0/1 matrix of rounds x m, as text (one row per line, whitespace/comma separated,
   blank lines ignored) or a ``.npy`` array.
-- ``intervals``: FedScale-style on/off availability per client, as JSON
-  ``{"<client id>": [[start, end], ...], ...}`` of half-open round intervals [start, end) in which
-  the client is available. A client may instead map to ``{"active": [...], "inactive": [...]}``
-  (FedScale's layout: the k-th interval is [active[k], inactive[k]); an unmatched last ``active``
-  stays on to the end of the trace; an optional ``finish_time`` extends the trace). FedScale's
-  pickle of that layout is read with a restricted unpickler that admits only plain containers,
-  numbers and strings (any class, numpy included, is refused). Times
-  are taken as round indices (FedScale records seconds: rescale before use, or replay them in
-  virtual seconds with ``clock.slot: 1``, ``fedmpi.clock.availability``). Clients absent from
-  the file are never available. The trace lasts max(end, finish_time, open start + 1) rounds.
+- ``intervals``: on/off availability per client, as JSON ``{"<client id>": [[start, end], ...], ...}``
+  of half-open round intervals [start, end) in which the client is available; the trace lasts
+  until the last end and wraps around as a whole. A client may instead map to FedScale's
+  behaviour-trace layout ``{"active": [...], "inactive": [...], "finish_time": F}``, replayed as
+  FedScale replays it: the k-th interval is the *closed* [active[k], inactive[k]], and the client's
+  own trace wraps at its own ``finish_time`` (client available at t when t mod F lies in one of its
+  intervals; docs/TRACES.md); an unmatched last ``active`` stays on until the wrap; without
+  ``finish_time`` the client wraps with the trace. FedScale's pickle of that layout is read with a
+  restricted unpickler that admits only plain containers, numbers and strings (any class, numpy
+  included, is refused). Times are taken as round indices (FedScale records seconds: replay them
+  in virtual seconds with ``clock.slot: 1``, ``fedmpi.clock.availability``). Clients absent from
+  the file are never available; a client named twice (``"1"`` and ``"01"``) is refused. The trace
+  lasts max(end, inactive + 1, finish_time, open start + 1) rounds.
 - ``auto`` (default): ``.npy`` (or numpy magic) -> matrix; ``.json``/``.pkl``/``.pickle``, a
   pickle, or text starting with ``{`` -> intervals; text whose every non-blank line has exactly
   m tokens of 0/1 -> matrix (refused as ambiguous when m <= 2); other text -> ids.
@@ -27,7 +30,8 @@ row has m entries of 0/1 and m > 2) a 0/1 row; a string there is read as a trace
 ``auto`` one id list among the rows makes every row an id list.
 
 A trace shorter than the run is refused (exit 2) unless ``availability.trace_repeat: true``;
-then rounds beyond the trace's length wrap around: round t replays round t mod length.
+then rounds beyond the trace's length wrap around: round t replays round t mod length (a
+FedScale client with its own ``finish_time`` wraps at it, always).
 docs/TRACES.md shows each format with an example.
 Limits: a text, JSON or pickle trace file is at most ``MAX_TRACE_BYTES`` (checked before reading;
 ``.npy`` matrices are not limited), JSON nests at most ``yamlio.MAX_DEPTH`` levels, and every
@@ -56,54 +60,62 @@ MAX_TRACE_BYTES = 1 << 30
 
 
 class Trace(Participation):
-    """Replays ``lookup(r)`` (sorted available ids of trace round r), with r = t mod ``length``;
-    ``total()``: the participations in one pass of the trace (for the expected cohort)."""
+    """Replays ``lookup(t)`` (the sorted ids available in round t, whatever t: the trace wraps
+    itself); ``length``: the rounds of one pass (checked against the run's); ``mean()``: the mean
+    participations per round (the expected cohort)."""
 
     def __init__(self, m: int, seed: int, lookup: Callable[[int], np.ndarray], length: int,
-                 total: Callable[[], int]):
+                 mean: Callable[[], float]):
         super().__init__(m, seed)
         if length < 1:
             raise ValueError("a trace needs at least one round")
-        self._lookup, self.length, self._total = lookup, int(length), total
+        self._lookup, self.length, self._mean = lookup, int(length), mean
 
     @classmethod
     def from_rounds(cls, m: int, seed: int, rounds: list[np.ndarray]) -> "Trace":
-        """From one sorted id array per round."""
-        return cls(m, seed, rounds.__getitem__, len(rounds), lambda: sum(len(r) for r in rounds))
+        """From one sorted id array per round; round t replays ``rounds[t mod len(rounds)]``."""
+        return cls(m, seed, lambda t: rounds[t % len(rounds)], len(rounds),
+                   lambda: sum(len(r) for r in rounds) / len(rounds))
 
     @classmethod
     def from_intervals(cls, m: int, seed: int, iv: np.ndarray, length: int) -> "Trace":
-        """From (n, 3) rows (client, start, end): client available for start <= r < end."""
-        return cls(m, seed, lambda r: np.unique(iv[(iv[:, 1] <= r) & (r < iv[:, 2]), 0]), length,
-                   lambda: _covered(iv))
+        """From (n, 4) rows (client, start, end, period): the client is available in round t when
+        start <= t mod period < end."""
+        def lookup(t: int) -> np.ndarray:
+            phase = t % iv[:, 3]
+            return np.unique(iv[(iv[:, 1] <= phase) & (phase < iv[:, 2]), 0])
+
+        return cls(m, seed, lookup, length, lambda: _mean_cohort(iv))
 
     def available(self, t: int) -> np.ndarray:
-        return self._lookup(t % self.length)
+        return self._lookup(t)
 
     def sampling(self, rounds: int) -> Sampling:
-        """A public, replayed pattern: nothing to amplify. n~ = the mean participations per round of
-        one pass; the separation and the most participations of any client are measured over the
+        """A public, replayed pattern: nothing to amplify. n~ = the mean participations per round
+        (``mean``); the separation and the most participations of any client are measured over the
         run's ``rounds`` rounds (O(rounds x cohort), once)."""
         support = _Support(self.m)
         for t in range(rounds):
             support.add(t, self.available(t))
         most = int(support.count.max(initial=0))
-        return Sampling("none", self._total() / self.length, separation=support.separation(none=max(rounds, 1)),
+        return Sampling("none", self._mean(), separation=support.separation(none=max(rounds, 1)),
                         separation_key=_KEY, counted=(rounds, most))
 
 
-def _covered(iv: np.ndarray) -> int:
-    """The (client, round) pairs that (client, start, end) rows cover, overlaps counted once."""
-    total = 0
+def _mean_cohort(iv: np.ndarray) -> float:
+    """The mean participations per round of (client, start, end, period) rows: each client's
+    rounds covered in one of its periods (overlaps counted once) over its period, summed."""
+    total = 0.0
     rows = iv[np.lexsort((iv[:, 1], iv[:, 0]))]
-    client, reach = -1, 0
-    for c, a, b in rows.tolist():
+    client, reach, covered, period = -1, 0, 0, 1
+    for c, a, b, p in rows.tolist():
         if c != client:
-            client, reach = c, 0
-        a = max(a, reach)
+            total += covered / period
+            client, reach, covered, period = c, 0, 0, p
+        a, b = max(a, reach), min(b, p)
         if b > a:
-            total, reach = total + b - a, b
-    return total
+            covered, reach = covered + b - a, b
+    return total + covered / period
 
 
 # ----------------------------------------------------------------------------- parsing
@@ -175,11 +187,37 @@ def _as_round(x: Any, what: str) -> int:
     return int(x)
 
 
+def _fedscale_client(c: int, spec: dict) -> tuple[list[tuple[int, int]], Optional[int], Optional[int]]:
+    """A client in FedScale's layout: its closed intervals as half-open [start, end) rows, its
+    ``finish_time`` (None: it wraps with the trace) and the start of an unmatched last ``active``
+    (None: none)."""
+    on, off = spec.get("active", []), spec.get("inactive", [])
+    if not (isinstance(on, (list, tuple)) and isinstance(off, (list, tuple))) or len(off) not in (len(on), len(on) - 1):
+        raise _Fail(f"client {c}: 'active'/'inactive' must be lists with len(inactive) in "
+                    f"(len(active), len(active) - 1)")
+    finish = _as_round(spec["finish_time"], f"client {c} finish_time") if "finish_time" in spec else None
+    if finish == 0:
+        raise _Fail(f"client {c}: finish_time must be >= 1 (the trace wraps at it)")
+    rows = []
+    for a, b in zip(on, off):
+        a, b = _as_round(a, f"client {c}"), _as_round(b, f"client {c}")
+        if b < a:
+            raise _Fail(f"client {c}: interval [{a}, {b}] ends before it starts")
+        rows.append((a, b + 1))  # closed: available at b too
+    open_start = _as_round(on[-1], f"client {c}") if len(on) > len(off) else None
+    for a in [r[0] for r in rows] + ([open_start] if open_start is not None else []):
+        if finish is not None and a >= finish:
+            raise _Fail(f"client {c}: active {a} is at or after its finish_time {finish}, where its trace "
+                        f"wraps: never reached")
+    return rows, finish, open_start
+
+
 def parse_intervals(obj: Any, m: int) -> tuple[np.ndarray, int]:
-    """(client, start, end) rows and the trace length from the intervals mapping."""
+    """(client, start, end, period) rows (available when start <= t mod period < end) and the
+    trace's length from the intervals mapping."""
     if not isinstance(obj, dict):
         raise _Fail('expected a mapping {"<client id>": [[start, end], ...]}')
-    closed, open_starts, length = [], [], 0
+    rows, length, seen = [], 0, {}
     for key, spec in obj.items():
         try:
             c = int(key)
@@ -187,34 +225,34 @@ def parse_intervals(obj: Any, m: int) -> tuple[np.ndarray, int]:
             raise _Fail(f"key {key!r}: expected an integer client id") from None
         if not 0 <= c < m:
             raise _Fail(f"client id {str(c)[:30]} outside [0, {m}) (task.clients = {m})")
-        if isinstance(spec, dict):  # FedScale layout
-            on, off = spec.get("active", []), spec.get("inactive", [])
-            lists = isinstance(on, (list, tuple)) and isinstance(off, (list, tuple))
-            if not lists or len(off) not in (len(on), len(on) - 1):
-                raise _Fail(f"client {c}: 'active'/'inactive' must be lists with len(inactive) in "
-                            f"(len(active), len(active) - 1)")
-            pairs = list(zip(on, off))
-            if len(on) > len(off):
-                open_starts.append((c, _as_round(on[-1], f"client {c}")))
-            if "finish_time" in spec:
-                length = max(length, _as_round(spec["finish_time"], f"client {c} finish_time"))
-        elif isinstance(spec, (list, tuple)):
-            pairs = spec
-        else:
+        if c in seen:
+            raise _Fail(f"client {c} is given twice (keys {seen[c]!r} and {key!r})")
+        seen[c] = key
+        if isinstance(spec, dict):  # FedScale's layout: closed intervals, wrapping at the client's finish_time
+            pairs, finish, open_start = _fedscale_client(c, spec)
+            ends = [b for _, b in pairs] + ([open_start + 1] if open_start is not None else [])
+            length = max([length, finish or 0] + ends)
+            period = finish or 0  # 0: the trace's length, known at the end
+            rows += [(c, a, b, period) for a, b in pairs]
+            if open_start is not None:
+                rows.append((c, open_start, -1, period))  # on until the wrap (end filled in below)
+            continue
+        if not isinstance(spec, (list, tuple)):
             raise _Fail(f"client {c}: expected a list of [start, end] pairs")
-        for pair in pairs:
+        for pair in spec:
             if not isinstance(pair, (list, tuple)) or len(pair) != 2:
                 raise _Fail(f"client {c}: expected [start, end] pairs, got {pair!r}")
             s, e = (_as_round(x, f"client {c}") for x in pair)
             if e < s:
                 raise _Fail(f"client {c}: interval [{s}, {e}) ends before it starts")
-            closed.append((c, s, e))
+            rows.append((c, s, e, 0))
             length = max(length, e)
-    length = max([length] + [s + 1 for _, s in open_starts])
-    rows = closed + [(c, s, length) for c, s in open_starts]
     if length < 1:
         raise _Fail("no availability interval: the trace has no rounds")
-    return np.array(rows, dtype=np.int64).reshape(-1, 3), length
+    iv = np.array(rows, dtype=np.int64).reshape(-1, 4)
+    iv[iv[:, 3] == 0, 3] = length
+    iv[iv[:, 2] == -1, 2] = iv[iv[:, 2] == -1, 3]
+    return iv, length
 
 
 def _guess(path: str, data: bytes, m: int) -> str:

@@ -33,6 +33,8 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import re
+import resource
 import time
 from typing import Any, Iterable
 
@@ -301,9 +303,13 @@ def _fallocate(fd: int, mode: int, offset: int, length: int) -> None:
 
 
 def reserve(fd: int, nbytes: int) -> None:
-    """Make sure ``nbytes`` can be written past the end of the file open on ``fd``: allocated
-    there without changing its size, or (file systems without fallocate) free on the device.
-    OSError (ENOSPC) when they cannot."""
+    """Make sure ``nbytes`` can be written past the end of the file open on ``fd``: within this
+    process's file size limit (``ulimit -f``, which fallocate does not check), and allocated there
+    without changing its size, or (file systems without fallocate) free on the device. OSError
+    (ENOSPC, or EFBIG over the limit) when they cannot."""
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit != resource.RLIM_INFINITY and os.fstat(fd).st_size + nbytes > limit:
+        raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
     try:
         _fallocate(fd, _KEEP_SIZE, os.fstat(fd).st_size, nbytes)
     except OSError as e:
@@ -361,12 +367,20 @@ class ResultWriter:
             return
         try:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            # the claim's flock guards the file; HDF5's own lock would conflict with it
-            self.f = h5py.File(path, "w", locking=False)
-            self._fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)  # for reserving space
-            reserve(self._fd, 2 * _CLOSE_MARGIN)
+            self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)  # for reserving space
         except OSError as e:
             raise InputError(f"{path}: cannot write the result file ({e.strerror or e})") from None
+        try:
+            self._create(config_yaml, seed, world_size, metrics, m, log_mask, client_arrays, events)
+        except (OSError, RuntimeError, ValueError) as e:  # no space (or another I/O error) while creating it
+            self._discard()
+            raise self._set_up_failed(e) from None
+
+    def _create(self, config_yaml: str, seed: int, world_size: int, metrics: list[str], m: int, log_mask: bool,
+                client_arrays: Iterable[str], events: bool) -> None:
+        """A new file with its root attributes and empty datasets, in space reserved first."""
+        reserve(self._fd, 2 * _CLOSE_MARGIN)  # before HDF5 writes a byte: a full disk leaves the file as it was
+        self.f = h5py.File(self.path, "w", locking=False)  # the claim's flock guards the file; HDF5's would conflict
         self.f.attrs["config"] = config_yaml
         self.f.attrs["fedmpi_version"] = __version__
         self.f.attrs["world_size"] = world_size
@@ -394,6 +408,28 @@ class ResultWriter:
                                               chunks=(max(1, min(64, 2**20 // max(m, 1))), min(m, 2**20)),
                                               dtype=np.uint8, compression="gzip", compression_opts=1)
         self.f.flush()
+
+    def _set_up_failed(self, e: BaseException) -> WriteFailed:
+        """A write of the set-up failed (exit 1, as a full disk later on): nothing was run."""
+        return WriteFailed(f"{self.path}: cannot write the result file ({_short(e)}); nothing was run, run the same "
+                           f"command again once there is space")
+
+    def _discard(self) -> None:
+        """After a failed creation: nothing of it stays (an empty file, which the same command
+        claims again; the run's set-up removes it when its claim created it). Not a stub that
+        every later run would refuse as not a fedmpi result file."""
+        f = getattr(self, "f", None)
+        if f is not None:
+            try:
+                f.close()
+            except Exception:  # closing a file HDF5 could not write may fail too: it is emptied below
+                pass
+        try:
+            os.ftruncate(self._fd, 0)
+        except OSError:
+            pass
+        unreserve(self._fd)
+        os.close(self._fd)
 
     def _reopen(self, rounds_done: int, world_size: int, rows_through: int) -> None:
         """Continue a file after a checkpoint: drop rows of rounds after ``rows_through``."""
@@ -633,8 +669,8 @@ class ResultWriter:
         arrays = {k: np.asarray(v) for k, v in arrays.items()}
         try:
             reserve(self._fd, sum(a.nbytes for a in arrays.values()) + (64 << 10) + _CLOSE_MARGIN)
-        except OSError as e:  # set-up: nothing has run yet
-            raise InputError(f"{self.path}: cannot write the result file ({_short(e)})") from None
+        except OSError as e:  # set-up: nothing has run yet (the file is then marked failed)
+            raise self._set_up_failed(e) from None
         g = self.f.require_group(name)
         for k, v in arrays.items():
             g.create_dataset(k, data=v)
@@ -664,7 +700,7 @@ class ResultWriter:
             self.f.close()
         finally:
             for s in self.sidecars:
-                s.close()
+                s.close(status)  # (a tracker's run ends as the run did)
             if self.claim is not None:
                 self.claim.release()
             unreserve(self._fd)
@@ -672,9 +708,11 @@ class ResultWriter:
 
 
 def _short(e: BaseException) -> str:
-    """An OSError's reason, or the first line of an HDF5 error (they run over several lines)."""
+    """An OSError's reason, or of an HDF5 error (they run over several lines) the system's reason
+    it gives (``error message = '...'``), else its first line."""
     text = getattr(e, "strerror", None) or str(e) or type(e).__name__
-    return text.splitlines()[0][:160]
+    said = re.search(r"error message = '([^']+)'", text)
+    return said.group(1) if said else text.splitlines()[0][:160]
 
 
 def _client_chunks(m: int) -> tuple[int, int]:

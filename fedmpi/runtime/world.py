@@ -48,7 +48,8 @@ import torch.distributed as dist
 
 from ..errors import InputError, RankLost
 from ..schema import opt
-from .launcher import agree_on_error, announced_size, check_world_size, local_rank_hint, node_name, wants_mpi
+from .launcher import (agree_on_error, announced_size, check_world_size, local_rank_hint, mpi_module, node_name,
+                       wants_mpi)
 from .watch import BEAT_S, Heartbeat, Hub, advertised_host
 
 
@@ -262,11 +263,7 @@ class World:
         all_local = True
         if wants_mpi():
             announced = announced_size()  # before MPI starts (a singleton sets variables of its own)
-            try:
-                from mpi4py import MPI
-            except ImportError:
-                raise InputError("runtime: launched with several ranks but mpi4py is not installed "
-                                 "(pip install 'fedmpi[mpi]')") from None
+            MPI = mpi_module()  # InputError when mpi4py or an MPI library is missing
             comm = MPI.COMM_WORLD
             rank, size = comm.Get_rank(), comm.Get_size()
             check_world_size(size, announced)

@@ -1,6 +1,6 @@
 """Run the tests as on a machine without some optional extras (docs/DESIGN.md "Tests"):
 
-    FEDMPI_HIDE=dp_accounting,pandas,scipy,hypothesis,tensorboard PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 \\
+    FEDMPI_HIDE=dp_accounting,pandas,scipy,hypothesis,tensorboard,wandb,mlflow PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 \\
         PYTHONPATH=$PWD:$PWD/tests/without_extras python -m pytest -m "not slow"
 
 Python imports this file at start-up when its folder is on PYTHONPATH (so the CLI subprocesses
