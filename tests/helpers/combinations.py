@@ -116,13 +116,22 @@ def axes() -> tuple[list[str], list[str], list[str], list[str]]:
 
 
 def every() -> list[Combo]:
-    algorithms, kinds, _, _ = axes()
+    algorithms, kinds, mechanisms, _ = axes()
     clocks = [c for c in CLOCK if c != "none"]
     return [Combo(*c) for c in itertools.product(*axes())] + [
-        Combo(a, k, "none", "fixed", c) for a, k, c in itertools.product(algorithms, kinds, clocks)]
+        Combo(a, k, "none", "fixed", c) for a, k, c in itertools.product(algorithms, kinds, clocks)] + [
+        Combo(a, k, p, "fixed", c) for a, k, p, c in itertools.product(asynchronous(), kinds, mechanisms, clocks)
+        if p != "none"]  # DP for asynchronous FL: an asynchronous server runs only on the clock
 
 
-def sample(n: int = 52) -> list[Combo]:
+def asynchronous() -> list[str]:
+    """The built-in asynchronous servers (they run on the clock only, so privacy crosses them there)."""
+    from fedmpi.algorithms.asynchronous import AsyncAlgorithm
+
+    return [a for a in axes()[0] if issubclass(ALGORITHMS.get(a).obj, AsyncAlgorithm)]
+
+
+def sample(n: int = 57) -> list[Combo]:
     """A fixed spread of the matrix: every algorithm, kind, mechanism and kind of local work, each
     paired with a rotating choice of the others, plus the combinations issue #32 found wrong and a
     few of each clock setting (issue #33)."""
@@ -146,7 +155,12 @@ def sample(n: int = 52) -> list[Combo]:
                Combo("fedknown", "stationary", "none", "fixed", "deadline"),
                Combo("scaffold", "always", "none", "fixed", "overselect"),
                Combo("fedbuff", "stationary", "none", "fixed", "slots"),
-               Combo("fedavg_active", "markov", "none", "momentum", "slots")]
+               Combo("fedavg_active", "markov", "none", "momentum", "slots"),
+               Combo("fedbuff", "always", "gaussian", "fixed", "lognormal"),  # DP-FedBuff (#43)
+               Combo("fedbuff", "always", "local_gaussian", "fixed", "lognormal"),
+               Combo("fedasync", "always", "gaussian", "fixed", "lognormal"),
+               Combo("fedavg_active", "stationary", "local_gaussian", "uniform"),  # local DP (#43)
+               Combo("fedswe", "trace", "local_gaussian", "fixed")]
     return list(dict.fromkeys(picked))[:n]
 
 

@@ -4,7 +4,8 @@ Round by round, from the same state, the round as the run plays it and the same 
 client j added to (or taken from) the available set, or with other data: the other clients'
 contributions must be the same bits, and the part of the summed rows the noise protects
 (``private_part``) may move by at most the sensitivity the algorithm declares for one client,
-C * bound / divisor (twice that when j's data change: one update out, another in)."""
+C * bound / divisor (twice that when j's data change: one update out, another in). An asynchronous
+server's releases (``check_counted``): the schedule held, j's updates zeroed or on other data."""
 
 from __future__ import annotations
 
@@ -73,6 +74,70 @@ def _changed(task, client: int):
     return dataclasses.replace(task, train_y=y)
 
 
+def _spied_release(privacy, zeroed: int = -1) -> dict:
+    """Record the updates an asynchronous server's clients send (after the bound) and each release
+    with its contributors; ``zeroed``: that client's updates replaced by zeros (zero-out)."""
+    seen: dict = {"rows": {}, "total": None, "contributors": None}
+    client_side, server_side = privacy.client_side, privacy.server_side
+
+    def clients(t, ids, start, end):
+        if zeroed in ids:
+            end = end.clone()
+            end[np.flatnonzero(ids == zeroed)] = start[np.flatnonzero(ids == zeroed)]
+        out = client_side(t, ids, start, end)
+        for i, row in zip(ids.tolist(), out - start):
+            seen["rows"][i] = row.clone()
+        return out
+
+    def server(t, total, *args, **kwargs):
+        out = server_side(t, total, *args, **kwargs)
+        seen["total"], seen["contributors"] = out.clone(), kwargs.get("contributors")
+        return out
+
+    privacy.client_side, privacy.server_side = clients, server
+    return seen
+
+
+def check_counted(cfg, rounds: int, client: int, change: str = "toggle") -> int:
+    """The neighbouring-run check of an asynchronous server (counted releases, docs/PRIVACY.md "DP
+    for asynchronous FL"), noise 0: step by step from the same state, ``client``'s updates zeroed
+    (``"toggle"``: zero-out, the schedule being public) or trained on other data (``"data"``). The
+    schedule (who contributes to the release) must be the same, every other client's update the same
+    bits, and the released buffer may move by at most n C (2 n C for other data), n the client's
+    updates in it. Returns how many steps the releases differed in."""
+    world = World()
+    run = build_components(cfg, world)
+    algo = run.algorithm
+    other_task = _changed(run.task, client) if change == "data" else run.task
+    C = float(cfg.privacy.clip) * (2 if change == "data" else 1)
+    differed = 0
+    for t in range(rounds):
+        before = _copy(algo.state_dict())
+        other = build_components(cfg, world, task=other_task).algorithm
+        other.load_state_dict(before)
+        if change == "toggle":  # zero-out: the client's updates still in flight are zeros too
+            flight = other.flight
+            other.held[(flight.client == client) & (flight.trained == 1)] = 0
+        mine = _spied_release(algo.privacy)
+        theirs = _spied_release(other.privacy, zeroed=client if change == "toggle" else -1)
+        algo.round(t), other.round(t)
+        del algo.privacy.client_side, algo.privacy.server_side
+        for i in set(mine["rows"]) & set(theirs["rows"]) - {client}:
+            assert torch.equal(mine["rows"][i], theirs["rows"][i]), \
+                f"step {t}: client {client} ({change}) changed client {i}'s update"
+        if mine["total"] is None:
+            assert theirs["total"] is None, f"step {t}: one run released, its neighbour did not"
+            continue
+        assert np.array_equal(mine["contributors"], theirs["contributors"]), \
+            f"step {t}: client {client} ({change}) changed who the release holds"
+        n = int(np.sum(np.asarray(mine["contributors"]) == client))
+        moved = float((mine["total"] - theirs["total"]).norm())
+        assert moved <= C * n * (1 + 1e-5) + 1e-9, \
+            f"step {t}: client {client} ({change}, {n} updates) moved the release by {moved:.6g} > {C * n:.6g}"
+        differed += moved > 0
+    return differed
+
+
 def check(cfg, rounds: int, client: int, change: str = "toggle", task=None,
           participation: Participation | None = None) -> int:
     """Play ``rounds`` rounds of ``cfg`` (privacy with noise_multiplier 0) on one rank and check every
@@ -81,6 +146,8 @@ def check(cfg, rounds: int, client: int, change: str = "toggle", task=None,
     the neighbours' private sums differed in."""
     world = World()
     run = build_components(cfg, world, task=task, participation=participation)
+    if run.privacy.ledger.counted:  # an asynchronous server: its releases follow the clock's public schedule
+        return check_counted(cfg, rounds, client, change)
     memory = Remembered(run.participation)
     algo = build_components(cfg, world, participation=memory, task=run.task).algorithm
     other_task = _changed(run.task, client) if change == "data" else run.task
