@@ -290,5 +290,8 @@ def page() -> str:
         "### Models and datasets",
         _functions(__import__("fedmpi.models", fromlist=["x"]), ["register"]) + "\n\n"
         + _functions(datasets, ["register_dataset"]),
+        "### Adapter types and stacked rules",
+        _functions(__import__("fedmpi.models.adapters", fromlist=["x"]), ["register_adapter", "adapted", "replace"])
+        + "\n\n" + _functions(__import__("fedmpi.engine.layers", fromlist=["x"]), ["stacked_rule"]),
     ]
     return "\n\n".join(sections).replace("``", "`")

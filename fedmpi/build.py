@@ -33,7 +33,7 @@ from .engine.local import LocalTrainer
 from .engine.params import frozen_bytes
 from .errors import InputError
 from .models import build_model, loss_fn
-from .models.losses import mse
+from .models.losses import TokenLoss, mse
 from .participation import AvailabilityParams, ClientInfo
 from .participation import Participation
 from .participation import build as build_participation
@@ -62,7 +62,9 @@ def build_components(cfg: Config, world: World, participation: Participation | N
     cls = ALGORITHMS.get(cfg.algorithm.name).obj
     if participation is None and cls.needs_participation:
         participation = build_participation(asked_availability(cfg), task.client_info(cfg.seed, cfg.rounds))
-    check_memory(cfg, world, task.m, trainer.spec.dim, task, trainer.path)
+    held = check_memory(cfg, world, task.m, trainer.spec.dim, task, trainer.path, trainer)
+    if task.text is not None or frozen_bytes(task.model):
+        log.info(memory_line(trainer, world, held))
     check_step_inputs(cfg, world, trainer)
     privacy = Privacy.of_run(cfg, participation, cls, trainer.spec.dim, world)  # the releases the server asks for
     components = Components(cfg, world, task, trainer, participation, privacy)
@@ -92,11 +94,13 @@ def check_state(run: Components) -> None:
 
 
 def check_memory(cfg: Config, world: World, m: int, d: int, task: Task | None = None,
-                 path: str = "batched") -> None:
+                 path: str = "batched", trainer: LocalTrainer | None = None) -> int:
     """Refuse up front, with the estimate, an O(m d) algorithm state or a privacy mechanism's state
     (banded MF's noise history) that cannot fit (d: the trainable parameters, ``engine.params``),
     and (with ``task``) the model's frozen base (once per rank) and a local step (batch x model,
-    ``guards.step_bytes``) that cannot fit beside them."""
+    ``guards.step_bytes``; with ``trainer`` also each client's trainable parameters, gradients and
+    optimizer state, ``LocalTrainer.memory``) that cannot fit beside them. Returns the bytes held
+    besides the local steps (state, noise, base)."""
     lo, hi = world.shard(m)
     need = int(ALGORITHMS.get(cfg.algorithm.name).obj.client_rows) * (hi - lo) * d * 4
     free, where = world.free_memory()  # a GPU shared by several ranks: its share
@@ -112,7 +116,7 @@ def check_memory(cfg: Config, world: World, m: int, d: int, task: Task | None = 
                          f"available" + (f" besides {need / 2**30:.1f} GiB of per-client state" if need else ""))
     need += noise
     if task is None:
-        return
+        return need
     base = frozen_bytes(task.model)  # the frozen base: once per rank, whatever the number of clients
     if need + base > 0.9 * free:
         raise InputError(f"task.model: the frozen base of {cfg.task.model} takes {base / 2**30:.1f} GiB on every "
@@ -120,12 +124,35 @@ def check_memory(cfg: Config, world: World, m: int, d: int, task: Task | None = 
                          + (f" besides {need / 2**30:.1f} GiB of per-client state" if need else ""))
     need += base
     batch = int(task.sizes.max()) if cfg.train.full_gradient else cfg.train.batch_size
-    step = guards.step_bytes(task, batch, hi - lo, path)
+    mem = trainer.memory() if trainer is not None else None
+    step = guards.step_bytes(task, batch, hi - lo, path, mem.parameters + mem.gradients + mem.optimizer if mem else 0)
     if need + step > 0.9 * free:
         key = "train.full_gradient" if cfg.train.full_gradient else "train.batch_size"
         raise InputError(f"{key}: a local step of {min(guards.STEP_CLIENTS, hi - lo)} clients x {batch} samples needs "
                          f"{step / 2**30:.1f} GiB, more than the {free / 2**30:.1f} GiB {where} available"
                          + (f" besides {need / 2**30:.1f} GiB of per-client state" if need else ""))
+    return need
+
+
+def memory_line(trainer: LocalTrainer, world: World, held: int) -> str:
+    """The run log's line on memory (a model with a frozen base, or a language model): bytes per
+    client by what they hold, the base once per rank, the clients of a block (``chunk_size``) and
+    how many clients' local steps fit in this rank's memory beside ``held`` bytes (state, base)."""
+    mem, base = trainer.memory(), frozen_bytes(trainer.task.model)
+    free, where = world.free_memory()
+    fit = max(0, int((0.9 * free - held) // max(mem.total, 1)))
+    return (f"memory: {_size(mem.total)} per client ({trainer.spec.dim} trainable parameters {_size(mem.parameters)}, "
+            f"gradient and update {_size(mem.gradients)}, optimizer state {_size(mem.optimizer)}, minibatch "
+            f"{_size(mem.minibatch)}, activations {_size(mem.activations)}); frozen base {_size(base)} once per rank; "
+            f"blocks of {trainer.chunk_size()} clients; {fit} clients fit at once in the {_size(free)} {where} "
+            f"available")
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"
 
 
 def check_step_inputs(cfg: Config, world: World, trainer: LocalTrainer) -> None:
@@ -163,15 +190,22 @@ def build_task(cfg: Config, device: torch.device) -> Task:
     parts, local = _local_test(data, parts, cfg, device)  # held out before anything counts the clients' samples
     order, offsets = _flat(parts)
     outputs = classes or ytr.shape[1]  # regression: one output per target
+    loss = loss_fn(cfg.task.model) if classes else mse
+    if isinstance(loss, TokenLoss) != (data.text is not None):
+        raise InputError(f"task.model: {cfg.task.model} " + (
+            f"reads token sequences, but task.dataset {cfg.task.dataset} is not a text dataset"
+            if data.text is None else f"does not read token sequences, which task.dataset {cfg.task.dataset} gives "
+                                      f"(a language model, e.g. transformer, does)"))
     model = build_model(cfg.task.model, tuple(xtr.shape[1:]), outputs, seed=cfg.seed, params=cfg.task)
-    return Task(model=model.to(device), loss=loss_fn(cfg.task.model) if classes else mse,
+    return Task(model=model.to(device), loss=loss,
                 train_x=torch.from_numpy(np.ascontiguousarray(xtr)).to(device),
                 train_y=torch.from_numpy(ytr).to(device),
                 test_x=torch.from_numpy(np.ascontiguousarray(xte)).to(device),
                 test_y=torch.from_numpy(yte).to(device),
                 order=torch.from_numpy(order).to(device), offsets=offsets, classes=classes,
-                label_hist=label_histogram(ytr, parts, classes) if classes else None,
-                groups=client_groups(m, cfg.task.partition), mean=mean, std=std, image=data.image, **local)
+                label_hist=label_histogram(ytr, parts, classes) if classes and data.text is None else None,
+                groups=client_groups(m, cfg.task.partition), mean=mean, std=std, image=data.image, text=data.text,
+                **local)
 
 
 def _parts(data: DataArrays, m: int, cfg: Config) -> list[np.ndarray]:
@@ -182,10 +216,10 @@ def _parts(data: DataArrays, m: int, cfg: Config) -> list[np.ndarray]:
             raise InputError(f"task.partition.kind: natural needs a dataset that gives client ids "
                              f"(DataArrays.client_train); {cfg.task.dataset!r} gives none")
         return natural_parts(data.client_train, m)
-    if not data.classes and kind != "iid":
-        raise InputError(f"task.partition.kind: {kind} splits by class labels; a regression dataset "
-                         f"(classes 0) takes iid or natural")
-    labels = data.y_train if data.classes else np.zeros(len(data.y_train), np.int64)
+    if (not data.classes or data.text is not None) and kind != "iid":
+        what = "a text dataset" if data.text is not None else "a regression dataset (classes 0)"
+        raise InputError(f"task.partition.kind: {kind} splits by class labels; {what} takes iid or natural")
+    labels = data.y_train if data.classes and data.text is None else np.zeros(len(data.y_train), np.int64)
     return partition(labels, m, cfg.task.partition, rng.generator(cfg.seed, "partition"))
 
 

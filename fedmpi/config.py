@@ -122,6 +122,8 @@ class Config:
         keep.update(self.reads_outside_digest())  # e.g. rounds, when the noise is calibrated to them
         if not self.task.partition.local_test:  # old digests stay valid
             del keep["task"]["partition"]["local_test"]
+        if keep["task"].get("adapter") == {"kind": "none"}:  # no adapter (every model's key): old digests stay valid
+            del keep["task"]["adapter"]
         draw = keep["train"].get("local_steps_draw")  # each draw's own parameter only: old digests stay valid
         for key, user in (("local_steps_stop", "geometric"), ("local_steps_sigma", "lognormal")):
             if draw != user:
@@ -566,6 +568,7 @@ def _block_reference(base: type, prefix: str) -> list[tuple[str, str]]:
                 users = [x.name for x in entries if f.name in {g.name for g in dataclasses.fields(x.params or base)}]
                 who = "" if len(users) == len(entries) else ", ".join(users) + ": "
                 hint = hints[f.name]
-                rows += (reference(hint, prefix + f.name + ".", who) if dataclasses.is_dataclass(hint)
+                rows += (_block_reference(hint, prefix + f.name + ".") if _selectors(hint) else
+                         reference(hint, prefix + f.name + ".", who) if dataclasses.is_dataclass(hint)
                          else [(_declared_in(cls, f.name), _reference_row(prefix + f.name, f, hint, who))])
     return rows

@@ -1,10 +1,17 @@
 """The evaluator: which metrics a run logs, and computing them at an evaluation.
 
 Metric names follow from the task and the algorithm's declarations: for each label of
+<<<<<<< HEAD
+``algorithm.evaluated_models`` (``""`` -> no suffix) ``test_loss``, ``test_acc`` (classification;
+a language model's next-token accuracy), ``test_ppl`` (a language model's perplexity, exp of the
+token-level loss), ``x`` (a scalar model), and ``train_loss`` (and ``train_acc``, ``train_ppl``)
+for the main model when ``evaluation.train``; then the algorithm's own ``metrics``; ``epsilon`` under ``privacy``; the
+=======
 ``algorithm.evaluated_models`` (``""`` -> no suffix) ``test_loss``, ``test_acc`` (classification),
 ``x`` (a scalar model), and ``train_loss`` (and ``train_acc`` for classification) for the main
 model when ``evaluation.train``; then the algorithm's own ``metrics``; ``epsilon`` under ``privacy`` (and
 ``epsilon_production`` under ``privacy.noise_cohort_size``); the
+>>>>>>> main
 per-client summaries (``evaluation.clients``) and the registered metrics the config names
 (``evaluation.metrics``; ``fedmpi.metrics``); then ``n_active``, ``wall_time`` and
 ``peak_rss_mb``. The result-file contract is in docs/INTERFACES.md.
@@ -73,7 +80,7 @@ class Evaluator:
             log.info("registered metric%s %s not computed: this config does not name %s in evaluation.metrics",
                      "s" if len(idle) > 1 else "", ", ".join(idle), "them" if len(idle) > 1 else "it")
         arrays = run.cfg.evaluation.clients.arrays
-        self.client_arrays = metrics.client_names(run.task.classes) if arrays else []
+        self.client_arrays = metrics.client_names(run.task.classes, metrics.perplexity(run.task)) if arrays else []
         self._train_subset = self._train_eval_subset()
         self.last_models: dict[str, torch.Tensor] = {}  # the models of the last evaluation (rank 0)
         self.last_clients: dict[str, np.ndarray] = {}  # the per-client values of the last evaluation (rank 0)
@@ -81,17 +88,20 @@ class Evaluator:
     def _names(self) -> list[str]:
         task, cfg, algo = self.run.task, self.run.cfg, self.run.algorithm
         scalar = task.classes == 0 and self.run.spec.dim == 1
+        ppl = metrics.perplexity(task)
         names = []
         for label in algo.evaluated_models:
             sfx = f"_{label}" if label else ""
             names += [f"test_loss{sfx}"] + ([f"test_acc{sfx}"] if task.classes else [])
+            names += [f"test_ppl{sfx}"] if ppl else []
             if label == "" and cfg.evaluation.train:
-                names += ["train_loss"] + (["train_acc"] if task.classes else [])
+                names += ["train_loss"] + (["train_acc"] if task.classes else []) + (["train_ppl"] if ppl else [])
             if scalar:
                 names.append(f"x{sfx}")
         private = list(self.run.privacy.metric_names)  # privacy (#27): the accountant's epsilon(s)
         private += ["time"] if cfg.clock.on else []  # the clock: virtual seconds (fedmpi.clock)
-        clients = metrics.summary_names(task.classes, cfg.evaluation.clients.summaries) if self.per_client else []
+        clients = (metrics.summary_names(task.classes, cfg.evaluation.clients.summaries, ppl)
+                   if self.per_client else [])
         extra = clients + list(cfg.evaluation.metrics)
         taken = set(names) | set(algo.metrics) | set(private) | set(RUN_METRICS) | set(clients)
         clash = [n for n in cfg.evaluation.metrics if n in taken]
@@ -127,6 +137,8 @@ class Evaluator:
             row[f"test_loss{sfx}"] = float(loss[0])
             if acc is not None:
                 row[f"test_acc{sfx}"] = float(acc[0])
+            if f"test_ppl{sfx}" in self.names:
+                row[f"test_ppl{sfx}"] = metrics.exp(float(loss[0]))
             if f"x{sfx}" in self.names:
                 row[f"x{sfx}"] = float(model.reshape(-1)[0])
             if label == "" and "train_loss" in self.names:
@@ -137,6 +149,8 @@ class Evaluator:
                 row["train_loss"] = float(loss[0])
                 if acc is not None:
                     row["train_acc"] = float(acc[0])
+                if "train_ppl" in self.names:
+                    row["train_ppl"] = metrics.exp(float(loss[0]))
         row.update(snap.metrics)
         if "time" in self.names:  # the clock: virtual seconds at this evaluation
             row["time"] = float(self.run.algorithm.virtual_time())

@@ -41,18 +41,20 @@ def _saved_bytes(task, n: int) -> int:
     return total
 
 
-def step_bytes(task, batch: int, local_clients: int, path: str = "batched") -> int:
+def step_bytes(task, batch: int, local_clients: int, path: str = "batched", client_state: int = 0) -> int:
     """A lower bound of the memory one local SGD step allocates: the minibatches of
     ``min(STEP_CLIENTS, local clients)`` clients (float input, index and augmentation draws per sample)
     and the activations autograd keeps for backward, for all of them at once on the batched
-    path and for one client at a time on the sequential one."""
+    path and for one client at a time on the sequential one, and ``client_state`` bytes for each
+    of them (its trainable parameters, their gradient and update, its optimizer state:
+    ``LocalTrainer.memory``; the frozen base is the rank's, counted once by the caller)."""
     clients = min(STEP_CLIENTS, max(local_clients, 1))
     n = min(2, task.train_x.shape[0])
     saved = 0
     if n == 2:  # what one more sample adds; the model's own tensors cancel out
         saved = max(_saved_bytes(task, 2) - _saved_bytes(task, 1), 0)
     together = 1 if path == "sequential" else clients
-    return batch * (clients * (4 * task.train_x[0].numel() + 8 + 12) + together * saved)
+    return batch * (clients * (4 * task.train_x[0].numel() + 8 + 12) + together * saved) + clients * client_state
 
 
 #: bytes per client, step and minibatch sample of a block's inputs: the int64 ids (device) and,

@@ -7,7 +7,9 @@ average) is evaluated on each client's own data: its local test split when there
 own test samples, e.g. a LEAF user's), else its training samples. Each rank evaluates the
 clients of its shard one by one (the same batches whatever the number of ranks, so the same
 bits) and rank 0 gathers the values in client order: ``loss`` and, for classification, ``acc``
-(a client without evaluation samples is NaN and left out of the summaries). The summaries named
+(for a language model, trained with a token loss: the mean over the client's target tokens, the
+next-token accuracy and ``ppl``, the perplexity exp(loss)); a client without evaluation samples
+(or target tokens) is NaN and left out of the summaries. The summaries named
 by ``evaluation.clients.summaries`` are metrics of the row, ``client_<name>_<summary>``: by
 default ``p10``, ``p50``, ``p90``, ``std`` (ddof 0) and ``worst``, the mean over the worst
 ``evaluation.clients.worst`` fraction of clients (highest losses, lowest accuracies); the
@@ -83,7 +85,7 @@ class MetricInput:
 
     rounds_done: int  # rounds completed at this evaluation (0 = before training)
     row: Mapping[str, float]  # the metrics computed so far at this evaluation
-    clients: Mapping[str, np.ndarray]  # 'loss', 'acc' (classification): (m,) float64; empty when off
+    clients: Mapping[str, np.ndarray]  # 'loss', 'acc' (classification), 'ppl' (token loss): (m,) float64; or empty
     sizes: np.ndarray  # (m,) samples the per-client values were computed on
     cfg: Any  # the run's Config
 
@@ -122,13 +124,26 @@ def wants_clients(cfg: Any) -> bool:
     return c.enabled or c.arrays or any(METRICS.get(n).options.get("clients") for n in cfg.evaluation.metrics)
 
 
-def client_names(classes: int) -> list[str]:
-    """The per-client arrays of a task: ``loss``, and ``acc`` for classification."""
-    return ["loss", "acc"] if classes else ["loss"]
+def client_names(classes: int, perplexity: bool = False) -> list[str]:
+    """The per-client arrays of a task: ``loss``, ``acc`` for classification (a language model's
+    next-token accuracy), ``ppl`` for a language model (``perplexity``)."""
+    return ["loss"] + (["acc"] if classes else []) + (["ppl"] if perplexity else [])
 
 
-def summary_names(classes: int, summaries: list[str] | tuple[str, ...] = SUMMARIES) -> list[str]:
-    return [f"client_{a}_{s}" for a in client_names(classes) for s in summaries]
+def summary_names(classes: int, summaries: list[str] | tuple[str, ...] = SUMMARIES,
+                  perplexity: bool = False) -> list[str]:
+    return [f"client_{a}_{s}" for a in client_names(classes, perplexity) for s in summaries]
+
+
+def perplexity(task: Task) -> bool:
+    """Whether ``task``'s loss is a mean negative log-likelihood per token (``Loss.perplexity``):
+    its exp, the perplexity, is then a metric too (``test_ppl``, ``client_ppl_*``)."""
+    return bool(getattr(task.loss, "perplexity", False))
+
+
+def exp(loss: float) -> float:
+    """The perplexity of a mean token loss: exp(loss), inf beyond float64 (NaN stays NaN)."""
+    return math.exp(loss) if not loss > 709.0 else math.inf
 
 
 def summarize(name: str, values: np.ndarray, worst: float, summaries: list[str] | tuple[str, ...] = SUMMARIES,
@@ -142,7 +157,7 @@ def summarize(name: str, values: np.ndarray, worst: float, summaries: list[str] 
     v = values[ok][by_value]
     k = max(1, math.ceil(worst * v.size))
     low, high = float(np.mean(v[:k])), float(np.mean(v[-k:]))
-    low_is_bad = name != "loss"
+    low_is_bad = name not in ("loss", "ppl")
     stats: dict[str, Callable[[], float]] = {
         "p10": lambda: np.quantile(v, 0.1), "p50": lambda: np.quantile(v, 0.5), "p90": lambda: np.quantile(v, 0.9),
         "std": lambda: np.std(v), "worst": lambda: low if low_is_bad else high,
@@ -179,7 +194,7 @@ def evaluate_clients(run: Components, model: torch.Tensor | None) -> dict[str, n
         flat = torch.empty(spec.dim, dtype=torch.float32, device=task.train_x.device)
     world.broadcast_(flat)
     lo, hi = world.shard(task.m)
-    names = client_names(task.classes)
+    names = client_names(task.classes, perplexity(task))
     mine = np.full((len(names), hi - lo), np.nan)
     sizes = client_sizes(task)
     with one_thread(flat.device):  # the gathers too: threads that wait for each other cost more than they give
@@ -191,6 +206,8 @@ def evaluate_clients(run: Components, model: torch.Tensor | None) -> dict[str, n
             mine[0, i - lo] = float(loss[0])
             if acc is not None:
                 mine[1, i - lo] = float(acc[0])
+            if names[-1] == "ppl":
+                mine[-1, i - lo] = exp(float(loss[0]))
     parts = world.allgather_obj(mine)
     if world.rank != 0:
         return None

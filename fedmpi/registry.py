@@ -8,7 +8,8 @@ configured and validated exactly like a built-in one.
 
 The packages register into the registries below (``fedmpi.algorithms.register``,
 ``fedmpi.models.register``, ``fedmpi.data.datasets.register_dataset``,
-``fedmpi.participation.register``, ``fedmpi.privacy.mechanism.register``). An entry's
+``fedmpi.participation.register``, ``fedmpi.privacy.mechanism.register``,
+``fedmpi.models.adapters.register_adapter``). An entry's
 ``options["reads"]`` are the keys of other sections the component reads (``schema.Reads``), which
 ``fedmpi.config`` checks. This module imports nothing that registers: filling the
 registries is the loader's job (``fedmpi.plugins.load``: the built-ins, then the plug-ins).
@@ -105,6 +106,7 @@ MODELS = Registry("model", "task.model")
 DATASETS = Registry("dataset", "task.dataset")
 AVAILABILITY = Registry("availability kind", "availability.kind")
 MECHANISMS = Registry("privacy mechanism", "privacy.mechanism")  # fedmpi.privacy.mechanism.register
+ADAPTERS = Registry("adapter type", "task.adapter.kind")  # fedmpi.models.adapters.register_adapter
 # Every registered callback runs on every rank, at its ``when`` (an option; runner.py):
 # "round_start" (the default) fn(run, t) before round t; "round_end" fn(run, t) after it;
 # "evaluated" fn(run, rounds_done, row) -> a reason to stop the run early (str) or None.

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
 import numpy as np
 import torch
 
+from .data import synthetic_text  # noqa: F401  (registers synthetic_text, before quadratic below)
+from .data.arrays import TextInfo
 from .data.datasets import DatasetParams, register_dataset
 from .errors import InputError
 from .models.losses import quadratic
@@ -52,6 +54,7 @@ class Task:
     local_test_order: torch.Tensor | None = None  # client i's local test samples (partition.local_test):
     local_test_offsets: np.ndarray | None = None  # X[local_test_order[off[i]:off[i+1]]], off (m + 1,), X being
     local_test_source: Literal["train", "test"] = "train"  # train_x (held out of training) or test_x (the dataset's)
+    text: TextInfo | None = None  # a text task's tokenizer (token ids (N, T) in, next tokens out)
 
     @property
     def m(self) -> int:

@@ -12,6 +12,7 @@ import sys
 import h5py
 import numpy as np
 import pytest
+import torch
 
 import fault_plugin
 from conftest import ROOT, fedmpi, mpiexec
@@ -86,7 +87,7 @@ def test_model_and_dataset_take_their_own_keys():
     (["--set", "algorithm.betta=0.5"], "algorithm.betta: unknown key (allowed: name, global_lr, beta)"),
     (["--set", "algorithm.beta=1.5"], "algorithm.beta: must be < 1, got 1.5"),
     (["--set", "task.widht=3"], "task.widht: unknown key (allowed: dataset, root, cache_dir, clients, partition, "
-                                "model, width, blocks, spiral_samples, arms, noise)"),
+                                "model, adapter, width, blocks, spiral_samples, arms, noise)"),
     (["--set", "task.arms=1"], "task.arms: must be >= 2, got 1"),
 ])
 def test_a_typo_in_a_plugin_parameter_is_exit_2_naming_the_key(tmp_path, args, needle):
@@ -281,3 +282,42 @@ def test_oort_cells_pack_in_a_sweep_with_their_own_quantities(tmp_path):
         packed = tmp_path / "cells" / "oort" / f"seed={seed}.h5"
         same(alone, packed)
         same_client_rounds(alone, packed)
+
+
+IA3 = {"kind": "my_ia3", "target_modules": ["k_proj", "v_proj", "down_proj"]}
+
+
+def test_the_adapter_plugin_trains_its_scales_stacked():
+    """my_ia3 (an adapter type from a plug-in, with its stacked rule): only its scales are the
+    clients' own, the stacked rule trains them as vmap does, and a client's bits do not depend on
+    its block."""
+    from helpers.text import text_config
+
+    from fedmpi.build import build_task
+    from fedmpi.engine.local import LocalTrainer
+
+    load([PLUGIN])
+    cfg = config.from_dict(text_config(False, task__adapter=IA3))
+    task = build_task(cfg, torch.device("cpu"))
+    stacked, vmapped = (LocalTrainer(task, cfg.train, cfg.seed, stacked=s) for s in (True, False))
+    assert stacked.net is not None and all(n.endswith(".ia3_l") for n in stacked.spec.names)
+    x0 = stacked.spec.flatten(task.model).expand(4, -1)
+    ids = np.arange(4)
+    together = stacked.train(x0, ids, 0)
+    assert (together - x0).abs().max() > 1e-5
+    torch.testing.assert_close(vmapped.train(x0, ids, 0), together, rtol=0, atol=1e-6)
+    assert torch.equal(stacked.train(x0[:1], ids[2:3], 0)[0], together[2])
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_the_adapter_plugin_on_one_and_two_ranks(tmp_path):
+    from helpers.text import text_config
+
+    from conftest import write_config
+
+    cfg = write_config(tmp_path / "ia3.yaml", text_config(False, task__adapter=IA3))
+    one, two = tmp_path / "one.h5", tmp_path / "two.h5"
+    for out, ranks in ((one, 0), (two, 2)):
+        fedmpi(["run", cfg, "--out", str(out), "--quiet", "--plugin", PLUGIN], ranks=ranks)
+    same(one, two)

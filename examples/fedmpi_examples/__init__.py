@@ -17,7 +17,9 @@ Load it with ``fedmpi run CONFIG --plugin examples/fedmpi_examples`` (or
 - dataset ``spirals``: interleaved 2-D spirals from numpy arrays, ``task.spiral_samples``,
   ``task.arms``, ``task.noise`` (``dataset.py``);
 - privacy mechanism ``own_factor``: banded matrix-factorization noise with a factor of your own,
-  ``privacy.factor`` (``mechanism.py``).
+  ``privacy.factor`` (``mechanism.py``);
+- adapter type ``my_ia3``: IA3's learned output scales over a frozen model, ``task.adapter.kind:
+  my_ia3`` (``adapter.py``: an adapter type and its stacked rule).
 """
 
-from . import asyncmomentum, dataset, fedavgm, lossweighted, mechanism, model, oort  # noqa: F401  (each registers its component)
+from . import adapter, asyncmomentum, dataset, fedavgm, lossweighted, mechanism, model, oort  # noqa: F401  (each registers its component)

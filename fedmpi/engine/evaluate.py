@@ -16,7 +16,7 @@ import weakref
 import torch
 from torch.func import functional_call, vmap
 
-from ..models.losses import per_sample
+from ..models.losses import eval_totals
 from .layers import StackedNet, conv_impl
 from .params import ParamSpec
 from .threads import one_thread
@@ -36,12 +36,13 @@ def _stacked(model: torch.nn.Module, device: torch.device) -> StackedNet | None:
 @torch.no_grad()
 def evaluate(task: Task, spec: ParamSpec, models: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
              batch_size: int = 2000) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Mean loss (k,) and accuracy (k,) (None for regression tasks) of each row of ``models``."""
+    """Mean loss (k,) and accuracy (k,) (None for regression tasks) of each row of ``models``: over
+    the samples, or, for a token loss (``models.losses.TokenLoss``), over the target tokens (NaN
+    when there are none)."""
     models = models.reshape(-1, spec.dim)
     k, n = models.shape[0], x.shape[0]
     params = spec.views(models)
     net = _stacked(task.model, models.device)
-    each_sample = per_sample(task.loss)
     task.model.eval()
 
     def one_model(p: dict, xb: torch.Tensor) -> torch.Tensor:
@@ -50,12 +51,15 @@ def evaluate(task: Task, spec: ParamSpec, models: torch.Tensor, x: torch.Tensor,
     outputs = vmap(one_model, in_dims=(0, None))
     loss = torch.zeros(k, dtype=torch.float64, device=models.device)
     correct = torch.zeros(k, dtype=torch.float64, device=models.device)
+    units = 0  # samples (a token loss: target tokens)
     with one_thread(models.device):
         for s in range(0, n, batch_size):
             xb, yb = task.inputs(x[s:s + batch_size]), y[s:s + batch_size]
             out = net.forward(params, xb.expand(k, *xb.shape)) if net is not None else outputs(params, xb)
-            loss += each_sample(out, yb.expand(k, *yb.shape)).double().sum(1)
-            if task.classes:
-                correct += (out.argmax(-1) == yb).sum(1).double()
+            total, hits, count = eval_totals(task.loss, out, yb.expand(k, *yb.shape), bool(task.classes))
+            loss += total
+            if hits is not None:
+                correct += hits
+            units += count
     task.model.train()
-    return loss / n, (correct / n if task.classes else None)
+    return loss / units, (correct / units if task.classes else None)

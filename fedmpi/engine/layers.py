@@ -12,6 +12,13 @@ parameters, so the gradient of the sum splits into the per-client gradients). Th
 in benchmarks/RESULTS.md); vmap stays the reference and the fallback for any other module
 (``StackedNet.compile`` returns None).
 
+Other module types join through ``stacked_rule`` (a registry of rules by type; a composite rule
+compiles its children with ``Compiler.layer``): the transformer's layers
+(``engine.sequence_layers``) and LoRA (``engine.adapter_layers``). A model's frozen parameters
+(``engine.params.frozen``: a base held once per rank) are given to every layer expanded over the
+block's clients, a stride-0 view (``StackedNet.with_base``), so that one ``bmm`` against a base
+weight is each client's own product and autograd computes no gradient for it.
+
 A model whose only parametrised layer is its last one (logreg, linear SVM, the quadratic
 task) skips autograd: its ``Loss`` gives the gradient with respect to the outputs in closed
 form, and the layer turns it into parameter gradients with one ``bmm`` (``StackedNet.gradients``).
@@ -90,6 +97,10 @@ class _Layer:
         (a composite layer counts its inner ones too: ``StackedNet.activation_numel``)."""
         out = self.forward(p, x, None)
         return out, out.numel()
+
+
+#: the public name of a stacked layer, for plug-ins' rules (``stacked_rule``)
+Layer = _Layer
 
 
 def _linear(h: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
@@ -247,11 +258,24 @@ class _Chain(_Layer):
 
 
 class Compiler:
-    """What a stacked rule gets besides its module: the convolution implementation and ``layer``,
-    which compiles a child module (a ``Sequential`` into a ``_Chain``) with the same rules."""
+    """What a stacked rule gets besides its module: the convolution implementation, ``layer``,
+    which compiles a child module (a ``Sequential`` into a ``_Chain``) with the same rules,
+    ``name_of``, a parameter's name in the model (a tied weight's owner), and ``frozen``."""
 
-    def __init__(self, conv: str):
+    def __init__(self, conv: str, model: nn.Module | None = None):
         self.conv = conv
+        named = list(model.named_parameters()) if model is not None else []
+        self._names = {id(p): name for name, p in named}
+        self._frozen = {name for name, p in named if not p.requires_grad}
+
+    def name_of(self, param: Tensor) -> str | None:
+        """The name of ``param`` in the compiled model (None when it is not one of its parameters)."""
+        return self._names.get(id(param))
+
+    def frozen(self, *names: str | None) -> bool:
+        """Whether the named parameters (None: absent) are all part of the frozen base: a rule
+        may then compute with one copy of them (the net gives them expanded over the clients)."""
+        return all(name is None or name in self._frozen for name in names)
 
     def layer(self, mod: nn.Module, prefix: str) -> _Layer | None:
         """The stacked form of ``mod`` (parameter names under ``prefix``), None without a rule."""
@@ -265,15 +289,15 @@ RuleFactory = Callable[[nn.Module, str, Compiler], "_Layer | None"]
 _RULES: list[tuple[type, RuleFactory]] = []
 
 
-def stacked_rule(cls: type) -> Callable[[RuleFactory], RuleFactory]:
-    """Decorator registering ``factory(mod, prefix, compiler) -> _Layer | None`` as the stacked rule
-    of modules of type ``cls`` (``prefix``: the module's parameter-name prefix, e.g. ``"h0.attn."``;
-    ``compiler.layer`` compiles its children). The rules of ``engine.sequence_layers`` (embeddings,
-    LayerNorm, causal attention, the transformer block, the tied head) and of
-    ``engine.adapter_layers`` (LoRA) register this way; the rule must keep the bit contract of
-    the module docstring."""
+def stacked_rule(module_type: type) -> Callable[[RuleFactory], RuleFactory]:
+    """Decorator registering ``factory(mod, prefix, compiler) -> Layer | None`` as the stacked rule
+    of modules of type ``module_type`` (``prefix``: the module's parameter-name prefix, e.g.
+    ``"h0.attn."``; ``compiler.layer`` compiles its children; None: no stacked form, the model
+    then trains through vmap). The rules of ``engine.sequence_layers`` (embeddings, LayerNorm,
+    causal attention, the transformer block, the tied head) and of ``engine.adapter_layers``
+    (LoRA) register this way; a rule must keep the bit contract of the module docstring."""
     def add(factory: RuleFactory) -> RuleFactory:
-        _RULES.append((cls, factory))
+        _RULES.append((module_type, factory))
         return factory
     return add
 
@@ -335,7 +359,7 @@ class StackedNet:
         if conv not in CONV_IMPLS:
             raise ValueError(f"conv must be one of {CONV_IMPLS}, got {conv!r}")
         layers: list[_Layer] = []
-        if not _collect(model, "", Compiler(conv), layers) or not layers:
+        if not _collect(model, "", Compiler(conv, model), layers) or not layers:
             return None
         names = [name for name, _ in model.named_parameters()]
         used = [name for layer in layers for name in layer.params]
@@ -425,8 +449,9 @@ class StackedNet:
             each = per_sample(loss)(out, y) if samples or weights is not None else None
             if weights is not None:
                 losses = (each * weights).sum(-1)
-            else:  # a ``Loss``'s minibatch loss is the mean of its per-sample losses: the same ops
-                losses = each.mean(-1) if each is not None and isinstance(loss, Loss) else per_client(loss)(out, y)
+            else:  # a ``Loss``'s minibatch loss is (mostly) the mean of its per-sample losses: the same ops
+                from_samples = each is not None and isinstance(loss, Loss) and loss.mean_of_samples
+                losses = each.mean(-1) if from_samples else per_client(loss)(out, y)
             grads = torch.autograd.grad(losses.sum(), list(leaves.values()))
         if samples and value:
             return Samples(losses.detach(), each.detach()), dict(zip(leaves, grads))

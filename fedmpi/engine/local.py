@@ -85,6 +85,21 @@ class LocalStats:
             self.extra[q.name][rows] = q.of(losses.samples)
 
 
+@dataclass(frozen=True)
+class ClientMemory:
+    """Bytes of one client's local step (``LocalTrainer.memory``), by what they hold."""
+
+    parameters: int  # its trainable parameters (float32)
+    gradients: int  # their gradient and the step's update
+    optimizer: int  # the momentum buffer (train.momentum > 0), else 0
+    minibatch: int  # its samples
+    activations: int  # layer outputs kept for the backward pass, and their gradients (stacked layers)
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.gradients + self.optimizer + self.minibatch + self.activations
+
+
 @dataclass
 class BlockLosses:
     """A block's recorded losses: ``means`` (S, n) the minibatch losses (0 after a client's last
@@ -359,14 +374,20 @@ class LocalTrainer:
         return max(1, (64 << 20) // per_client)
 
     def client_bytes(self) -> int:
-        """Bytes one client's local step touches (``chunk_size``): parameters, gradients and
-        update, its minibatch, its layer outputs and their gradients."""
-        b = self.cfg.batch_size
-        per_client = 12 * self.spec.dim + 4 * b * self.task.train_x[0].numel()
+        """Bytes one client's local step touches (``chunk_size``; ``memory`` itemises them)."""
+        return self.memory().total
+
+    def memory(self) -> ClientMemory:
+        """What one client's local step touches: its trainable parameters (an adapter's only: the
+        frozen base is the rank's, held once), their gradient and update, the momentum buffer, its
+        minibatch, its layer outputs and their gradients."""
+        b, d = self.cfg.batch_size, self.spec.dim
+        activations = 0
         if self.net is not None:
             shapes = dict(zip(self.spec.names, self.spec.shapes))
-            per_client += 8 * self.net.activation_numel(shapes, self.task.train_x.shape[1:], b, self._input_dtype)
-        return per_client
+            activations = 8 * self.net.activation_numel(shapes, self.task.train_x.shape[1:], b, self._input_dtype)
+        return ClientMemory(parameters=4 * d, gradients=8 * d, optimizer=4 * d if self.cfg.momentum > 0 else 0,
+                            minibatch=4 * b * self.task.train_x[0].numel(), activations=activations)
 
     def _train_block(self, x: torch.Tensor, clients: np.ndarray, t: int, lr: torch.Tensor,
                      steps: np.ndarray, rule: LocalStep, record: bool = False,

@@ -34,6 +34,8 @@ from ..data.datasets import TaskConfig
 from ..errors import InputError
 from ..registry import MODELS
 from ..schema import opt
+from . import adapters
+from .adapters import AdapterParams
 from .losses import Loss, cross_entropy, multiclass_hinge
 from .nets import ARCHS, pfl_cnn
 
@@ -41,43 +43,57 @@ from .nets import ARCHS, pfl_cnn
 
 @dataclass
 class ModelParams(TaskConfig):
-    """Base of a model's own parameters (they sit in the ``task`` block)."""
+    """Base of a model's own parameters (they sit in the ``task`` block): every model takes an
+    ``adapter`` (``models.adapters``)."""
+
+    adapter: AdapterParams = opt(AdapterParams(), "an adapter (LoRA) trained over the frozen model; "
+                                                  "kind none trains every parameter (models/adapters.py)")
 
 
 Factory = Callable[[tuple, int, TaskConfig], nn.Module]
 
 
-def register(name: str, *, params: type | None = None, loss: Loss | None = None, init: str = "own",
-             check: Callable | None = None) -> Callable[[Factory], Factory]:
+def register(name: str, *, params: type | None = None, loss: Loss | None = None, init: str | Callable = "own",
+             check: Callable | None = None, targets: tuple[str, ...] = ()) -> Callable[[Factory], Factory]:
     """Decorator registering a model factory ``(in_shape, classes, params) -> nn.Module``.
 
-    ``params``: a ``ModelParams`` subclass with the model's own keys (in the ``task`` block);
-    ``loss``: (logits, labels) -> mean loss, default cross-entropy; ``init``: ``"own"`` keeps
-    the module's initialisation (seeded), ``"fedmpi"`` re-initialises Linear/Conv2d layers."""
-    if init not in ("own", "fedmpi"):
-        raise ValueError(f"model {name!r}: init must be 'own' or 'fedmpi', got {init!r}")
-    return MODELS.register(name, params=params, check=check, loss=loss, init=init)
+    ``params``: a ``ModelParams`` subclass with the model's own keys (in the ``task`` block;
+    default ``ModelParams``: ``adapter`` only); ``loss``: (logits, labels) -> mean loss, default
+    cross-entropy; ``init``: ``"own"`` keeps the module's initialisation (seeded), ``"fedmpi"``
+    re-initialises Linear/Conv2d layers, a function ``init(model, gen)`` initialises the model
+    built on the meta device from the seeded ``torch.Generator`` ``gen`` (the transformer's);
+    ``targets``: the module names an adapter wraps when ``task.adapter.target_modules`` is null
+    (``models.adapters``)."""
+    if init not in ("own", "fedmpi") and not callable(init):
+        raise ValueError(f"model {name!r}: init must be 'own', 'fedmpi' or a function (model, gen), got {init!r}")
+    return MODELS.register(name, params=params or ModelParams, check=check, loss=loss, init=init,
+                           targets=tuple(targets))
 
 
 def build_model(name: str, in_shape: tuple[int, ...], classes: int, seed: int = 0,
                 params: TaskConfig | None = None) -> nn.Module:
-    """Model ``name`` for inputs of shape ``in_shape`` (without batch dim), initialised from ``seed``.
+    """Model ``name`` for inputs of shape ``in_shape`` (without batch dim), initialised from ``seed``,
+    with the adapter of ``params.adapter`` (``models.adapters``: the rest then frozen).
 
     ``params``: the ``task`` block with the model's keys (default: the model's defaults)."""
     entry = MODELS.get(name)
     params = params if params is not None else (entry.params or ModelParams)()
     shape = tuple(int(d) for d in in_shape)
-    if entry.options["init"] == "fedmpi":
+    init = entry.options["init"]
+    if init != "own":
         with torch.device("meta"):  # no allocation, no default init drawing from the global RNG
             model = entry.obj(shape, int(classes), params)
         _check_size(name, model)
         _materialise(model)
-        _init(model, torch.Generator().manual_seed(int(seed)))
+        (_init if init == "fedmpi" else init)(model, torch.Generator().manual_seed(int(seed)))
     else:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(seed))
             model = entry.obj(shape, int(classes), params).to("cpu")
     _check_trainable(name, model)
+    adapter = getattr(params, "adapter", None)
+    if adapter is not None:
+        adapters.apply(model, adapter, seed, entry.options.get("targets", ()))
     return model
 
 
@@ -190,3 +206,6 @@ register("scalar", check=_scalar_only_with_quadratic)(_scalar)
 @register("pfl_cnn", init="own")  # keeps its authors' Glorot init (nets.pfl_cnn)
 def _pfl_cnn(in_shape: tuple, classes: int, params: TaskConfig) -> nn.Module:
     return pfl_cnn(in_shape, classes)
+
+
+from . import transformer  # noqa: E402,F401  (registers the transformer: it needs ``register`` above)

@@ -24,7 +24,14 @@ Tensor = torch.Tensor
 
 class Loss:
     """A per-sample loss ``per_sample(out, y) -> (..., b)`` with its optional closed-form output
-    gradient ``grad(out, y) -> d per_sample / d out`` (row by row, same shape as ``out``)."""
+    gradient ``grad(out, y) -> d per_sample / d out`` (row by row, same shape as ``out``).
+
+    ``mean_of_samples``: the minibatch loss is the mean of the per-sample losses (the engine then
+    takes it from them; False for ``TokenLoss``); ``perplexity``: the loss is a mean negative
+    log-likelihood per token, whose exp the evaluator reports."""
+
+    mean_of_samples = True
+    perplexity = False
 
     def __init__(self, name: str, per_sample: Callable[[Tensor, Tensor], Tensor],
                  grad: Callable[[Tensor, Tensor], Tensor] | None = None,
@@ -147,6 +154,61 @@ multiclass_hinge = Loss("multiclass_hinge", _hinge_per_sample, _hinge_grad)
 """sum_{j != y} max(0, 1 - z_y + z_j) / classes per sample (``F.multi_margin_loss`` semantics)."""
 quadratic = Loss("quadratic", _quadratic_per_sample, _quadratic_grad, _quadratic_grad_and_raw, _quadratic_finish)
 """||out - u||^2 / 2 per sample (the quadratic task: out is the model x itself)."""
+
+
+#: the target of a position without one (PyTorch's ``ignore_index``; ``fedmpi.data.arrays.IGNORE``)
+IGNORE = -100
+
+
+class TokenLoss(Loss):
+    """Token-level cross-entropy of a causal language model: outputs (..., b, T, vocab), targets
+    (..., b, T) with ``IGNORE`` (-100) where a position has no target (padding, a document's last
+    token). The minibatch loss is the mean over the minibatch's target tokens, sum_j sum_t
+    ce_jt / #targets (PyTorch's and Hugging Face's ``ignore_index`` mean); a sample's (sequence's)
+    loss is the mean over its own target tokens (0 without one), so the minibatch loss is not the
+    mean of the samples' (``mean_of_samples`` False). Evaluation averages over the tokens
+    (``eval_totals``): the loss, its exp (the perplexity) and the next-token accuracy."""
+
+    mean_of_samples = False
+    perplexity = True
+
+    def __init__(self) -> None:
+        super().__init__("token_cross_entropy", self._per_sample)
+
+    @staticmethod
+    def tokens(out: Tensor, y: Tensor) -> Tensor:
+        """Each position's cross-entropy (..., b, T), 0 where the target is ``IGNORE``."""
+        return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1), ignore_index=IGNORE,
+                               reduction="none").view(y.shape)
+
+    def __call__(self, out: Tensor, y: Tensor) -> Tensor:
+        """The mean over the minibatch's target tokens (..., ), leading dims kept."""
+        count = (y != IGNORE).sum((-2, -1)).clamp(min=1)
+        return self.tokens(out, y).sum((-2, -1)) / count
+
+    def _per_sample(self, out: Tensor, y: Tensor) -> Tensor:
+        return self.tokens(out, y).sum(-1) / (y != IGNORE).sum(-1).clamp(min=1)
+
+    def eval_totals(self, out: Tensor, y: Tensor) -> tuple[Tensor, Tensor, int]:
+        """``eval_totals`` over the target tokens of k models' outputs on one batch."""
+        valid = y != IGNORE
+        hits = ((out.argmax(-1) == y) & valid).flatten(1).sum(1).double()
+        return self.tokens(out, y).double().flatten(1).sum(1), hits, int(valid[0].sum())
+
+
+token_cross_entropy = TokenLoss()
+
+
+def eval_totals(loss: Callable[[Tensor, Tensor], Tensor], out: Tensor, y: Tensor,
+                classes: bool) -> tuple[Tensor, Tensor | None, int]:
+    """Evaluation sums of k models' outputs (k, B, ...) on one batch with targets (k, B, ...): each
+    model's summed loss (k,) float64, its number of correct predictions (k,) float64 (None without
+    ``classes``), and the number of units both are sums over (samples; a ``TokenLoss``'s target
+    tokens). A metric is a sum over batches divided by the sum of the units."""
+    if isinstance(loss, TokenLoss):
+        return loss.eval_totals(out, y)
+    hits = (out.argmax(-1) == y).sum(1).double() if classes else None
+    return per_sample(loss)(out, y).double().sum(1), hits, y.shape[1]
 
 
 def per_sample(loss: Callable[[Tensor, Tensor], Tensor]) -> Callable[[Tensor, Tensor], Tensor]:

@@ -17,7 +17,8 @@ _METRICS = {"test_acc": "test accuracy", "test_loss": "test loss", "train_acc": 
             "train_loss": "train loss", "n_active": "active clients", "wall_time": "wall time (s)",
             "peak_rss_mb": "peak memory (MB)", "sim_delay": "emulated delay", "round": "round",
             "consensus_error": "consensus error", "epsilon": "privacy epsilon",
-            "epsilon_production": "privacy epsilon of the production cohort"}
+            "epsilon_production": "privacy epsilon of the production cohort",
+            "test_ppl": "test perplexity", "train_ppl": "train perplexity"}
 _CLIENT_STATS = {"p10": "10th percentile", "p50": "median", "p90": "90th percentile", "std": "std",
                  "worst": "worst clients"}
 _SELECTORS = ("name", "kind")
@@ -28,10 +29,10 @@ def metric(name: str) -> str:
     ``client_acc_p10`` -> 'client accuracy (10th percentile)'; unknown names with spaces."""
     if name in _METRICS:
         return _METRICS[name]
-    for kind, what in (("acc", "accuracy"), ("loss", "loss")):
+    for kind, what in (("acc", "accuracy"), ("loss", "loss"), ("ppl", "perplexity")):
         if name.startswith(f"client_{kind}_") and name[len(kind) + 8:] in _CLIENT_STATS:
             return f"client {what} ({_CLIENT_STATS[name[len(kind) + 8:]]})"
-    for base in ("test_acc", "test_loss", "x"):
+    for base in ("test_acc", "test_loss", "test_ppl", "x"):
         if name.startswith(base + "_"):
             return f"{_METRICS.get(base, base)} ({name[len(base) + 1:].replace('_', ' ')})"
     return name.replace("_", " ")

@@ -1,7 +1,9 @@
 """The combination matrix (issue #32): every algorithm x availability kind x privacy mechanism x
-local work (and, with no privacy and fixed work, x each ``CLOCK`` setting: issue #33), on a tiny
-task, either refused with one line naming the keys that conflict, or run and held to every
-invariant that applies (tests/test_combinations.py says which).
+local work (and, with no privacy and fixed work, x each ``CLOCK`` setting: issue #33; and, for
+the model axis ``MODEL``, LoRA adapters of a tiny transformer over its frozen base instead of
+logistic regression: issue #42), on a tiny task, either refused with one line naming the keys
+that conflict, or run and held to every invariant that applies (tests/test_combinations.py says
+which).
 
 The axes come from the registries, so a new built-in algorithm, availability kind or mechanism
 joins the matrix by itself; ``ALGORITHM``, ``KIND`` and ``PRIVACY`` hold the few parameters a
@@ -73,6 +75,19 @@ CLOCK = {
 }
 
 
+#: the model axis: the task block of each model (logreg: ``BASE``'s own); lora trains the LoRA
+#: adapters of a tiny transformer (every Linear of its block, with keyed dropout) over its frozen
+#: base, on the synthetic token dataset's 6 writers
+MODEL = {
+    "logreg": None,
+    "lora": {"dataset": "synthetic_text", "clients": M, "model": "transformer", "partition": {"kind": "natural"},
+             "synthetic_text": {"samples": 72, "test_samples": 18, "vocab": 12, "length": 8, "users": M},
+             "width": 8, "heads": 2, "layers": 1,
+             "adapter": {"kind": "lora", "r": 2, "alpha": 4.0, "dropout": 0.1,
+                         "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"]}},
+}
+
+
 @dataclass(frozen=True)
 class Combo:
     algorithm: str
@@ -80,15 +95,19 @@ class Combo:
     privacy: str
     work: str
     clock: str = "none"
+    model: str = "logreg"
 
     @property
     def name(self) -> str:
-        return f"{self.algorithm}-{self.kind}-{self.privacy}-{self.work}" + (f"-{self.clock}" if self.clock != "none"
-                                                                             else "")
+        tail = (f"-{self.clock}-{self.model}" if self.model != "logreg" else
+                f"-{self.clock}" if self.clock != "none" else "")
+        return f"{self.algorithm}-{self.kind}-{self.privacy}-{self.work}{tail}"
 
     def data(self, folder: str, sigma: float = SIGMA) -> dict:
         """The config of this combination (``folder`` holds the steps file)."""
         cfg = copy.deepcopy(BASE)
+        if MODEL[self.model] is not None:
+            cfg["task"] = copy.deepcopy(MODEL[self.model])
         cfg["algorithm"] = {"name": self.algorithm, **ALGORITHM.get(self.algorithm, {})}
         cfg.update(copy.deepcopy(SECTIONS))
         cfg["availability"] = {"kind": self.kind, **copy.deepcopy(KIND.get(self.kind, {}))}
@@ -115,11 +134,21 @@ def axes() -> tuple[list[str], list[str], list[str], list[str]]:
             MECHANISMS.names(builtin_only=True) + list(VARIANTS), list(WORK))
 
 
+#: the availability kinds the LoRA model runs with in the whole matrix (with every algorithm and
+#: mechanism; cyclic separates participations, as banded_mf needs): the model axis is about what
+#: trains, not who is available
+LORA_KINDS = ("always", "cohort", "cyclic")
+
+
 def every() -> list[Combo]:
     algorithms, kinds, mechanisms, _ = axes()
     clocks = [c for c in CLOCK if c != "none"]
+    lora = [Combo(a, k, p, "fixed", "none", "lora")
+            for a, k, p in itertools.product(algorithms, LORA_KINDS, mechanisms)]
+    lora += [Combo(a, "cohort", "none", "momentum", "none", "lora") for a in algorithms]
+    lora += [Combo(a, "always", "none", "fixed", "lognormal", "lora") for a in algorithms]
     return [Combo(*c) for c in itertools.product(*axes())] + [
-        Combo(a, k, "none", "fixed", c) for a, k, c in itertools.product(algorithms, kinds, clocks)] + [
+        Combo(a, k, "none", "fixed", c) for a, k, c in itertools.product(algorithms, kinds, clocks)] + lora + [
         Combo(a, k, p, "fixed", c) for a, k, p, c in itertools.product(asynchronous(), kinds, mechanisms, clocks)
         if p != "none"]  # DP for asynchronous FL: an asynchronous server runs only on the clock
 
@@ -131,10 +160,10 @@ def asynchronous() -> list[str]:
     return [a for a in axes()[0] if issubclass(ALGORITHMS.get(a).obj, AsyncAlgorithm)]
 
 
-def sample(n: int = 57) -> list[Combo]:
+def sample(n: int = 61) -> list[Combo]:
     """A fixed spread of the matrix: every algorithm, kind, mechanism and kind of local work, each
     paired with a rotating choice of the others, plus the combinations issue #32 found wrong and a
-    few of each clock setting (issue #33)."""
+    few of each clock setting (issue #33) and of the LoRA model (issue #42)."""
     algorithms, kinds, mechanisms, works = axes()
     picked = [Combo(a, kinds[(3 * i) % len(kinds)], mechanisms[i % len(mechanisms)], works[(5 * i) % len(works)])
               for i, a in enumerate(algorithms)]
@@ -161,10 +190,20 @@ def sample(n: int = 57) -> list[Combo]:
                Combo("fedasync", "always", "gaussian", "fixed", "lognormal"),
                Combo("fedavg_active", "stationary", "local_gaussian", "uniform"),  # local DP (#43)
                Combo("fedswe", "trace", "local_gaussian", "fixed")]
+    # the LoRA model axis (issue #42): centralized algorithms with and without DP, the asynchronous
+    # server, a per-client table and the decentralized family on adapters
+    picked += [Combo("fedavg_active", "cohort", "gaussian", "fixed", "none", "lora"),
+               Combo("fedadam", "cyclic", "banded_mf", "momentum", "none", "lora"),
+               Combo("scaffold", "cohort", "none", "fixed", "none", "lora"),
+               Combo("fedprox", "stationary", "gaussian", "fixed", "none", "lora"),
+               Combo("mifa", "stationary", "none", "fixed", "none", "lora"),
+               Combo("fedbuff", "always", "none", "fixed", "lognormal", "lora"),
+               Combo("dspodfl", "always", "none", "fixed", "none", "lora")]
     return list(dict.fromkeys(picked))[:n]
 
 
-KEYS = {"algorithm": "algorithm", "kind": "availability", "privacy": "privacy", "work": "train.", "clock": "clock."}
+KEYS = {"algorithm": "algorithm", "kind": "availability", "privacy": "privacy", "work": "train.", "clock": "clock.",
+        "model": "task."}
 
 
 def verdict(combo: Combo, folder: str, world) -> tuple[str, object]:
