@@ -46,6 +46,23 @@ class ClockParams:
         return (self.file,) if self.kind == "file" and self.file else ()
 
 
+def reads_data(cfg: Any) -> str:
+    """The key through which a task's duration reads the client's data ("" when none): with
+    ``train.local_epochs`` E a task runs ceil(n_i E / B) local steps, n_i the client's sample count.
+    (``local_steps``, a steps file and the draws of ``local_steps_draw`` are the config's and the
+    seed's; device times are the config's.)"""
+    return "train.local_epochs" if cfg.clock.on and cfg.train.local_epochs is not None else ""
+
+
+def keeps_by_duration(c: ClockParams) -> str:
+    """The clock key that decides who is kept from the tasks' durations ("" when none): a deadline
+    drops the late, over-selection keeps the first K, and with slots a round starts when the last
+    ended, which decides who is available. (Dropout draws who fails from the seed alone.)"""
+    return next((f"clock.{key}" for key, on in (("deadline", c.deadline is not None),
+                                                ("over_select", c.over_select > 0), ("slot", c.slot is not None))
+                 if on), "")
+
+
 def asked(cohort: int, over_select: float) -> int:
     """ceil((1 + f) K): the clients a cohort of K asks with over-selection f."""
     return math.ceil((1 + over_select) * cohort - 1e-9)
@@ -73,6 +90,11 @@ def check(cfg: Any) -> None:
     if c.over_select > 0 and cfg.privacy.mechanism != "none":
         raise InputError("clock.over_select: privacy.mechanism divides the noisy sum by the expected cohort of "
                          "those asked, which keeping the first K of them would shrink (leave over_select: 0)")
+    data, keeper = reads_data(cfg), keeps_by_duration(c)
+    if data and keeper and cfg.privacy.mechanism != "none":
+        raise InputError(f"{keeper}: with {data} a task lasts comm_time + ceil(n_i E / B) x step_time, so who the "
+                         f"clock keeps depends on each client's sample count n_i, its data, which "
+                         f"privacy.mechanism does not protect (give train.local_steps, or leave {keeper} unset)")
     if c.over_select > 0 and asked(cfg.availability.size, c.over_select) > cfg.task.clients:
         raise InputError(f"clock.over_select: asks {asked(cfg.availability.size, c.over_select)} clients "
                          f"(ceil((1 + f) availability.size)), more than task.clients ({cfg.task.clients})")
