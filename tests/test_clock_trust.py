@@ -4,11 +4,19 @@ clients' data (docs/ALGORITHMS.md section 7), and hostile clock inputs are one l
 from __future__ import annotations
 
 import copy
+import json
+import os
+import pickle
 
+import numpy as np
 import pytest
+from conftest import cli, write_config
 
 from fedmpi import config
 from fedmpi.build import build_components
+from fedmpi.clock.availability import MAX_SLOTS, InTime
+from fedmpi.clock.durations import Durations
+from fedmpi.clock.params import ClockParams
 from fedmpi.errors import InputError
 from fedmpi.runtime import World
 
@@ -52,3 +60,92 @@ def test_a_deadline_that_reads_no_data_still_runs_under_privacy():
     assert built(dict(FEDSWE, clock={"kind": "constant", "step_time": 1.0})).privacy.on
     no_privacy = {k: v for k, v in FEDSWE.items() if k != "privacy"}
     assert built(no_privacy).algorithm.clock.deadline == 25.0
+
+
+# ----------------------------------------------------------------------------- hostile clock inputs (#44)
+
+def device_map(tmp_path, name: str, data) -> str:
+    path = tmp_path / name
+    if isinstance(data, bytes):
+        path.write_bytes(data)
+    else:
+        path.write_text(data)
+    return str(path)
+
+
+def _spec(c: float) -> dict:
+    return {"computation": c, "communication": 100.0}
+
+
+@pytest.mark.parametrize("name, data, says", [
+    ("ints.pkl", pickle.dumps({1: _spec(1), "1": _spec(50), 2: _spec(1)}), "device id 1 given twice (1 and '1')"),
+    ("zeros.json", json.dumps({"1": _spec(1), "01": _spec(50), "2": _spec(1)}), "device id 1 given twice"),
+    ("repeat.json", '{"1": %s, "1": %s, "2": %s}' % (json.dumps(_spec(1)), json.dumps(_spec(50)),
+                                                     json.dumps(_spec(1))), "device id '1' given twice"),
+    ("bool.pkl", pickle.dumps({True: _spec(1), 1: _spec(2), 2: _spec(1)}), "device ids must be integers"),
+    ("float.pkl", pickle.dumps({1.5: _spec(1), 2: _spec(2), 3: _spec(1)}), "device ids must be integers"),
+    ("space.json", json.dumps({" 1": _spec(1), "2": _spec(1), "3": _spec(1)}), "device ids must be integers"),
+    ("slow.json", json.dumps({"1": _spec(1e300), "2": _spec(1), "3": _spec(1)}), "each must be in (0, 1e+09] s"),
+    ("link.json", json.dumps({"1": {"computation": 1, "communication": 1e-300}, "2": _spec(1), "3": _spec(1)}),
+     "each must be in (0, 1e+09] s"),
+    ("times.csv", "client,step_time,comm_time\n0,1e308,0\n1,1,0\n", "step_time must be in (0, 1e+09] s"),
+    ("comm.csv", "client,step_time,comm_time\n0,1,1e308\n1,1,0\n", "comm_time in [0, 1e+09] s"),
+])
+def test_device_maps_with_one_device_twice_or_beyond_time_are_one_line(tmp_path, name, data, says):
+    """Issue #44 (3): 1 and '1', "01" and "1", a repeated JSON key were accepted and shifted later
+    clients onto other devices' speeds; (10): a time of 1e308 ended as exit 4 'diverged'."""
+    path = device_map(tmp_path, name, data)
+    with pytest.raises(InputError) as e:
+        Durations(ClockParams(kind="file", file=path), 2, seed=0)
+    assert str(e.value).startswith(f"clock.file: {path}: ") and says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_fifo_or_a_device_as_the_device_table_is_refused_unopened(tmp_path):
+    """Issue #44 (4): a FIFO hung set-up, /dev/zero was read for ever."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path, kind in ((str(fifo), "a FIFO"), ("/dev/zero", "a character device")):
+        with pytest.raises(InputError) as e:
+            Durations(ClockParams(kind="file", file=path), 2, seed=0)
+        assert str(e.value).startswith(f"clock.file: {path}: is {kind}")
+
+
+@pytest.mark.parametrize("key, value", [("step_time", 1e308), ("comm_time", 1e308), ("deadline", 1e308),
+                                        ("slot", 1e308)])
+def test_times_beyond_the_clock_are_refused(key, value):
+    """Issue #44 (10): virtual time overflowed and the run ended as 'diverged ... lower train.lr'."""
+    with pytest.raises(InputError) as e:
+        config.from_dict(dict(copy.deepcopy(SLOTTED), clock={"kind": "constant", key: value}))
+    assert str(e.value).startswith(f"clock.{key}: must be <= 1000000000.0")
+
+
+SLOTTED = {"seed": 0, "rounds": 4, "eval_every": 2,
+           "task": {"dataset": "quadratic", "model": "scalar", "clients": 4, "u": [0.0, 1.0, 2.0, 3.0], "x0": 0.0},
+           "train": {"local_steps": 1, "batch_size": 1, "lr": 0.1}, "algorithm": {"name": "fedavg_active"},
+           "availability": {"kind": "stationary", "base": {"kind": "fixed", "values": 0.5}},
+           "clock": {"kind": "constant", "step_time": 1.0, "slot": 1e-9}, "runtime": {"progress": False}}
+
+
+@pytest.mark.parametrize("slot", [1e-9, 1e-300, 5e-324])
+def test_a_tiny_slot_is_one_line(tmp_path, slot):
+    """Issue #44 (5): a tiny clock.slot stepped through every slot (round 1 never ended, SIGTERM
+    waited for the round's end); 5e-324 was an OverflowError traceback. Now exit 2, one line."""
+    cfg = dict(SLOTTED, clock=dict(SLOTTED["clock"], slot=slot))
+    p = cli(["run", write_config(tmp_path / "c.yaml", cfg), "--out", str(tmp_path / "r.h5"), "--quiet"])
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.startswith("fedmpi: error: clock.slot: ") and "use a slot of at least 1e-05 s" in p.stderr
+
+
+def test_in_time_steps_a_bounded_number_of_slots():
+    """One ask steps through at most MAX_SLOTS slots; a slot that fits runs every step in order."""
+    asked = []
+
+    class Kind:
+        def available(self, t):
+            asked.append(t)
+            return np.array([t % 3])
+
+    clock = InTime(Kind(), 1.0, 3)
+    assert list(clock.at(MAX_SLOTS + 0.5)) == [MAX_SLOTS % 3] and asked == list(range(MAX_SLOTS + 1))
+    with pytest.raises(InputError, match="^clock.slot: 1 s per availability step"):
+        clock.at(2 * MAX_SLOTS + 3.0)

@@ -8,7 +8,9 @@ unchanged (its steps are then slots of S seconds, not rounds): Bernoulli dynamic
 Markov sampler, and traces, so that an intervals trace in seconds (FedScale's behaviour traces:
 ``availability.trace_format: intervals``) is replayed in seconds with ``clock.slot: 1``. The kind
 is stepped through every slot in order (stateful kinds rely on it); the step reached and its
-available set are the run's state.
+available set are the run's state. One ask steps through at most ``MAX_SLOTS`` slots (a few
+seconds of draws): a round or an arrival that spans more is refused naming ``clock.slot`` (a tiny
+slot stepped through every one of ~1e9 per round, and SIGTERM, acted on between rounds, waited).
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ import math
 import numpy as np
 import torch
 
+from ..errors import InputError
 from ..state import State
+
+MAX_SLOTS = 10**5  # availability steps one ask may step through (~40 us each on a loaded core)
 
 
 class InTime:
@@ -30,7 +35,15 @@ class InTime:
         self.mask = np.zeros(m, dtype=bool)  # who is available in it
 
     def step_at(self, seconds: float) -> int:
-        return int(math.floor(seconds / self.slot + 1e-9))
+        """The kind's step at virtual time ``seconds``; InputError naming ``clock.slot`` when it is
+        more than ``MAX_SLOTS`` after the last step asked."""
+        k = seconds / self.slot + 1e-9
+        if not k <= max(self.step, 0) + MAX_SLOTS + 1:  # also inf (5e-324 s) and nan
+            last = max(self.step, 0) * self.slot
+            raise InputError(f"clock.slot: {self.slot:g} s per availability step; the clock moved from {last:.6g} s "
+                             f"to {seconds:.6g} s in one round or arrival, more than {MAX_SLOTS:.0e} steps of "
+                             f"availability.kind to draw (use a slot of at least {(seconds - last) / MAX_SLOTS:.3g} s)")
+        return int(math.floor(k))
 
     def at(self, seconds: float) -> np.ndarray:
         """The sorted ids available at virtual time ``seconds`` (not before the last time asked)."""

@@ -24,16 +24,18 @@ import csv
 import io
 import json
 import math
-import os
+import re
 
 import numpy as np
 
 from .. import rng, safepickle
 from ..errors import InputError
-from .params import ClockParams
+from ..inputs import read_input
+from .params import MAX_SECONDS, ClockParams
 
 _KEY = "clock.file"
 _MAX_BYTES = 64 << 20
+_ID = re.compile(r"[+-]?[0-9]{1,18}")  # a device id: an integer (in FedScale's maps, or as JSON's string keys)
 
 
 class Durations:
@@ -71,10 +73,7 @@ def read_devices(path: str, m: int, batch_size: int = 1, dim: int = 1) -> tuple[
     per client 0..m-1 (any order), or from FedScale's device-capacity map (module docstring);
     InputError ``clock.file: <path>: ...`` (one line) on any problem."""
     try:
-        if os.path.getsize(path) > _MAX_BYTES:
-            raise InputError(f"{_KEY}: {path}: larger than {_MAX_BYTES >> 20} MiB; not a device table")
-        with open(path, "rb") as fh:
-            data = fh.read()
+        data = read_input(path, "device table", _KEY, _MAX_BYTES)  # a FIFO or a device is refused unopened
     except FileNotFoundError:
         raise InputError(f"{_KEY}: {path}: file not found") from None
     except OSError as e:
@@ -102,9 +101,9 @@ def read_devices(path: str, m: int, batch_size: int = 1, dim: int = 1) -> tuple[
                              f"{','.join(row)[:60]!r}") from None
         if not 0 <= client < m:
             raise InputError(f"{_KEY}: {path}: line {line}: client {client} outside 0..{m - 1} (task.clients {m})")
-        if not (math.isfinite(s) and s > 0 and math.isfinite(c) and c >= 0):
-            raise InputError(f"{_KEY}: {path}: line {line}: step_time must be finite and > 0, comm_time finite "
-                             f"and >= 0, got {s}, {c}")
+        if not (0 < s <= MAX_SECONDS and 0 <= c <= MAX_SECONDS):
+            raise InputError(f"{_KEY}: {path}: line {line}: step_time must be in (0, {MAX_SECONDS:g}] s and comm_time "
+                             f"in [0, {MAX_SECONDS:g}] s, got {s}, {c}")
         if not np.isnan(step[client]):
             raise InputError(f"{_KEY}: {path}: line {line}: client {client} given twice")
         step[client], comm[client] = s, c
@@ -117,15 +116,23 @@ def read_devices(path: str, m: int, batch_size: int = 1, dim: int = 1) -> tuple[
 def _fedscale(path: str, data: bytes, m: int, batch_size: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
     """FedScale's {device id: {"computation": ms/sample, "communication": kbit/s}} (pickle or JSON)."""
     try:
-        obj = safepickle.load(data) if data.startswith(b"\x80") else json.loads(data.decode("utf-8"))
+        obj = safepickle.load(data) if data.startswith(b"\x80") else json.loads(data.decode("utf-8"),
+                                                                                object_pairs_hook=_no_repeats)
+    except _Repeated as e:
+        raise InputError(f"{_KEY}: {path}: device id {str(e)[:20]!r} given twice") from None
     except Exception as e:  # untrusted bytes: any failure is a malformed file
         raise InputError(f"{_KEY}: {path}: unreadable device map ({type(e).__name__}: {str(e)[:80]})") from None
     if not isinstance(obj, dict):
         raise InputError(f"{_KEY}: {path}: expected FedScale's map {{device id: {{computation, communication}}}}")
-    try:
-        ids = sorted(obj, key=int)
-    except (TypeError, ValueError):
-        raise InputError(f"{_KEY}: {path}: device ids must be integers") from None
+    number: dict[int, object] = {}  # integer id -> the key as given
+    for key in obj:
+        if not (isinstance(key, int) and not isinstance(key, bool) and abs(key) < 10**18
+                or isinstance(key, str) and _ID.fullmatch(key)):
+            raise InputError(f"{_KEY}: {path}: device ids must be integers, got {str(key)[:20]!r}")
+        if int(key) in number:  # 1 and '1', '01' and '1': one device twice would shift later clients
+            raise InputError(f"{_KEY}: {path}: device id {int(key)} given twice ({number[int(key)]!r} and {key!r})")
+        number[int(key)] = key
+    ids = [number[k] for k in sorted(number)]
     if len(ids) < m:
         raise InputError(f"{_KEY}: {path}: {len(ids)} devices, fewer than task.clients ({m})")
     step, comm = np.empty(m), np.empty(m)
@@ -140,4 +147,22 @@ def _fedscale(path: str, data: bytes, m: int, batch_size: int, dim: int) -> tupl
             raise InputError(f"{_KEY}: {path}: device {str(key)[:20]}: computation and communication must be "
                              f"finite and > 0, got {c}, {kbps}")
         step[k], comm[k] = 3 * batch_size * c / 1000, 2 * 32 * dim / (1000 * kbps)
+        if not (0 < step[k] <= MAX_SECONDS and comm[k] <= MAX_SECONDS):
+            raise InputError(f"{_KEY}: {path}: device {str(key)[:20]}: a step of {step[k]:.3g} s and a transfer of "
+                             f"{comm[k]:.3g} s (train.batch_size {batch_size}, {dim} parameters); each must be in "
+                             f"(0, {MAX_SECONDS:g}] s")
     return step, comm
+
+
+class _Repeated(ValueError):
+    """A JSON object that names one key twice."""
+
+
+def _no_repeats(pairs: list[tuple[str, object]]) -> dict:
+    """json's object hook: the object, refusing a key given twice (json keeps the last silently)."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Repeated(key)
+        out[key] = value
+    return out

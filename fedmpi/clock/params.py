@@ -11,6 +11,10 @@ from ..errors import InputError
 from ..schema import opt
 
 KINDS = ("none", "constant", "lognormal", "file")
+#: the longest step, transfer, deadline or slot the clock takes (about 31.7 years): with at most
+#: 2^31 steps a task and the run's rounds, virtual time stays a finite float64 (1e308 s overflowed
+#: ``now`` and ended as "diverged ... lower train.lr")
+MAX_SECONDS = 1e9
 
 
 @dataclass
@@ -19,19 +23,22 @@ class ClockParams:
 
     kind: Literal["none", "constant", "lognormal", "file"] = opt(
         "none", "client durations: none (no time), constant, lognormal (a speed per client) or file")
-    step_time: float = opt(1.0, "virtual seconds of one local step (lognormal: of the median device)", gt=0)
+    step_time: float = opt(1.0, "virtual seconds of one local step (lognormal: of the median device)", gt=0,
+                           le=MAX_SECONDS)
     comm_time: float = opt(0.0, "virtual seconds of a task's download and upload (lognormal: median device)",
-                           ge=0)
+                           ge=0, le=MAX_SECONDS)
     sigma: float = opt(0.5, "lognormal: spread of the devices' speeds, v_i = exp(sigma z_i)", ge=0, le=10)
     file: Optional[str] = opt(None, "file: CSV with header client,step_time,comm_time, one row per client, or "
                                     "FedScale's device-capacity map (pickle or JSON)")
     deadline: Optional[float] = opt(None, "synchronous: seconds after a round starts; later clients are "
-                                          "dropped as stragglers (null: wait for all)", gt=0)
+                                          "dropped as stragglers (null: wait for all)", gt=0,
+                                    le=MAX_SECONDS)
     over_select: float = opt(0.0, "synchronous: ask ceil((1 + f) K) clients of a cohort of K, keep the "
                                   "first K to report (needs availability.kind: cohort)", ge=0, le=10)
     dropout: float = opt(0.0, "probability that a task fails mid-way (its work is lost)", ge=0, lt=1)
     slot: Optional[float] = opt(None, "seconds per step of the availability kind, asked at the virtual time a "
-                                      "client is asked (null: one step per round)", gt=0)
+                                      "client is asked (null: one step per round)", gt=0,
+                                le=MAX_SECONDS)
 
     @property
     def on(self) -> bool:
