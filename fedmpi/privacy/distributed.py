@@ -65,6 +65,8 @@ class Distributed(Mechanism):
 
     Params = DistributedParams
     noise_at = "distributed"
+    needs = ("a synchronous algorithm whose rows are its weighted clipped updates (the base contribution); "
+             "never amplified")
     curve = True  # its RDP curve is the papers' bound (``rdp``), not a dp-accounting event
     purpose = "privacy_distributed"
     exponential = False  # the noise's tail: sub-Gaussian (False) or sub-exponential (Skellam)
@@ -118,10 +120,15 @@ class Distributed(Mechanism):
         l2 = discrete.rounded_l2(cs, self.padded, self.params.beta)
         return l2, discrete.rounded_l1(l2, self.padded)
 
-    def sensitivity(self, sampling: Sampling, amplified: bool) -> float:
-        """Delta_2 / (C s): how far one client moves the decoded sum, in units of C (>= 1: the rounding)."""
-        cs = self.scale(1.0, sampling.cohort)
+    def inflation(self, sigma: float, cohort: float) -> float:
+        """Delta_2 / (C s) >= 1: how far one client can move the decoded sum, in units of C (its
+        rounded vector's bound), at noise multiplier ``sigma`` and n~ = ``cohort``."""
+        cs = self.scale(sigma, cohort)
         return self.bounds(cs)[0] / cs
+
+    def sensitivity(self, sampling: Sampling, amplified: bool) -> float:
+        """``inflation`` at multiplier 1 (the accountant works in integer units, ``rdp``)."""
+        return self.inflation(1.0, sampling.cohort)
 
     # ---------------------------------------------------------------- accounting
     def event(self, sampling: Sampling, amplified: bool, sigma: float, rounds: int) -> Any:
@@ -195,23 +202,24 @@ class Lattice:
         cs = mech.scale(self.sigma, self.cohort)
         var = (self.sigma * cs) ** 2 / max(n_total, 1)  # each client's share of the round's noise
         signs = mech.signs(self.t)
+        device = make_rows(slice(0, 0)).device
         total = torch.zeros(mech.padded, dtype=torch.int64)
         block = max(1, (64 << 20) // (8 * mech.padded))
         for a in range(0, n_local, block):
             s = slice(a, min(a + block, n_local))
             rows = make_rows(s).double() * (divisor / bound)  # u_i = n~ w_i Delta_i, ||u_i|| <= C
             total += mech.encode(self.t, self.clients[s], rows, cs, self.C, var, signs).sum(0)
-        world.sum_to_server_(total)  # the plain sum of the clients' integers (exact: no float rounding)
+        total = world.sum_to_server_(total.to(device)).cpu()  # the plain sum of the clients' integers (exact)
         m = 1 << p.bits
         mech.last = {"privacy/wrap_bound": discrete.wrap_bound(n_total, mech.padded, cs, (self.sigma * cs) ** 2,
                                                                p.bits, p.beta, mech.exponential),
                      "privacy/wrapped": math.nan, "privacy/scale": cs / self.C}
         if not self.is_server:
-            return torch.zeros(width, dtype=torch.float64, device=make_rows(slice(0, 0)).device)
+            return torch.zeros(width, dtype=torch.float64, device=device)
         released = discrete.centred(torch.remainder(total, m), p.bits)  # what the server learns: Z mod 2^bits
         mech.last["privacy/wrapped"] = float((released != total).sum())
         out = mech.decode(released, cs, self.C, signs) * (bound / divisor)
-        return out.to(make_rows(slice(0, 0)).device)
+        return out.to(device)
 
 
 @register("distributed_dgauss")
