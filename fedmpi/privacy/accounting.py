@@ -138,7 +138,8 @@ def _calibrate_curve(mechanism: Mechanism, sampling: Sampling, target: float, ro
 
     if eps(LEAST_NOISE) <= target:
         raise InputError(f"privacy.epsilon: {target:g} is more than the epsilon of the least noise calibration "
-                         f"tries (noise multiplier {LEAST_NOISE:g}); give a smaller target, or privacy.noise_multiplier")
+                         f"tries (noise multiplier {LEAST_NOISE:g}); give a smaller target, or "
+                         f"privacy.noise_multiplier")
     if not eps(MOST_NOISE) <= target:
         raise InputError(f"privacy.epsilon: {target:g} at delta {delta:g} over {rounds} rounds is out of reach of "
                          f"privacy.mechanism {type(mechanism).__name__} (epsilon {eps(MOST_NOISE):.3g} even at noise "

@@ -86,7 +86,6 @@ class Distributed(Mechanism):
                          ("noise_cohort_size", "each client adds its share of the noise of its own round")):
             if getattr(p, key) is not None:
                 raise InputError(f"privacy.{key}: privacy.mechanism {name}: {why} (leave privacy.{key} null)")
-        from ..algorithms.base import ServerAlgorithm  # a config check: the algorithms are imported by now
         from .declaration import declaration
 
         algo = ALGORITHMS.get(cfg.algorithm.name).obj
@@ -94,7 +93,7 @@ class Distributed(Mechanism):
             raise InputError(f"privacy.mechanism: {name} encodes the clients of a round together (their integer "
                              f"sum); algorithm.name {cfg.algorithm.name} is an asynchronous server, whose updates "
                              f"arrive one by one (use privacy.mechanism gaussian or local_gaussian)")
-        own = [h for h in ("contribution", "private_part") if getattr(algo, h) is not getattr(ServerAlgorithm, h)]
+        own = [h for h in ("contribution", "private_part") if definer(algo, h) is not definer(algo, "finish_round")]
         if own:
             raise InputError(f"privacy.mechanism: {name} has each client encode its row of the sum, its weighted "
                              f"clipped update; algorithm.name {cfg.algorithm.name} makes its own rows "
@@ -182,6 +181,12 @@ class Distributed(Mechanism):
     def decode(self, total: torch.Tensor, cs: float, C: float, signs: torch.Tensor) -> torch.Tensor:
         """The decoded sum of the rows (d,) float64 from the centred integer sum (d',)."""
         return discrete.unrotate(total.double(), signs, self.dim) * (C / cs)
+
+
+def definer(cls: type, hook: str) -> type | None:
+    """The class in ``cls``'s MRO that defines ``hook``: the base round's rows (the weighted clipped
+    updates) are those of the class that defines the round (``finish_round``)."""
+    return next((c for c in cls.__mro__ if hook in vars(c)), None)
 
 
 class Lattice:
