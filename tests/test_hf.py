@@ -14,7 +14,6 @@ import h5py
 import numpy as np
 import pytest
 import torch
-import yaml
 
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")

@@ -85,7 +85,8 @@ def folder(path: Optional[str], key: str = "task.path") -> str:
     if not os.path.isfile(os.path.join(where, "config.json")):
         raise InputError(f"{key}: {where}: no config.json (a Hugging Face model folder as save_pretrained writes it)")
     if not any(os.path.isfile(os.path.join(where, w)) for w in WEIGHTS):
-        bins = [f for f in ("pytorch_model.bin", "pytorch_model.bin.index.json") if os.path.exists(os.path.join(where, f))]
+        bins = [f for f in ("pytorch_model.bin", "pytorch_model.bin.index.json")
+                if os.path.exists(os.path.join(where, f))]
         raise InputError(f"{key}: {where}: no safetensors weights (model.safetensors)"
                          + (f"; {bins[0]} is pickled, which fedmpi does not load" if bins else ""))
     return where
