@@ -149,3 +149,44 @@ def test_in_time_steps_a_bounded_number_of_slots():
     assert list(clock.at(MAX_SLOTS + 0.5)) == [MAX_SLOTS % 3] and asked == list(range(MAX_SLOTS + 1))
     with pytest.raises(InputError, match="^clock.slot: 1 s per availability step"):
         clock.at(2 * MAX_SLOTS + 3.0)
+
+
+# ----------------------------------------------------------------------------- a deadline nobody meets (#44)
+
+def quadratic_clock(clock: dict, train: dict | None = None) -> dict:
+    return dict(copy.deepcopy(SLOTTED), availability={"kind": "always"}, clock=clock, rounds=8,
+                train=dict(SLOTTED["train"], **(train or {})))
+
+
+@pytest.mark.parametrize("clock, train, says", [
+    ({"kind": "constant", "step_time": 1.0, "deadline": 3.0}, {"local_steps": 5},
+     "the fastest, client 0, takes 5 s: comm_time + 5 step(s)"),
+    ({"kind": "constant", "step_time": 1.0, "comm_time": 2.5, "deadline": 3.0}, {"local_steps": 5,
+                                                                                 "local_steps_draw": "uniform"},
+     "takes 3.5 s: comm_time + 1 step(s)"),
+    ({"kind": "lognormal", "step_time": 1.0, "sigma": 0.5, "deadline": 0.01}, {}, "so every round would train nobody"),
+])
+def test_a_deadline_nobody_can_meet_is_refused(clock, train, says):
+    """Issue #44: a deadline nobody meets trained nothing and said nothing; where the config makes
+    it certain (every client's fastest task is longer), exit 2 at set-up."""
+    with pytest.raises(InputError) as e:
+        built(quadratic_clock(clock, train))
+    assert str(e.value).startswith("clock.deadline: ") and says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_rounds_the_deadline_empties_are_told_once(tmp_path):
+    """Where only some rounds miss it (drawn steps), the first such round is a notice, once."""
+    cfg = quadratic_clock({"kind": "constant", "step_time": 1.0, "deadline": 1.0},
+                          {"local_steps": 8, "local_steps_draw": "uniform"})
+    p = cli(["run", write_config(tmp_path / "c.yaml", cfg), "--out", str(tmp_path / "r.h5"), "--quiet"])
+    assert p.returncode == 0, p.stderr
+    told = [line for line in p.stderr.splitlines() if "clock.deadline" in line]
+    assert len(told) == 1 and told[0].startswith("notice: clock.deadline: round ") and \
+        "kept none of its 4 asked clients (the fastest took" in told[0], p.stderr
+    import h5py
+
+    with h5py.File(tmp_path / "r.h5") as f:
+        outcome = f["events"]["outcome"][:]
+        rounds = f["events"]["round"][:]
+    empty = [r for r in np.unique(rounds) if not (outcome[rounds == r] == 0).any()]
+    assert len(empty) >= 2  # several rounds kept nobody, one notice

@@ -402,7 +402,9 @@ class ServerAlgorithm(Algorithm):
         if not c.on:
             return None
         keep = self.cfg.availability.size if c.over_select > 0 else None
-        return RoundClock(self.durations(), keep)
+        durations = self.durations()
+        durations.check_deadline(self.ctx.trainer.least_steps())  # a deadline nobody can meet: exit 2
+        return RoundClock(durations, keep)
 
     def durations(self) -> Durations:
         """The clients' task durations (``fedmpi.clock.durations``; a device map needs the batch and

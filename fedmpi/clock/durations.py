@@ -57,6 +57,20 @@ class Durations:
         clients = np.asarray(clients, dtype=np.int64)
         return self.comm_time[clients] + np.asarray(steps, dtype=np.float64) * self.step_time[clients]
 
+    def check_deadline(self, least: np.ndarray) -> None:
+        """Refuse (InputError naming ``clock.deadline``) a deadline no client can ever meet: every
+        task takes comm_time_i + least_i step_time_i > D, ``least`` (m,) the fewest local steps each
+        client can do in a round; such a run would train nobody."""
+        deadline = self.params.deadline
+        if deadline is None or not self.m:
+            return
+        fastest = self.of(np.arange(self.m), least)
+        i = int(np.argmin(fastest))
+        if fastest[i] > deadline:
+            raise InputError(f"clock.deadline: {deadline:g} s, but no client's task can finish within it (the fastest, "
+                             f"client {i}, takes {fastest[i]:.6g} s: comm_time + {int(least[i])} step(s) x step_time), so "
+                             f"every round would train nobody")
+
     def failures(self, clients: np.ndarray, unit: int) -> tuple[np.ndarray, np.ndarray]:
         """(failed (n,) bool, fraction of the task done when it fails (n,)) for the tasks of
         ``clients`` started in ``unit`` (a round, or an asynchronous dispatch number)."""

@@ -18,6 +18,7 @@ Only the kept clients train: the others' results would be discarded unread.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +45,7 @@ class RoundClock:
         self.durations, self.keep, self.deadline = durations, keep, durations.params.deadline
         self.now = 0.0
         self.events = Events()
+        self.told = False  # whether the notice of a round the deadline emptied was given (once a run)
 
     def round(self, t: int, asked: np.ndarray, steps: np.ndarray) -> Cohort:
         """Round t of the clients ``asked`` (sorted ids) doing ``steps`` local steps each: the
@@ -69,6 +71,12 @@ class RoundClock:
             heard = end[(outcome == OUTCOMES.index("kept")) | failed]
             duration = float(heard.max()) if len(heard) else 0.0
             duration = duration if self.deadline is None else min(duration, self.deadline)
+        late = ok & ~on_time
+        if late.any() and not len(kept_at) and not self.told:  # says so once: it may be every round
+            self.told = True
+            logging.getLogger(__name__).info(
+                f"clock.deadline: round {t + 1} kept none of its {len(asked)} asked clients (the fastest took "
+                f"{float(d[late].min()):.6g} s, the deadline is {self.deadline:g} s); such a round trains nobody")
         self.events.add(t, asked, self.now, self.now + end, t, 0, outcome)
         self.now += duration
         pick = lambda code: asked[outcome == OUTCOMES.index(code)]  # noqa: E731  (sorted: asked is)

@@ -301,6 +301,10 @@ class LocalTrainer:
         """Local steps (n,) of ``clients`` in round t (``engine.steps.StepCounts.of``)."""
         return self._step_counts.of(clients, t)
 
+    def least_steps(self) -> np.ndarray:
+        """The fewest local steps (m,) each client can do in a round (``StepCounts.least``)."""
+        return self._step_counts.least()
+
     def most_steps(self) -> int:
         """The most local steps any client can do in a round (``StepCounts.most``)."""
         return self._step_counts.most()

@@ -110,6 +110,11 @@ class StepCounts:
                 return int(per_client.max(initial=1))
         return int(self.cfg.local_steps)
 
+    def least(self) -> np.ndarray:
+        """The fewest steps (m,) each client can do in a round: c_i with the fixed draw, else 1."""
+        every = np.arange(len(self.sizes))
+        return self.nominal(every) if self.cfg.local_steps_draw == "fixed" else np.ones(len(every), dtype=np.int64)
+
     def of(self, clients: np.ndarray, t: int) -> np.ndarray:
         """Local steps (n,) of ``clients`` (global ids) in 0-based round t, each in 1..c_i."""
         clients = np.asarray(clients, dtype=np.int64)
