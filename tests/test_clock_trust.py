@@ -82,7 +82,7 @@ def _spec(c: float) -> dict:
     ("zeros.json", json.dumps({"1": _spec(1), "01": _spec(50), "2": _spec(1)}), "device id 1 given twice"),
     ("repeat.json", '{"1": %s, "1": %s, "2": %s}' % (json.dumps(_spec(1)), json.dumps(_spec(50)),
                                                      json.dumps(_spec(1))), "device id '1' given twice"),
-    ("bool.pkl", pickle.dumps({True: _spec(1), 1: _spec(2), 2: _spec(1)}), "device ids must be integers"),
+    ("bool.pkl", pickle.dumps({True: _spec(1), 2: _spec(2), 3: _spec(1)}), "device ids must be integers"),
     ("float.pkl", pickle.dumps({1.5: _spec(1), 2: _spec(2), 3: _spec(1)}), "device ids must be integers"),
     ("space.json", json.dumps({" 1": _spec(1), "2": _spec(1), "3": _spec(1)}), "device ids must be integers"),
     ("slow.json", json.dumps({"1": _spec(1e300), "2": _spec(1), "3": _spec(1)}), "each must be in (0, 1e+09] s"),
@@ -190,3 +190,24 @@ def test_rounds_the_deadline_empties_are_told_once(tmp_path):
         rounds = f["events"]["round"][:]
     empty = [r for r in np.unique(rounds) if not (outcome[rounds == r] == 0).any()]
     assert len(empty) >= 2  # several rounds kept nobody, one notice
+
+
+# ----------------------------------------------------------------------------- the neighbouring-run check (#44)
+
+def test_the_neighbouring_check_sees_a_deadline_that_reads_data(tmp_path, monkeypatch):
+    """The combination matrix's check (tests/helpers/neighbours.py) changes a client's sample count
+    too and holds who is kept fixed: on the run the refusal now stops (a deadline on local epochs
+    under privacy, as main ran it before issue #44) it fails; with keyed draws it holds."""
+    from helpers import combinations as C
+    from helpers.neighbours import check
+
+    C.steps_file(str(tmp_path))
+    epochs = C.Combo("fedavg_active", "stationary", "gaussian", "epochs", "deadline").data(str(tmp_path), sigma=0.0)
+    with pytest.raises(InputError, match="^clock.deadline: with train.local_epochs"):
+        config.from_dict(copy.deepcopy(epochs))
+    monkeypatch.setattr("fedmpi.clock.params.reads_data", lambda cfg: "")  # the clock as it was
+    with pytest.raises(AssertionError, match=f"client {C.CHANGED} \\(data\\) changed who is kept"):
+        check(config.from_dict(epochs), 3, client=C.CHANGED, change="data")
+    monkeypatch.undo()
+    drawn = C.Combo("fedavg_active", "stationary", "gaussian", "uniform", "deadline").data(str(tmp_path), sigma=0.0)
+    check(config.from_dict(drawn), 3, client=C.CHANGED, change="data")

@@ -67,9 +67,9 @@ class Durations:
         fastest = self.of(np.arange(self.m), least)
         i = int(np.argmin(fastest))
         if fastest[i] > deadline:
-            raise InputError(f"clock.deadline: {deadline:g} s, but no client's task can finish within it (the fastest, "
-                             f"client {i}, takes {fastest[i]:.6g} s: comm_time + {int(least[i])} step(s) x step_time), so "
-                             f"every round would train nobody")
+            raise InputError(f"clock.deadline: {deadline:g} s, but no client's task can finish within it (the "
+                             f"fastest, client {i}, takes {fastest[i]:.6g} s: comm_time + {int(least[i])} step(s) x "
+                             f"step_time), so every round would train nobody")
 
     def failures(self, clients: np.ndarray, unit: int) -> tuple[np.ndarray, np.ndarray]:
         """(failed (n,) bool, fraction of the task done when it fails (n,)) for the tasks of
