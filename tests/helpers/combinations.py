@@ -1,9 +1,10 @@
 """The combination matrix (issue #32): every algorithm x availability kind x privacy mechanism x
 local work (and, with no privacy and fixed work, x each ``CLOCK`` setting: issue #33; and, for
 the model axis ``MODEL``, LoRA adapters of a tiny transformer over its frozen base instead of
-logistic regression: issue #42), on a tiny task, either refused with one line naming the keys
-that conflict, or run and held to every invariant that applies (tests/test_combinations.py says
-which).
+logistic regression: issue #42; and the clock crossed with privacy, a production noise cohort
+``PRODUCTION``, the local work whose durations matter ``CLOCK_WORK`` and packing:
+``clock_privacy``, issue #44), on a tiny task, either refused with one line naming the keys that
+conflict, or run and held to every invariant that applies (tests/test_combinations.py says which).
 
 The axes come from the registries, so a new built-in algorithm, availability kind or mechanism
 joins the matrix by itself; ``ALGORITHM``, ``KIND`` and ``PRIVACY`` hold the few parameters a
@@ -55,6 +56,8 @@ KIND = {
 PRIVACY = {"none": None, "gaussian": {"clip": 0.5}, "banded_mf": {"clip": 0.5, "band": 2}}
 #: declared variants of a mechanism, each a value of the privacy axis: name -> (mechanism, its keys)
 VARIANTS = {"banded_opt": ("banded_mf", {"clip": 0.5, "band": 2, "factor": "optimized"})}
+#: privacy with the noise of a production cohort (``privacy.noise_cohort_size``), crossed with the clock
+PRODUCTION = {"gaussian_n12": ("gaussian", {"clip": 0.5, "noise_cohort_size": 12})}
 SIGMA = 0.7
 #: the kinds of local work (``train.*``); ``file`` names a steps file written by ``steps_file``
 WORK = {
@@ -62,8 +65,15 @@ WORK = {
     "uniform": {"local_steps_draw": "uniform", "local_steps": 3},
     "geometric": {"local_steps_draw": "geometric", "local_steps": 3},
     "lognormal": {"local_steps_draw": "lognormal", "local_steps": 3},
-    "epochs": {"local_epochs": 0.2}, "momentum": {"momentum": 0.5},
+    "epochs": {"local_epochs": 0.5}, "momentum": {"momentum": 0.5},  # epochs: 3 steps of 20 samples, 2 of 10
 }
+#: the client whose data the neighbouring-run check changes on the clock: at seed 7 its lognormal speed
+#: puts its 3-step task (local epochs on 20 samples) just over ``CLOCK["deadline"]`` and 2 steps (10
+#: samples) under it, so a deadline on sample counts would change who is kept
+CHANGED = 3
+#: the local work crossed with the clock under privacy: durations from fixed steps, a file, keyed
+#: draws, or sample counts (``epochs``, which reads the clients' data)
+CLOCK_WORK = ("fixed", "file", "uniform", "epochs")
 STEPS = "1 3 2 4 1 2\n"  # the steps file's counts, one per client
 #: the virtual clock (``clock.*``): none (the four axes above), device speeds, and what a synchronous
 #: round does with time (a deadline with dropout; over-selection, which needs a cohort)
@@ -115,7 +125,8 @@ class Combo:
                              for k, v in WORK[self.work].items()})
         if CLOCK[self.clock] is not None:
             cfg["clock"] = dict(CLOCK[self.clock])
-        mechanism, keys = VARIANTS.get(self.privacy, (self.privacy, PRIVACY.get(self.privacy, {"clip": 0.5})))
+        mechanism, keys = {**VARIANTS, **PRODUCTION}.get(self.privacy,
+                                                         (self.privacy, PRIVACY.get(self.privacy, {"clip": 0.5})))
         if keys is not None:
             cfg["privacy"] = {"mechanism": mechanism, **keys, "noise_multiplier": sigma}
         return cfg
@@ -150,7 +161,24 @@ def every() -> list[Combo]:
     return [Combo(*c) for c in itertools.product(*axes())] + [
         Combo(a, k, "none", "fixed", c) for a, k, c in itertools.product(algorithms, kinds, clocks)] + lora + [
         Combo(a, k, p, "fixed", c) for a, k, p, c in itertools.product(asynchronous(), kinds, mechanisms, clocks)
-        if p != "none"]  # DP for asynchronous FL: an asynchronous server runs only on the clock
+        if p != "none"] + clock_privacy()  # DP for asynchronous FL: an asynchronous server runs only on the clock
+
+
+#: the availability kinds the clock crosses privacy with, in turn: fixed-size and Poisson sampling
+CLOCK_KINDS = ("cohort", "stationary")
+
+
+def clock_privacy() -> list[Combo]:
+    """The clock crossed with privacy (issue #44): every synchronous algorithm x mechanism (and the
+    production noise cohort) x ``CLOCK_WORK`` x clock setting, on a fixed-size or a Poisson kind
+    in turn (the asynchronous servers cross privacy in ``every``)."""
+    algorithms, _, _, _ = axes()
+    private = [p for p in MECHANISMS.names(builtin_only=True) if p != "none"] + list(PRODUCTION)
+    clocks = [c for c in CLOCK if c != "none"]
+    sync = [a for a in algorithms if a not in asynchronous()]
+    return [Combo(a, CLOCK_KINDS[(i + j + k) % len(CLOCK_KINDS)], p, w, c)
+            for i, a in enumerate(sync) for j, p in enumerate(private) for k, w in enumerate(CLOCK_WORK)
+            for c in clocks]
 
 
 def asynchronous() -> list[str]:
@@ -160,10 +188,11 @@ def asynchronous() -> list[str]:
     return [a for a in axes()[0] if issubclass(ALGORITHMS.get(a).obj, AsyncAlgorithm)]
 
 
-def sample(n: int = 66) -> list[Combo]:
+def sample(n: int = 72) -> list[Combo]:
     """A fixed spread of the matrix: every algorithm, kind, mechanism and kind of local work, each
     paired with a rotating choice of the others, plus the combinations issue #32 found wrong and a
-    few of each clock setting (issue #33) and of the LoRA model (issue #42)."""
+    few of each clock setting (issue #33), of the LoRA model (issue #42) and of the clock under privacy
+    (issue #44)."""
     algorithms, kinds, mechanisms, works = axes()
     picked = [Combo(a, kinds[(3 * i) % len(kinds)], mechanisms[i % len(mechanisms)], works[(5 * i) % len(works)])
               for i, a in enumerate(algorithms)]
@@ -196,7 +225,15 @@ def sample(n: int = 66) -> list[Combo]:
                Combo("fedprox", "cohort", "distributed_skellam", "fixed"),
                Combo("debiased_fedavg", "markov", "distributed_dgauss", "momentum"),
                Combo("fedswe", "trace", "distributed_skellam", "fixed"),
-               Combo("fedbuff", "always", "distributed_skellam", "fixed", "lognormal")]
+               Combo("fedbuff", "always", "distributed_skellam", "fixed", "lognormal"),
+               # the clock under privacy (#44): a deadline on sample counts (refused), on keyed draws, a
+               # file and fixed steps; epochs without a deadline; the production noise cohort; packed
+               Combo("fedswe", "stationary", "gaussian", "epochs", "deadline"),
+               Combo("fedavg_active", "cohort", "gaussian_n12", "uniform", "deadline"),
+               Combo("fedprox", "stationary", "local_gaussian", "file", "deadline"),
+               Combo("fedadam", "cohort", "banded_mf", "epochs", "lognormal"),
+               Combo("fedswe", "stationary", "gaussian_n12", "fixed", "deadline"),
+               Combo("mifa", "cohort", "gaussian", "epochs", "lognormal")]
     # the LoRA model axis (issue #42): centralized algorithms with and without DP, the asynchronous
     # server, a per-client table and the decentralized family on adapters
     picked += [Combo("fedavg_active", "cohort", "gaussian", "fixed", "none", "lora"),
@@ -249,6 +286,26 @@ def run(cfg, world, start: int = 0, stop: int = ROUNDS, folder: str | None = Non
         keeper.save(stop, 0.0)
         return None
     return components.algorithm.final_params().detach().cpu().numpy().copy()
+
+
+def packed(cfgs: dict, folder: str, world) -> dict[str, np.ndarray]:
+    """The final models of the runs ``cfgs`` ({name: config}) that pack, trained in packed groups of
+    equal ``pack_key`` (``fedmpi sweep --pack``), each into its result file in ``folder``."""
+    import h5py
+
+    from fedmpi.packed import pack_key, plan, run_group
+
+    names = [n for n, cfg in cfgs.items() if pack_key(cfg)[0] is not None]
+    got = {}
+    for group in plan([pack_key(cfgs[n]) for n in names], len(names)):
+        paths = [os.path.join(folder, f"packed-{names[i]}.h5") for i in group]
+        ended = run_group([cfgs[names[i]] for i in group], world, paths, [names[i] for i in group],
+                          [()] * len(group), quiet=True)
+        assert all(o.code == 0 for o in ended), [(names[i], o) for i, o in zip(group, ended)]
+        for i, path in zip(group, paths):
+            with h5py.File(path, "r") as f:
+                got[names[i]] = f["final/params"][:]
+    return got
 
 
 class Emptied:

@@ -1,8 +1,9 @@
 """The neighbouring-run check of client-level DP, with the noise at 0 (docs/PRIVACY.md).
 
 Round by round, from the same state, the round as the run plays it and the same round with one
-client j added to (or taken from) the available set, or with other data: the other clients'
-contributions must be the same bits, and the part of the summed rows the noise protects
+client j added to (or taken from) the available set, or with other data (labels and sample
+count): who is kept (the clock's deadline included) must be the same, the other clients'
+contributions the same bits, and the part of the summed rows the noise protects
 (``private_part``) may move by at most the sensitivity the algorithm declares for one client,
 C * bound / divisor (twice that when j's data change: one update out, another in). An asynchronous
 server's releases (``check_counted``): the schedule held, j's updates zeroed or on other data."""
@@ -67,11 +68,21 @@ def _copy(state):
 
 
 def _changed(task, client: int):
-    """``task`` with client ``client``'s training labels changed (the other clients' data kept)."""
-    rows = task.order[task.offsets[client]:task.offsets[client + 1]]
+    """``task`` with client ``client``'s data changed: its training labels, and its sample count
+    halved (the count is data too: local epochs read it); the other clients' data kept."""
+    lo, hi = int(task.offsets[client]), int(task.offsets[client + 1])
+    rows = task.order[lo:hi]
     y = task.train_y.clone()
     y[rows] = (y[rows] + 1) % max(task.classes, 1) if task.classes else y[rows] + 1.0
-    return dataclasses.replace(task, train_y=y)
+    kept = max((hi - lo) // 2, 1)
+    order = torch.cat([task.order[:lo + kept], task.order[hi:]])
+    offsets = task.offsets.copy()
+    offsets[client + 1:] -= hi - lo - kept
+    hist = task.label_hist
+    if hist is not None and task.classes:
+        hist = hist.copy()
+        hist[client] = np.bincount(y[order[lo:lo + kept]].long().cpu().numpy(), minlength=hist.shape[1])
+    return dataclasses.replace(task, train_y=y, order=order, offsets=offsets, label_hist=hist)
 
 
 def _spied_release(privacy, zeroed: int = -1) -> dict:
@@ -163,6 +174,9 @@ def check(cfg, rounds: int, client: int, change: str = "toggle", task=None,
         mine, theirs = _spied(algo), _spied(other)
         algo.round(t), other.round(t)
         del algo.contribution, algo.server_update  # the class's own again
+        kept, their_kept = (np.setdiff1d(a.active, [client] if change == "toggle" else []) for a in (algo, other))
+        assert np.array_equal(kept, their_kept), \
+            f"round {t}: client {client} ({change}) changed who is kept: {kept.tolist()} vs {their_kept.tolist()}"
         for i in set(mine["rows"]) & set(theirs["rows"]) - {client}:
             assert torch.equal(mine["rows"][i], theirs["rows"][i]), \
                 f"round {t}: client {client} ({change}) changed client {i}'s contribution"
