@@ -19,6 +19,11 @@ flight (``held``, one row per slot) until they arrive, and applies the step. The
 arrival order on rank 0, so any number of ranks gives the same bits, and the queue, the held
 updates and the clock are the run's state: a resumed run continues them exactly.
 
+The hooks of a task's training are the synchronous round's (``HONOURED``): ``lr_scale(t, clients)``
+and ``local_terms(t, clients, start)``, with t the model version the tasks train from and
+``start`` x^t (asynchronous FedProx is FedBuff with ``fedprox.Proximal`` as its term; FedAsync's
+``algorithm.rho`` is one). Any other hook of the round is refused at ``register``.
+
 When nothing is left in flight before K updates are kept (every client trained from x^t and
 failed or was stale), the step uses the updates it has. With availability in time (``clock.slot``)
 a free slot is filled at the next availability step when that comes before the next arrival.
@@ -70,7 +75,7 @@ def staleness_weight(kind: str, tau: np.ndarray, a: float, b: int) -> np.ndarray
 
 #: the hooks of the synchronous round (``base.HOOKS``) a server step honours; overriding another is
 #: refused at ``register`` (``AsyncAlgorithm._unhonoured``)
-HONOURED: tuple[str, ...] = ()
+HONOURED: tuple[str, ...] = ("lr_scale", "local_terms")
 
 #: with availability in time, the most availability steps a server step waits with nothing in flight
 #: before it steps with what arrived (a trace that never brings a client back must not hang the run)
@@ -225,9 +230,10 @@ class AsyncAlgorithm(ServerAlgorithm):
         clients = np.array([w[0] for w in work], dtype=np.int64)
         steps = np.array([w[1] for w in work], dtype=np.int64)
         lo, hi = n * r // size, n * (r + 1) // size
-        start = self.x.expand(hi - lo, -1)
-        end = self.ctx.trainer.train(start, clients[lo:hi], t, steps=steps[lo:hi])
-        end = self.privacy.client_side(t, clients[lo:hi], start, end)  # privacy: the client's half of its release
+        mine, start = clients[lo:hi], self.x.expand(hi - lo, -1)
+        end = self.ctx.trainer.train(start, mine, t, lr_scale=self.lr_scale(t, mine), steps=steps[lo:hi],
+                                     terms=self.local_terms(t, mine, start))
+        end = self.privacy.client_side(t, mine, start, end)  # privacy: the client's half of its release
         with one_thread(self.device):
             mine = self.keep(start, end)
         if size == 1:
