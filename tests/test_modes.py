@@ -3,15 +3,26 @@ one line naming the hook and the mode (#43 item 1): no hook is silently ignored.
 
 from __future__ import annotations
 
+import copy
+
+import h5py
 import numpy as np
 import pytest
+from fault_plugin import inject
 
+from fedmpi import config
 from fedmpi.algorithms import register
 from fedmpi.algorithms.asynchronous import HONOURED
 from fedmpi.algorithms.base import HOOKS, SWITCHES, ServerAlgorithm
 from fedmpi.algorithms.fedavg import FedAvgActive
 from fedmpi.algorithms.fedbuff import FedBuff
+from fedmpi.algorithms.fedprox import Proximal
+from fedmpi.build import build_components
+from fedmpi.clock.flight import STREAMS, stream
 from fedmpi.engine.quantities import MEAN_SQUARED_LOSS
+from fedmpi.errors import InputError
+from fedmpi.runner import Runner
+from fedmpi.runtime import World
 
 OVERRIDES = {"select": lambda self, t, available: available[:1],
              "failures": lambda self, t, failed, late: None,
@@ -65,15 +76,6 @@ def test_clients_anywhere_beside_client_state_is_refused_not_ignored():
 
 # ----------------------------------------------------------------------------- the asynchronous hooks
 
-import copy  # noqa: E402
-
-import h5py  # noqa: E402
-
-from fedmpi import config  # noqa: E402
-from fedmpi.algorithms.fedprox import Proximal  # noqa: E402
-from fedmpi.runner import Runner  # noqa: E402
-from fedmpi.runtime import World  # noqa: E402
-
 U, LR = [0.0, 30.0, 100.0], 0.1
 
 
@@ -118,7 +120,8 @@ def test_async_fedprox_matches_a_hand_replay(tmp_path):
     replay = [0.0]
     for t in range(len(x) - 1):
         here = ev["round"] == t + 1
-        deltas = [local_model(replay[v], U[c], 0.5) - replay[v] for c, v in zip(ev["client"][here], ev["version"][here])]
+        tasks = zip(ev["client"][here], ev["version"][here])
+        deltas = [local_model(replay[v], U[c], 0.5) - replay[v] for c, v in tasks]
         replay.append(replay[t] + sum(deltas) / 2)
     assert np.allclose(x, replay, atol=1e-4), (x, replay)
     plain = quadratic_run(tmp_path / "b.h5", {"name": "fedbuff", "concurrency": 2, "buffer": 2, "staleness": "none"})
@@ -147,3 +150,51 @@ def test_fedasync_without_rho_keeps_the_digest_its_checkpoints_were_written_with
     assert config.from_dict(copy.deepcopy(cfg)).resume_digest() == "4d7e7062c8f41d1c"
     cfg["algorithm"]["rho"] = 0.1
     assert config.from_dict(cfg).resume_digest() != "4d7e7062c8f41d1c"
+
+
+# ----------------------------------------------------------------------------- a task's random streams
+
+AGAIN = {"seed": 2, "rounds": 8, "eval_every": 2,
+         "task": {"dataset": "synthetic", "clients": 3, "model": "logreg",
+                  "synthetic": {"samples": 60, "test_samples": 20, "features": 3, "classes": 2}},
+         "train": {"local_steps": 2, "batch_size": 2, "lr": 0.1},
+         "algorithm": {"name": "fedbuff", "concurrency": 3, "buffer": 5, "staleness": "none",
+                       "once_per_version": False},
+         "clock": {"kind": "lognormal", "step_time": 1.0, "comm_time": 1.0, "sigma": 1.0, "dropout": 0.1},
+         "runtime": {"progress": False, "checkpoint_every": 1}}
+
+
+def test_a_task_stream_is_its_version_for_a_first_task_else_its_own():
+    assert stream(0, 7, 0) == 7
+    again = {stream(0, 7, k) for k in (1, 2, 3)} | {stream(0, 8, 1), stream(1, 7, 1)}
+    assert len(again) == 5 and min(again) >= STREAMS
+
+
+def test_a_client_trains_again_before_the_model_moves_on_its_own_streams(tmp_path):
+    """once_per_version false: K = 5 arrivals from 3 clients per step, so clients train twice from
+    one version; each such task draws other minibatches (its stream), and the run resumes exactly."""
+    f = h5py.File(_run(AGAIN, tmp_path / "a.h5"))
+    ev = {k: f["events"][k][:] for k in f["events"]}
+    pairs = list(zip(ev["client"], ev["version"]))
+    assert len(set(pairs)) < len(pairs)  # a client trained twice from one version
+    run = build_components(config.from_dict(copy.deepcopy(AGAIN)), World())
+    start = run.algorithm.x.expand(1, -1)
+    first, second = (run.trainer.train(start, np.array([1]), 0, steps=2, stream=stream(2, 0, k)) for k in (0, 1))
+    assert not np.array_equal(first.numpy(), second.numpy())
+    with pytest.raises(RuntimeError, match="injected"):
+        _run(AGAIN, tmp_path / "b.h5", callbacks=[inject("0:5:raise")])
+    b = h5py.File(_run(AGAIN, tmp_path / "b.h5", resume=True))
+    assert np.array_equal(f["final/params"][:], b["final/params"][:])
+    assert all(np.array_equal(f["events"][k][:], b["events"][k][:]) for k in f["events"])
+
+
+def test_once_per_version_keeps_the_rule_and_its_refusal():
+    cfg = copy.deepcopy(AGAIN)
+    cfg["algorithm"]["once_per_version"] = True
+    with pytest.raises(InputError, match=r"algorithm.buffer: 5 arrivals per step, more than task.clients"):
+        config.from_dict(cfg)
+
+
+def _run(cfg: dict, path, **kw) -> str:
+    Runner(config.from_dict(copy.deepcopy(cfg)), World(), str(path), quiet=True, **kw).run()
+    return str(path)
