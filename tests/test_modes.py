@@ -8,6 +8,7 @@ import copy
 import h5py
 import numpy as np
 import pytest
+from conftest import fedmpi, write_config
 from fault_plugin import inject
 
 from fedmpi import config
@@ -198,3 +199,18 @@ def test_once_per_version_keeps_the_rule_and_its_refusal():
 def _run(cfg: dict, path, **kw) -> str:
     Runner(config.from_dict(copy.deepcopy(cfg)), World(), str(path), quiet=True, **kw).run()
     return str(path)
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_repeated_tasks_give_the_same_bits_on_1_2_and_3_ranks(tmp_path):
+    """Repeat levels train in calls of their own on each rank's share: still the same bits."""
+    cfg = write_config(tmp_path / "c.yaml", dict(AGAIN, runtime={"progress": False}))
+    outs = {}
+    for ranks in (0, 2, 3):
+        outs[ranks] = str(tmp_path / f"r{ranks}.h5")
+        fedmpi(["run", cfg, "--out", outs[ranks], "--quiet"], ranks=ranks)
+    with h5py.File(outs[0]) as one:
+        for ranks in (2, 3):
+            with h5py.File(outs[ranks]) as other:
+                assert np.array_equal(one["final/params"][:], other["final/params"][:]), ranks
