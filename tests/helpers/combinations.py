@@ -55,7 +55,8 @@ KIND = {
 #: each mechanism: its keys (noise_multiplier is set per check)
 PRIVACY = {"none": None, "gaussian": {"clip": 0.5}, "banded_mf": {"clip": 0.5, "band": 2}}
 #: declared variants of a mechanism, each a value of the privacy axis: name -> (mechanism, its keys)
-VARIANTS = {"banded_opt": ("banded_mf", {"clip": 0.5, "band": 2, "factor": "optimized"})}
+VARIANTS = {"banded_opt": ("banded_mf", {"clip": 0.5, "band": 2, "factor": "optimized"}),
+            "dist_banded": ("distributed_skellam", {"clip": 0.5, "band": 2})}  # the distributed matrix mechanism
 #: privacy with the noise of a production cohort (``privacy.noise_cohort_size``), crossed with the clock
 PRODUCTION = {"gaussian_n12": ("gaussian", {"clip": 0.5, "noise_cohort_size": 12})}
 SIGMA = 0.7
@@ -188,7 +189,7 @@ def asynchronous() -> list[str]:
     return [a for a in axes()[0] if issubclass(ALGORITHMS.get(a).obj, AsyncAlgorithm)]
 
 
-def sample(n: int = 72) -> list[Combo]:
+def sample(n: int = 75) -> list[Combo]:
     """A fixed spread of the matrix: every algorithm, kind, mechanism and kind of local work, each
     paired with a rotating choice of the others, plus the combinations issue #32 found wrong and a
     few of each clock setting (issue #33), of the LoRA model (issue #42) and of the clock under privacy
@@ -226,6 +227,9 @@ def sample(n: int = 72) -> list[Combo]:
                Combo("debiased_fedavg", "markov", "distributed_dgauss", "momentum"),
                Combo("fedswe", "trace", "distributed_skellam", "fixed"),
                Combo("fedbuff", "always", "distributed_skellam", "fixed", "lognormal"),
+               Combo("fedavg_active", "cyclic", "dist_banded", "fixed"),
+               Combo("fedadam", "markov", "dist_banded", "uniform"),
+               Combo("fedavg_active", "stationary", "dist_banded", "fixed"),
                # the clock under privacy (#44): a deadline on sample counts (refused), on keyed draws, a
                # file and fixed steps; epochs without a deadline; the production noise cohort; packed
                Combo("fedswe", "stationary", "gaussian", "epochs", "deadline"),
