@@ -90,6 +90,8 @@ def _spec(c: float) -> dict:
      "each must be in (0, 1e+09] s"),
     ("times.csv", "client,step_time,comm_time\n0,1e308,0\n1,1,0\n", "step_time must be in (0, 1e+09] s"),
     ("comm.csv", "client,step_time,comm_time\n0,1,1e308\n1,1,0\n", "comm_time in [0, 1e+09] s"),
+    ("wide.csv", "client,step_time,comm_time\n0," + "1" * 200000 + ",0\n", "not a CSV with header"),
+    ("nested.json", "[" * 200000 + "]" * 200000, "not a CSV with header"),
 ])
 def test_device_maps_with_one_device_twice_or_beyond_time_are_one_line(tmp_path, name, data, says):
     """Issue #44 (3): 1 and '1', "01" and "1", a repeated JSON key were accepted and shifted later

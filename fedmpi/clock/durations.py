@@ -98,7 +98,10 @@ def read_devices(path: str, m: int, batch_size: int = 1, dim: int = 1) -> tuple[
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise InputError(f"{_KEY}: {path}: not UTF-8 text (a CSV with header client,step_time,comm_time)") from None
-    rows = [r for r in csv.reader(io.StringIO(text)) if r and any(c.strip() for c in r)]
+    try:
+        rows = [r for r in csv.reader(io.StringIO(text)) if r and any(c.strip() for c in r)]
+    except csv.Error as e:  # a field over the csv module's limit, a NUL byte
+        raise InputError(f"{_KEY}: {path}: not a CSV with header client,step_time,comm_time ({str(e)[:80]})") from None
     header = [c.strip() for c in rows[0]] if rows else []
     if header != ["client", "step_time", "comm_time"]:
         raise InputError(f"{_KEY}: {path}: the first line must be the header client,step_time,comm_time, "
