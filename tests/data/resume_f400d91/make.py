@@ -14,7 +14,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from make import base, make  # noqa: E402  (the 4880dc6 runs' recipe)
 
 CASES = {
-    "lora": base(**{"task.model": "mlp", "task.adapter": {"kind": "lora", "r": 2, "alpha": 4.0, "target_modules": ["fc1", "out"]}}),  # adapter kept
+    "lora": base(**{"task.model": "mlp",                                 # the adapter block kept
+                    "task.adapter": {"kind": "lora", "r": 2, "alpha": 4.0, "target_modules": ["fc1", "out"]}}),
     "local_gaussian": base(**{"privacy": {"mechanism": "local_gaussian", "clip": 1.0, "noise_multiplier": 0.5},
                               "availability": {"kind": "stationary", "base": {"kind": "fixed", "values": [0.5] * 8}}}),
     "banded_mf": base(**{"privacy": {"mechanism": "banded_mf", "band": 3, "clip": 1.0, "noise_multiplier": 0.5,
