@@ -16,14 +16,13 @@ from make import base, make  # noqa: E402  (the 4880dc6 runs' recipe)
 CASES = {
     "lora": base(**{"task.model": "mlp",                                 # the adapter block kept
                     "task.adapter": {"kind": "lora", "r": 2, "alpha": 4.0, "target_modules": ["fc1", "out"]}}),
-    "local_gaussian": base(**{"privacy": {"mechanism": "local_gaussian", "clip": 1.0, "noise_multiplier": 0.5},
-                              "availability": {"kind": "stationary", "base": {"kind": "fixed", "values": [0.5] * 8}}}),
+    "local_gaussian": base(privacy={"mechanism": "local_gaussian", "clip": 1.0, "noise_multiplier": 0.5},
+                           availability={"kind": "stationary", "base": {"kind": "fixed", "values": [0.5] * 8}}),
     "banded_mf": base(**{"privacy": {"mechanism": "banded_mf", "band": 3, "clip": 1.0, "noise_multiplier": 0.5,
                                      "accountant": "pld"},                # band its own key; accountant not rdp
                          "algorithm.name": "debiased_fedavg", "availability": {"kind": "markov", "B": 2, "R": 2}}),
-    "fedbuff": base(**{"algorithm": {"name": "fedbuff", "concurrency": 3, "buffer": 2},
-                       "availability": {"kind": "always"},
-                       "clock": {"kind": "constant", "step_time": 1.0, "comm_time": 0.5}}),  # server steps in flight
+    "fedbuff": base(algorithm={"name": "fedbuff", "concurrency": 3, "buffer": 2},  # server steps in flight
+                    availability={"kind": "always"}, clock={"kind": "constant", "step_time": 1.0, "comm_time": 0.5}),
 }
 
 if __name__ == "__main__":
