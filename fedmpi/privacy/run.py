@@ -66,7 +66,7 @@ class Privacy(Stateful):
     shared_state = ("sigma",)  # a resumed run keeps the noise it was calibrated with
     derived = ("_epsilons",)  # epsilons computed (a cache)
     own_state = ("clipping", "mechanism", "ledger")  # their state is saved with sigma (``state_dict``)
-    configuration = ("params", "sampling", "seed", "world", "on", "amplified")
+    configuration = ("params", "sampling", "seed", "world", "on", "amplified", "amplification")
 
     def __init__(self, params: PrivacyParams, sampling: Sampling | None, rounds: int, seed: int, dim: int,
                  world: World, amplified: bool = True, m: int = 0, counted: bool = False):
@@ -75,6 +75,7 @@ class Privacy(Stateful):
         self.sigma = np.float64(0.0)  # float64 in checkpoints (a Python float would be saved as float32)
         self.mechanism = None
         self.amplified = False
+        self.amplification = ""  # whether amplification is claimed, and why (``of_run``; the result file's note)
         self.ledger = Ledger(m, self.on and counted)
         if self.on:
             self.mechanism = MECHANISMS.get(params.mechanism).obj(params, dim, seed, world.device, rounds)
@@ -112,7 +113,18 @@ class Privacy(Stateful):
         privacy.mechanism.check(cfg, sampling, privacy.amplified)
         if p.amplification == "required" and not privacy.amplified:
             raise InputError(f"privacy.amplification: required, but {not_amplified(cfg, sampling, declared)}")
+        privacy.amplification = (
+            f"claimed ({sampling.kind.replace('_', '-')} sampling of availability.kind {cfg.availability.kind!r})"
+            if privacy.amplified else
+            "not claimed: privacy.amplification is off" if p.amplification == "off" else
+            "not claimed: each client's releases are counted (an asynchronous server)" if declared.counted else
+            f"not claimed: {not_amplified(cfg, sampling, declared)}")
         return privacy
+
+    def notes(self) -> dict[str, str]:
+        """Root attributes of the result file (rank 0): ``privacy_amplification``, whether the
+        accountant claimed amplification by sampling and why (``fedmpi info`` shows it)."""
+        return {"privacy_amplification": self.amplification} if self.on else {}
 
     # ---------------------------------------------------------------- the noise's scale
     @property
