@@ -454,11 +454,12 @@ class ServerAlgorithm(Algorithm):
         number of clients that trained (the same on every rank)."""
         t, active, local, start = request.t, request.active, request.local, request.start
 
-        def summed(end: torch.Tensor) -> torch.Tensor:  # steps 3c-5 on the bounded (privacy) end models
+        def summed(end: torch.Tensor, reduce: Callable = reproducible_sum_blocks) -> torch.Tensor:
+            # steps 3c-5 on the bounded (privacy) end models; ``reduce``: distributed DP's lattice sum
             if self.reads_outputs():
                 norms = self._delta_sq(start, end) if self.delta_norms else np.full(len(local), np.nan)
                 self._outputs = ClientOutputs.gather(self.world, active, local, self.stats, norms, self._sizes)
-            return reproducible_sum_blocks(  # one reduction; rows made block by block to bound memory
+            return reduce(  # one reduction; rows made block by block to bound memory
                 self.world, lambda s: self._owned(self.contribution(t, active, local[s], start[s], end[s]), start,
                                                   end), len(local), len(active), overwrite=True)
 

@@ -79,6 +79,7 @@ class Privacy(Stateful):
         self.ledger = Ledger(m, self.on and counted)
         if self.on:
             self.mechanism = MECHANISMS.get(params.mechanism).obj(params, dim, seed, world.device, rounds)
+            self.mechanism.population = max(m, 1)
             self.amplified = (amplified and not counted and params.amplification != "off"
                               and sampling.kind != "none" and self.mechanism.amplifies(sampling))
             self._check_mechanism(rounds)
@@ -162,6 +163,13 @@ class Privacy(Stateful):
         ``summed(end)``; on rank 0 the central noise on its private ``part`` (``server_side``).
         Returns (the end models as summed, the sum: the noisy one on rank 0)."""
         end = self.client_side(t, clients, start, end)
+        if self.on and self.mechanism.noise_at == "distributed":  # the clients' rows on the lattice, decoded
+            lattice = self.mechanism.lattice(t, clients, part, float(self.clipping.C_used), float(self.sigma),
+                                             self.cohort, self.world.is_server)
+            total = summed(end, lattice)
+            if self.world.is_server:
+                self.ledger.record(contributors)
+            return end, total
         total = summed(end)
         if self.world.is_server:
             self.server_side(t, total, part, contributors)
@@ -251,7 +259,8 @@ class Privacy(Stateful):
         really was relative to the release's sensitivity, from which ``epsilon`` is composed)."""
         if not self.on:
             return {}
-        return {"privacy/noise_multiplier": float(self.sigma), "privacy/applied_noise_multiplier": self.applied}
+        return {"privacy/noise_multiplier": float(self.sigma), "privacy/applied_noise_multiplier": self.applied,
+                **self.mechanism.record()}
 
     # ---------------------------------------------------------------- set-up checks (exit 2 on every rank)
     def _check_mechanism(self, rounds: int) -> None:
