@@ -132,4 +132,5 @@ def test_every_builtin_and_example_component_declares_every_attribute(tmp_path, 
         run.algorithm.round(0)
         check_state(run)
         checked |= {combo.algorithm, f"availability {combo.kind}"}
-    assert "my_oort" in ours and checked >= {*ours, *(f"availability {k}" for k in AVAILABILITY.names(builtin_only=True))}
+    kinds = {f"availability {k}" for k in AVAILABILITY.names(builtin_only=True)}
+    assert "my_oort" in ours and checked >= {*ours, *kinds}
