@@ -92,6 +92,10 @@ def _spec(c: float) -> dict:
     ("comm.csv", "client,step_time,comm_time\n0,1,1e308\n1,1,0\n", "comm_time in [0, 1e+09] s"),
     ("wide.csv", "client,step_time,comm_time\n0," + "1" * 200000 + ",0\n", "not a CSV with header"),
     ("nested.json", "[" * 200000 + "]" * 200000, "not a CSV with header"),
+    ("underscore.csv", "client,step_time,comm_time\n0,1_0,0\n1,1,0\n", "not a client id and two numbers"),
+    ("digits.csv", "client,step_time,comm_time\n\u0661,1,0\n0,1,0\n", "not a client id and two numbers"),
+    ("true.json", json.dumps({"1": {"computation": True, "communication": 1}, "2": _spec(1)}),
+     "expected numbers 'computation'"),
 ])
 def test_device_maps_with_one_device_twice_or_beyond_time_are_one_line(tmp_path, name, data, says):
     """Issue #44 (3): 1 and '1', "01" and "1", a repeated JSON key were accepted and shifted later

@@ -36,6 +36,7 @@ from .params import MAX_SECONDS, ClockParams
 _KEY = "clock.file"
 _MAX_BYTES = 64 << 20
 _ID = re.compile(r"[+-]?[0-9]{1,18}")  # a device id: an integer (in FedScale's maps, or as JSON's string keys)
+_NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|[+-]?(nan|inf|infinity)", re.I)
 
 
 class Durations:
@@ -112,6 +113,8 @@ def read_devices(path: str, m: int, batch_size: int = 1, dim: int = 1) -> tuple[
             raise InputError(f"{_KEY}: {path}: line {line}: expected 3 fields client,step_time,comm_time, "
                              f"got {len(row)}")
         try:
+            if not (_ID.fullmatch(row[0].strip()) and all(_NUMBER.fullmatch(v.strip()) for v in row[1:])):
+                raise ValueError  # plain numbers only: Python also reads '1_0' as 10 and Arabic-Indic digits
             client, s, c = int(row[0]), float(row[1]), float(row[2])
         except ValueError:
             raise InputError(f"{_KEY}: {path}: line {line}: not a client id and two numbers: "
@@ -156,6 +159,8 @@ def _fedscale(path: str, data: bytes, m: int, batch_size: int, dim: int) -> tupl
     for k, key in enumerate(ids[:m]):
         spec = obj[key]
         try:
+            if any(isinstance(spec[k], (bool, str)) for k in ("computation", "communication")):
+                raise TypeError  # numbers, not true or "1"
             c, kbps = float(spec["computation"]), float(spec["communication"])
         except (TypeError, KeyError, ValueError):
             raise InputError(f"{_KEY}: {path}: device {str(key)[:20]}: expected numbers 'computation' (ms per "
