@@ -39,7 +39,11 @@ def _check(st: os.stat_result, path: str, what: str, key: str) -> None:
 def check_regular(path: str, what: str, key: str = "") -> None:
     """Refuse ``path`` unless it is a regular file (symbolic links followed), without opening it.
     OSError (e.g. FileNotFoundError) when it cannot be looked at."""
-    _check(os.stat(path), path, what, key)
+    try:
+        st = os.stat(path)
+    except ValueError:  # an embedded NUL byte: no file can have that name
+        raise InputError(f"{_where(repr(path), key)}: not a usable path (a NUL byte in it)") from None
+    _check(st, path, what, key)
 
 
 def open_input(path: str, what: str, key: str = "", limit: int | None = None) -> BinaryIO:

@@ -110,6 +110,8 @@ def test_a_fifo_or_a_device_as_the_device_table_is_refused_unopened(tmp_path):
     """Issue #44 (4): a FIFO hung set-up, /dev/zero was read for ever."""
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
+    with pytest.raises(InputError, match="^clock.file: 'a\\\\x00b': not a usable path"):
+        Durations(ClockParams(kind="file", file="a\x00b"), 2, seed=0)
     for path, kind in ((str(fifo), "a FIFO"), ("/dev/zero", "a character device")):
         with pytest.raises(InputError) as e:
             Durations(ClockParams(kind="file", file=path), 2, seed=0)
