@@ -72,7 +72,7 @@ Inside ``round(t)``:
 | 3b. privacy's release begins: updates bounded (clip), local noise | every rank; adaptive: collective | its C |
 | 3c. ``self.outputs``: all active clients' ``ClientOutputs`` (if ``client_outputs``) | collective | -- |
 | 4. ``contribution(...)`` (default ``weights``) | every rank, on blocks, twice each | nothing: pure |
-| 5. one reproducible sum of the rows into rank 0 (or secure aggregation's: ``aggregation``) | collective | -- |
+| 5. one reproducible sum of the rows into rank 0 | collective | -- |
 | 5b. the release ends: central noise on ``private_part(t, total)``, the ledger | rank 0 only | nothing: pure |
 | 6. ``server_update(t, active, total)`` -> x^{t+1} | rank 0 only | server state |
 | 7. broadcast of x^{t+1} | collective | -- |
@@ -110,7 +110,7 @@ from ..clock.rounds import RoundClock
 from ..engine.local_step import StepTerm
 from ..engine.local import LocalStats, Training
 from ..engine.quantities import ClientQuantity, check_quantities
-from ..engine.reduce import client_sum, gather_clients
+from ..engine.reduce import client_sum, gather_clients, reproducible_sum_blocks
 from ..engine.threads import one_thread
 from ..errors import InputError
 from ..privacy.declaration import Private
@@ -454,13 +454,14 @@ class ServerAlgorithm(Algorithm):
         number of clients that trained (the same on every rank)."""
         t, active, local, start = request.t, request.active, request.local, request.start
 
-        def summed(end: torch.Tensor) -> torch.Tensor:  # steps 3c-5 on the bounded (privacy) end models
+        def summed(end: torch.Tensor, reduce: Callable = reproducible_sum_blocks) -> torch.Tensor:
+            # steps 3c-5 on the bounded (privacy) end models; ``reduce``: distributed DP's lattice sum
             if self.reads_outputs():
                 norms = self._delta_sq(start, end) if self.delta_norms else np.full(len(local), np.nan)
                 self._outputs = ClientOutputs.gather(self.world, active, local, self.stats, norms, self._sizes)
-            return self.privacy.sum(  # one reduction (plain or secure); rows made block by block to bound memory
-                t, active, local, lambda s: self._owned(self.contribution(t, active, local[s], start[s], end[s]),
-                                                        start, end))
+            return reduce(  # one reduction; rows made block by block to bound memory
+                self.world, lambda s: self._owned(self.contribution(t, active, local[s], start[s], end[s]), start,
+                                                  end), len(local), len(active), overwrite=True)
 
         # privacy: the round is one release of the sum (bounded updates, the mechanism's noise: fedmpi.privacy)
         end, buf = self.privacy.release(t, local, start, end, summed, lambda total: self.private_part(t, total))

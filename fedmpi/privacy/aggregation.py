@@ -108,12 +108,15 @@ def check(cfg: Any) -> None:
 
 def refusal(cfg: Any) -> str | None:
     """Why ``cfg`` cannot run under secure aggregation (one line naming the keys), or None."""
-    from ..registry import ALGORITHMS
+    from ..registry import ALGORITHMS, MECHANISMS
 
     a, p, name = cfg.aggregation, cfg.privacy, cfg.algorithm.name
     why = algorithm_refusal(ALGORITHMS.get(name).obj)
     if why is not None:
         return f"aggregation.kind: secagg: algorithm.name {name} {why}"
+    if p.mechanism != "none" and MECHANISMS.get(p.mechanism).obj.noise_at == "distributed":
+        return (f"privacy.mechanism: {p.mechanism} sums its own lattice integers mod 2^privacy.bits; masking them "
+                f"under aggregation.kind secagg is not wired yet (leave aggregation.kind: plain)")
     if p.mechanism == "local_gaussian":
         return ("privacy.mechanism: local_gaussian's noise (sigma C on each coordinate) would be clamped at "
                 "aggregation.clip_range; under aggregation.kind secagg use a central mechanism or distributed noise")

@@ -5,9 +5,9 @@ clients' updates and its way of summing them (``Privacy.release``):
 
     Delta_i  <- bound(Delta_i)                     every rank, its clients: ||Delta_i|| <= C (``clipping``)
     Delta_i  <- Delta_i + sigma C z_{t,i}          local DP only: each client's own noise (``local``)
-    S        =  summed(rows of the Delta_i)         the algorithm's sum (collective; rank 0 holds it),
-                                                   through ``sum``: plain, or secure aggregation
-                                                   (``aggregation``: quantized, masked, unmasked)
+    S        =  summed(rows of the Delta_i)         the algorithm's sum (collective; rank 0 holds it):
+                                                   reproducible, or secure aggregation's (``secured``:
+                                                   quantized, masked, unmasked; ``aggregation``)
     S        <- S + sigma_u C bound / divisor y_t  central DP only, rank 0: on the part that holds the
                                                    updates (``private_part``: |s_i| <= bound / divisor)
     ledger   <- the release                         what the accountant composes (``ledger``)
@@ -39,7 +39,6 @@ from ..participation import Participation, Sampling
 from ..registry import MECHANISMS
 from ..runtime import World
 from ..state import State, Stateful
-from ..engine.reduce import reproducible_sum_blocks
 from . import accounting
 from .aggregation import AggregationParams, SecureAggregation, margin
 from .clipping import Clip
@@ -76,7 +75,6 @@ class Privacy(Stateful):
                  world: World, amplified: bool = True, m: int = 0, counted: bool = False,
                  aggregation: AggregationParams | None = None):
         self.params, self.sampling, self.seed, self.world = params, sampling, seed, world
-        self._part: Part = whole  # the private part of the release being summed (``release``)
         self.on = params.mechanism != "none"
         self.sigma = np.float64(0.0)  # float64 in checkpoints (a Python float would be saved as float32)
         self.mechanism = None
@@ -85,6 +83,7 @@ class Privacy(Stateful):
         self.ledger = Ledger(m, self.on and counted)
         if self.on:
             self.mechanism = MECHANISMS.get(params.mechanism).obj(params, dim, seed, world.device, rounds)
+            self.mechanism.population = max(m, 1)
             self.amplified = (amplified and not counted and params.amplification != "off"
                               and sampling.kind != "none" and self.mechanism.amplifies(sampling))
             self._check_mechanism(rounds)
@@ -176,27 +175,36 @@ class Privacy(Stateful):
         ``summed(end)``; on rank 0 the central noise on its private ``part`` (``server_side``).
         Returns (the end models as summed, the sum: the noisy one on rank 0)."""
         end = self.client_side(t, clients, start, end)
-        self._part = part
-        total = summed(end)
+        if self.on and self.mechanism.noise_at == "distributed":  # the clients' rows on the lattice, decoded
+            lattice = self.mechanism.lattice(t, clients, part, float(self.clipping.C_used), float(self.sigma),
+                                             self.cohort, self.world.is_server)
+            total = summed(end, lattice)
+            if self.world.is_server:
+                self.ledger.record(contributors)
+            return end, total
+        total = summed(end) if self.secure is None else summed(end, self.secured(t, clients, part))
         if self.world.is_server:
             self.server_side(t, total, part, contributors)
         return end, total
 
-    def sum(self, t: int, active: np.ndarray, local: np.ndarray,
-            make_rows: Callable[[slice], torch.Tensor]) -> torch.Tensor:
-        """The sum over the cohort ``active`` of the rows ``make_rows(slice)`` of this rank's ``local``
-        clients (collective; rank 0 holds it): the reproducible sum (``engine.reduce``), or under
-        ``aggregation.kind: secagg`` what the server decodes of secure aggregation (``aggregation``),
-        each coordinate in [-clip_range, clip_range] (null: C times the release's weight bound)."""
-        if self.secure is None:
-            return reproducible_sum_blocks(self.world, make_rows, len(local), len(active), overwrite=True)
-        limit = self.secure.params.clip_range
-        if limit is not None:
-            return self.secure.sum(t, active, local, make_rows, limit)
-        width = make_rows(slice(0, 0)).shape[-1]  # a clipped update's row has norm <= C bound / divisor
-        _, bound, divisor = self._part(torch.zeros(width, dtype=torch.float64))
-        norm = float(self.clipping.C_used) * bound / divisor
-        return self.secure.sum(t, active, local, make_rows, norm, norm=norm)
+    def secured(self, t: int, clients: np.ndarray, part: Part) -> Callable[..., torch.Tensor]:
+        """Release t's sum by secure aggregation (``aggregation.kind: secagg``), in the shape of
+        ``reproducible_sum_blocks`` (the reduction an algorithm's ``summed`` takes): the cohort gathered
+        from the ranks' ``clients`` (collective), each coordinate in [-clip_range, clip_range]; under
+        privacy the range is a row's bound C bound / divisor (``part``), which the rows keep room in."""
+
+        def reduce(world: World, make_rows: Callable[[slice], torch.Tensor], n_local: int, n_total: int,
+                   **_: Any) -> torch.Tensor:
+            cohort = np.sort(np.concatenate([np.asarray(c, dtype=np.int64) for c in world.allgather_obj(clients)]))
+            limit = self.secure.params.clip_range
+            if limit is not None:
+                return self.secure.sum(t, cohort, clients, make_rows, limit)
+            width = make_rows(slice(0, 0)).shape[-1]  # a clipped update's row has norm <= C bound / divisor
+            _, bound, divisor = part(torch.zeros(width, dtype=torch.float64))
+            norm = float(self.clipping.C_used) * bound / divisor
+            return self.secure.sum(t, cohort, clients, make_rows, norm, norm=norm)
+
+        return reduce
 
     def client_side(self, t: int, clients: np.ndarray, start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
         """The clients' half of release t: the end models with their updates bounded
@@ -284,7 +292,7 @@ class Privacy(Stateful):
         if not self.on:
             return record
         return {"privacy/noise_multiplier": float(self.sigma), "privacy/applied_noise_multiplier": self.applied,
-                **record}
+                **self.mechanism.record(), **record}
 
     # ---------------------------------------------------------------- set-up checks (exit 2 on every rank)
     def _check_mechanism(self, rounds: int) -> None:
