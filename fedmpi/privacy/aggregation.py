@@ -6,9 +6,9 @@ One round (``SecureAggregation.sum``; every rank, collective as the sum is):
 
 1. the plan (``plan``, every rank, the same bits: nothing is communicated): the cohort A_t, its
    neighbour graph, who drops where (keyed by (seed, round, client)), whether the round aborts;
-2. each rank's clients in the cohort quantize their rows (range ``clip_range``, ``bits``), add a
-   mechanism's integer noise (``lattice_noise``, distributed DP) and mask them (``secagg.mask``);
-   a client dropped at the masking stage sends nothing (a zero row);
+2. each rank's clients in the cohort quantize their rows (range ``clip_range``, ``bits``) and mask
+   them (``secagg.mask``; ``masked_sum`` masks any integer vectors mod a power of two: a distributed
+   mechanism's noisy integers too); a client dropped at the masking stage sends nothing (a zero row);
 3. the masked rows go through the reproducible sum (``engine.reduce``: integers < 2^modulus_bits,
    a sum of at most 2^(51 - modulus_bits) of them is exact in float64);
 4. rank 0 reconstructs the seeds it needs from the shares of clients still alive, removes the
@@ -92,12 +92,14 @@ def check(cfg: Any) -> None:
     if why is not None:
         raise InputError(why)
     m = cfg.task.clients
-    if secagg.wraps(m, a.bits, a.modulus):
+    lattice = distributed(cfg)
+    if not lattice and secagg.wraps(m, a.bits, a.modulus):
         raise InputError(f"aggregation.bits: {m} clients x (2^{a.bits - 1} - 1) can pass M/2 = 2^{a.modulus_bits - 1},"
                          f" a modular wrap of the sum (lower aggregation.bits or raise aggregation.modulus_bits)")
-    if a.modulus_bits + math.ceil(math.log2(max(m, 1))) + 1 > 52:
-        raise InputError(f"aggregation.modulus_bits: a sum of {m} masked integers < 2^{a.modulus_bits} is not exact "
-                         f"in float64 (the reproducible sum): modulus_bits + log2(task.clients) must stay under 51")
+    key, bits = ("privacy.bits", cfg.privacy.bits) if lattice else ("aggregation.modulus_bits", a.modulus_bits)
+    if bits + math.ceil(math.log2(max(m, 1))) + 1 > 52:
+        raise InputError(f"{key}: a sum of {m} masked integers < 2^{bits} is not exact in float64 (the reproducible "
+                         f"sum): {key} + log2(task.clients) must stay under 51")
     if a.neighbours is not None and a.neighbours % 2:
         raise InputError(f"aggregation.neighbours: the ring of SecAgg+ gives each client k/2 neighbours on each "
                          f"side, so k must be even (got {a.neighbours})")
@@ -108,15 +110,18 @@ def check(cfg: Any) -> None:
 
 def refusal(cfg: Any) -> str | None:
     """Why ``cfg`` cannot run under secure aggregation (one line naming the keys), or None."""
-    from ..registry import ALGORITHMS, MECHANISMS
+    from ..registry import ALGORITHMS
 
     a, p, name = cfg.aggregation, cfg.privacy, cfg.algorithm.name
     why = algorithm_refusal(ALGORITHMS.get(name).obj)
     if why is not None:
         return f"aggregation.kind: secagg: algorithm.name {name} {why}"
-    if p.mechanism != "none" and MECHANISMS.get(p.mechanism).obj.noise_at == "distributed":
-        return (f"privacy.mechanism: {p.mechanism} sums its own lattice integers mod 2^privacy.bits; masking them "
-                f"under aggregation.kind secagg is not wired yet (leave aggregation.kind: plain)")
+    if distributed(cfg):
+        key = next((k for k in ("bits", "modulus_bits") if getattr(a, k) != AggregationParams.__dataclass_fields__[
+            k].default), None)
+        if key is not None:
+            return (f"aggregation.{key}: under privacy.mechanism {p.mechanism} secure aggregation masks the "
+                    f"mechanism's integers mod 2^privacy.bits (leave aggregation.{key} at its default)")
     if p.mechanism == "local_gaussian":
         return ("privacy.mechanism: local_gaussian's noise (sigma C on each coordinate) would be clamped at "
                 "aggregation.clip_range; under aggregation.kind secagg use a central mechanism or distributed noise")
@@ -137,21 +142,36 @@ def refusal(cfg: Any) -> str | None:
     return None
 
 
+def distributed(cfg: Any) -> bool:
+    """Whether ``cfg``'s mechanism puts the clients' rows on its own integer lattice (noise_at
+    "distributed": its integers mod 2^privacy.bits are what secure aggregation masks)."""
+    from ..registry import MECHANISMS
+
+    p = cfg.privacy
+    return p.mechanism != "none" and MECHANISMS.get(p.mechanism).obj.noise_at == "distributed"
+
+
 def algorithm_refusal(cls: type) -> str | None:
-    """Why the algorithm class ``cls`` cannot sum under secure aggregation (a phrase), or None."""
-    from ..algorithms.base import ServerAlgorithm
+    """Why the algorithm class ``cls`` cannot sum under secure aggregation (a phrase), or None. Read
+    from where its hooks are defined (no import of the algorithms, a higher layer): a server's round
+    sums in ``finish_round``, which the class that defines ``round`` must define too."""
     from ..state import declared
 
-    if not issubclass(cls, ServerAlgorithm):
+    if definer(cls, "finish_round") is None:
         return "has no server whose sum the masks could hide"
-    if cls.round is not ServerAlgorithm.round or cls.finish_round is not ServerAlgorithm.finish_round:
+    if definer(cls, "round") is not definer(cls, "finish_round"):
         return "runs its own server step (secure aggregation masks a cohort's rows together)"
     if declared(cls, "client_state"):
         return (f"keeps per-client state ({', '.join(declared(cls, 'client_state'))}) that assumes the server got "
                 f"each client's row, which a dropout or an aborted round does not give")
-    if cls.client_outputs or cls.delta_norms or cls.client_quantities:
+    if any(getattr(cls, k, False) for k in ("client_outputs", "delta_norms", "client_quantities")):
         return "reads each client's own numbers (losses, steps or norms), where the server may see only the sum"
     return None
+
+
+def definer(cls: type, hook: str) -> type | None:
+    """The class in ``cls``'s MRO that defines ``hook`` (None: none does)."""
+    return next((c for c in cls.__mro__ if hook in vars(c)), None)
 
 
 # ----------------------------------------------------------------------------- one round's plan
@@ -223,6 +243,11 @@ def traffic(p: Plan, u: int, dim: int, modulus_bits: int) -> tuple[int, int, int
     return sent, received, shares
 
 
+def gathered(world: World, clients: np.ndarray) -> np.ndarray:
+    """The round's cohort, sorted, from every rank's ``clients`` (collective: an allgather)."""
+    return np.sort(np.concatenate([np.asarray(c, dtype=np.int64) for c in world.allgather_obj(clients)]))
+
+
 def margin(dim: int, bits: int) -> float:
     """1 - sqrt(dim) / L: the share of a row's norm bound left to the row when its quantized row must
     stay within the bound (each of its dim coordinates rounded by less than 1 / scale = r / L, r the
@@ -239,70 +264,82 @@ class SecureAggregation:
     CLIENT_SERIES = ("sent_bytes", "received_bytes", "shares", "reached")
     SERIES = ("aborted", "survivors", "clamped")
 
-    def __init__(self, params: AggregationParams, seed: int, world: World, m: int, noise: Callable | None = None):
-        """``noise``: a mechanism's ``lattice_noise(t, clients, dim, scale)`` -> signed int64 (n, dim),
-        each client's integer noise, added to its quantized row before masking (distributed DP)."""
-        self.params, self.seed, self.world, self.m, self.noise = params, seed, world, m, noise
+    def __init__(self, params: AggregationParams, seed: int, world: World, m: int):
+        self.params, self.seed, self.world, self.m = params, seed, world, m
         self._last: dict[str, Any] = self.empty_record()
 
     def sum(self, t: int, active: np.ndarray, local: np.ndarray, make_rows: Callable[[slice], torch.Tensor],
             clip_range: float, norm: float | None = None) -> torch.Tensor:
         """The sum of the cohort's rows as the server decodes it (rank 0; zeros elsewhere), from
         ``make_rows(slice)`` of the rank's ``local`` clients (pure, as ``reproducible_sum_blocks``
-        wants), each coordinate clamped to ``clip_range``. Collective. ``norm`` (under privacy: the
-        bound C bound / divisor of a row, = ``clip_range``): each row is first scaled to norm at most
-        (1 - sqrt(d) / L) norm, so that its quantized row, off by less than 1 / scale a coordinate,
-        stays within ``norm`` (``margin``): the sum's sensitivity is the mechanism's."""
+        wants), each coordinate clamped to ``clip_range``, quantized and masked (``masked_sum``).
+        Collective. ``norm`` (under privacy: the bound C bound / divisor of a row, = ``clip_range``):
+        each row is first scaled to norm at most (1 - sqrt(d) / L) norm, so that its quantized row, off
+        by less than 1 / scale a coordinate, stays within ``norm`` (``margin``): the sum's sensitivity
+        is the mechanism's."""
         a = self.params
-        p = plan(a, self.seed, t, active)
         width = make_rows(slice(0, 0)).shape[-1]
         device = self.world.device
         scale = secagg.levels(a.bits) / clip_range
-        if p.aborted or not len(p.cohort):
-            if p.aborted and self.world.is_server:
-                log.info("round %d: secure aggregation aborted (%s); the round's sum is empty%s", t, p.aborted,
-                         "" if norm is None else " (under privacy the accountant does not cover an abort: "
-                                                 "docs/PRIVACY.md)")
-            self._remember(p, width, 0)
-            return torch.zeros(width, dtype=torch.float64, device=device)
         clamped: dict[int, int] = {}  # per client: a block's rows may be made twice
 
-        def masked(s: slice) -> torch.Tensor:
+        def quantized(s: slice) -> np.ndarray:
             rows = make_rows(s).detach().double().cpu().numpy()
             if norm is not None:  # room for the rounding: ||q_u / scale|| <= ||x_u|| + sqrt(d) / scale <= norm
                 room = norm * margin(width, a.bits)
                 lengths = np.linalg.norm(rows, axis=1)
                 rows = rows * np.minimum(1.0, room / np.maximum(lengths, 1e-300))[:, None]
-            out = np.zeros(rows.shape, dtype=np.float64)
-            ids = local[s]
-            noise = self.noise(t, ids, width, scale) if self.noise is not None else None
-            for j, u in enumerate(int(u) for u in ids):
-                if u not in p.survivors:  # dropped at masking: its input never arrives
-                    continue
+            out = np.zeros(rows.shape, dtype=np.int64)
+            for j, u in enumerate(int(u) for u in local[s]):
                 uniforms = rng.uniform(rng.key(self.seed, "secagg_round", t, u), np.arange(width))
-                q, c = secagg.quantize(rows[j], scale, a.bits, uniforms, a.modulus)
-                clamped[u] = c
-                if noise is not None:
-                    q = (q + np.asarray(noise[j], dtype=np.int64)) % a.modulus
-                out[j] = self.masked_input(t, p, u, q)
+                out[j], clamped[u] = secagg.quantize(rows[j], scale, a.bits, uniforms, a.modulus)
+            return out
+
+        s = self.masked_sum(t, active, local, quantized, width, a.modulus, private=norm is not None)
+        if s is None:
+            return torch.zeros(width, dtype=torch.float64, device=device)
+        count = torch.tensor([float(sum(clamped.values()))], dtype=torch.float64, device=device)
+        count = self.world.sum_to_server_(count)  # collective: every rank
+        if not self.world.is_server:
+            return torch.zeros(width, dtype=torch.float64, device=device)
+        self._last["aggregation/clamped"] = float(count.item())
+        return torch.from_numpy(secagg.decode(s, a.modulus, scale)).to(device)
+
+    def masked_sum(self, t: int, active: np.ndarray, local: np.ndarray, ints: Callable[[slice], np.ndarray],
+                   width: int, modulus: int, private: bool = False) -> np.ndarray | None:
+        """sum_{u in U2} z_u mod ``modulus`` as the server unmasks it (rank 0; zeros elsewhere), from
+        ``ints(slice)``: the rank's ``local`` clients' integer vectors z_u, int64 (n, width) in
+        [0, modulus) (the integer-lattice interface: quantized rows, or a distributed mechanism's noisy
+        integers); None on every rank when the round aborts (logged). Collective: the masked inputs go
+        through the reproducible sum (exact: integers < modulus, modulus x 2n <= 2^53)."""
+        p = plan(self.params, self.seed, t, active)
+        self._remember(p, width, modulus)
+        if p.aborted:
+            if self.world.is_server:
+                log.info("round %d: secure aggregation aborted (%s); the round's sum is empty%s", t, p.aborted,
+                         " (under privacy the accountant does not cover an abort: docs/PRIVACY.md)" if private else "")
+            return None
+        device = self.world.device
+
+        def masked(s: slice) -> torch.Tensor:
+            z = ints(s)
+            out = np.zeros(z.shape, dtype=np.float64)
+            for j, u in enumerate(int(u) for u in local[s]):
+                if u in p.survivors:  # a client dropped at masking: its input never arrives
+                    out[j] = self.masked_input(t, p, u, z[j], modulus)
             return torch.from_numpy(out).to(device)
 
         total = reproducible_sum_blocks(self.world, masked, len(local), len(active), overwrite=True)
-        count = torch.tensor([float(sum(clamped.values()))], dtype=torch.float64, device=device)
-        count = self.world.sum_to_server_(count)  # collective: every rank
-        self._remember(p, width, int(count.item()) if self.world.is_server else 0)
         if not self.world.is_server:
-            return total
-        Y = total.cpu().numpy().astype(np.int64)
-        s = self.unmask(t, p, Y)
-        return torch.from_numpy(secagg.decode(s, a.modulus, scale)).to(device)
+            return np.zeros(width, dtype=np.int64)
+        return self.unmask(t, p, total.cpu().numpy().astype(np.int64), modulus)
 
     # ---------------------------------------------------------------- the clients' messages
-    def masked_input(self, t: int, p: Plan, u: int, q: np.ndarray) -> np.ndarray:
-        """Client u's y_u from its quantized row q (its keys and its neighbours' public keys)."""
+    def masked_input(self, t: int, p: Plan, u: int, z: np.ndarray, modulus: int) -> np.ndarray:
+        """Client u's y_u from its integer vector z (its keys and its neighbours' public keys)."""
         sk, b = secagg.client_secrets(self.seed, t, u)
         keys = {int(v): secagg.public_key(secagg.client_secrets(self.seed, t, int(v))[0]) for v in p.graph[u]}
-        return secagg.mask(q, u, sk, b, keys, self.params.modulus)
+        return secagg.mask(z, u, sk, b, keys, modulus)
 
     def shares(self, t: int, p: Plan, owner: int, which: str) -> dict[int, int]:
         """The shares of ``owner``'s seed (``which``: "sk" or "b") that its first t alive neighbours
@@ -313,30 +350,29 @@ class SecureAggregation:
         return secagg.share(sk if which == "sk" else b, np.asarray(holders), p.threshold, key)
 
     # ---------------------------------------------------------------- the server
-    def unmask(self, t: int, p: Plan, Y: np.ndarray) -> np.ndarray:
-        """sum_{u in U2} q_u mod M from the summed masked inputs (rank 0): the seeds reconstructed
+    def unmask(self, t: int, p: Plan, Y: np.ndarray, modulus: int) -> np.ndarray:
+        """sum_{u in U2} z_u mod M from the summed masked inputs (rank 0): the seeds reconstructed
         from the shares, the masks removed."""
         survivors = p.survivors
         self_seeds = {u: secagg.reconstruct(self.shares(t, p, u, "b")) for u in sorted(survivors)}
         dropped = {int(v): secagg.reconstruct(self.shares(t, p, int(v), "sk")) for v in p.cohort
                    if int(v) not in survivors and any(int(w) in survivors for w in p.graph[int(v)])}
         public = {u: secagg.public_key(secagg.client_secrets(self.seed, t, u)[0]) for u in survivors}
-        return secagg.unmask(Y, self_seeds, dropped, p.graph, public, survivors, self.params.modulus)
+        return secagg.unmask(Y, self_seeds, dropped, p.graph, public, survivors, modulus)
 
     # ---------------------------------------------------------------- the record
     def empty_record(self) -> dict[str, Any]:
         row = {f"aggregation/{k}": np.full(self.m, np.nan) for k in self.CLIENT_SERIES}
         return {**row, **{f"aggregation/{k}": 0.0 for k in self.SERIES}}
 
-    def _remember(self, p: Plan, dim: int, clamped: int) -> None:
+    def _remember(self, p: Plan, dim: int, modulus: int) -> None:
         rec = self.empty_record()
         for u in (int(u) for u in p.cohort):
-            sent, received, shares = traffic(p, u, dim, self.params.modulus_bits)
+            sent, received, shares = traffic(p, u, dim, modulus.bit_length() - 1)
             for k, v in zip(self.CLIENT_SERIES, (sent, received, shares, p.reached[u])):
                 rec[f"aggregation/{k}"][u] = v
         rec["aggregation/aborted"] = float(bool(p.aborted))
         rec["aggregation/survivors"] = 0.0 if p.aborted else float(len(p.survivors))
-        rec["aggregation/clamped"] = float(clamped)
         self._last = rec
 
     def record(self) -> dict[str, Any]:

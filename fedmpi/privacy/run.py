@@ -40,7 +40,7 @@ from ..registry import MECHANISMS
 from ..runtime import World
 from ..state import State, Stateful
 from . import accounting
-from .aggregation import AggregationParams, SecureAggregation, margin
+from .aggregation import AggregationParams, SecureAggregation, gathered, margin
 from .clipping import Clip
 from .declaration import Private, declaration
 from .ledger import Ledger
@@ -99,9 +99,10 @@ class Privacy(Stateful):
         if self.on:
             self._check_accountant(rounds)
         #: secure aggregation (``aggregation.kind: secagg``), else None: the plain reproducible sum
-        self.secure = None if aggregation is None or not aggregation.on else SecureAggregation(
-            aggregation, seed, world, m, getattr(self.mechanism, "lattice_noise", None))
-        if self.secure is not None and aggregation.clip_range is None and margin(dim, aggregation.bits) <= 0:
+        self.secure = None if aggregation is None or not aggregation.on else SecureAggregation(aggregation, seed,
+                                                                                               world, m)
+        quantizes = self.secure is not None and not (self.on and self.mechanism.noise_at == "distributed")
+        if quantizes and aggregation.clip_range is None and margin(dim, aggregation.bits) <= 0:
             raise InputError(f"aggregation.bits: rounding {dim} coordinates to 2^{aggregation.bits - 1} - 1 levels can "
                              f"move a client's row by sqrt({dim}) / (2^{aggregation.bits - 1} - 1) = "
                              f"{1 - margin(dim, aggregation.bits):.2f} of privacy.clip's bound, which the row must "
@@ -177,7 +178,7 @@ class Privacy(Stateful):
         end = self.client_side(t, clients, start, end)
         if self.on and self.mechanism.noise_at == "distributed":  # the clients' rows on the lattice, decoded
             lattice = self.mechanism.lattice(t, clients, part, float(self.clipping.C_used), float(self.sigma),
-                                             self.cohort, self.world.is_server)
+                                             self.cohort, self.world.is_server, secure=self.secure)
             total = summed(end, lattice)
             if self.world.is_server:
                 self.ledger.record(contributors)
@@ -195,7 +196,7 @@ class Privacy(Stateful):
 
         def reduce(world: World, make_rows: Callable[[slice], torch.Tensor], n_local: int, n_total: int,
                    **_: Any) -> torch.Tensor:
-            cohort = np.sort(np.concatenate([np.asarray(c, dtype=np.int64) for c in world.allgather_obj(clients)]))
+            cohort = gathered(world, clients)
             limit = self.secure.params.clip_range
             if limit is not None:
                 return self.secure.sum(t, cohort, clients, make_rows, limit)

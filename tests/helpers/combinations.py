@@ -175,7 +175,7 @@ def asynchronous() -> list[str]:
     return [a for a in axes()[0] if issubclass(ALGORITHMS.get(a).obj, AsyncAlgorithm)]
 
 
-def sample(n: int = 73) -> list[Combo]:
+def sample(n: int = 74) -> list[Combo]:
     """A fixed spread of the matrix: every algorithm, kind, mechanism and kind of local work, each
     paired with a rotating choice of the others, plus the combinations issue #32 found wrong and a
     few of each clock setting (issue #33) and of the LoRA model (issue #42)."""
@@ -225,6 +225,7 @@ def sample(n: int = 73) -> list[Combo]:
     picked += [Combo("fedavg_active", "cohort", "none", "fixed", "none", "logreg", "secagg"),
                Combo("fedavg_active", "always", "gaussian", "fixed", "none", "logreg", "secagg"),
                Combo("fedadam", "cyclic", "banded_mf", "fixed", "none", "logreg", "secagg"),
+               Combo("fedprox", "cohort", "distributed_dgauss", "fixed", "none", "logreg", "secagg"),
                Combo("debiased_fedavg", "always", "none", "fixed", "none", "logreg", "secagg"),
                Combo("scaffold", "always", "none", "fixed", "none", "logreg", "secagg"),
                Combo("fedavg_active", "cohort", "local_gaussian", "fixed", "none", "logreg", "secagg"),
