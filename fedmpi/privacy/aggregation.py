@@ -116,6 +116,9 @@ def refusal(cfg: Any) -> str | None:
     why = algorithm_refusal(ALGORITHMS.get(name).obj)
     if why is not None:
         return f"aggregation.kind: secagg: algorithm.name {name} {why}"
+    if distributed(cfg) and getattr(p, "band", 1) > 1:
+        return (f"privacy.band: {p.mechanism} with b = {p.band} re-sends earlier rounds' rows, which "
+                f"aggregation.kind secagg does not mask yet (set privacy.band: 1 or aggregation.kind: plain)")
     if distributed(cfg):
         key = next((k for k in ("bits", "modulus_bits") if getattr(a, k) != AggregationParams.__dataclass_fields__[
             k].default), None)
@@ -243,7 +246,7 @@ def traffic(p: Plan, u: int, dim: int, modulus_bits: int) -> tuple[int, int, int
     return sent, received, shares
 
 
-def gathered(world: World, clients: np.ndarray) -> np.ndarray:
+def cohort_of(world: World, clients: np.ndarray) -> np.ndarray:
     """The round's cohort, sorted, from every rank's ``clients`` (collective: an allgather)."""
     return np.sort(np.concatenate([np.asarray(c, dtype=np.int64) for c in world.allgather_obj(clients)]))
 

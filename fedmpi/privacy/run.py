@@ -40,7 +40,7 @@ from ..registry import MECHANISMS
 from ..runtime import World
 from ..state import State, Stateful
 from . import accounting
-from .aggregation import AggregationParams, SecureAggregation, gathered, margin
+from .aggregation import AggregationParams, SecureAggregation, cohort_of, margin
 from .clipping import Clip
 from .declaration import Private, declaration
 from .ledger import Ledger
@@ -196,7 +196,7 @@ class Privacy(Stateful):
 
         def reduce(world: World, make_rows: Callable[[slice], torch.Tensor], n_local: int, n_total: int,
                    **_: Any) -> torch.Tensor:
-            cohort = gathered(world, clients)
+            cohort = cohort_of(world, clients)
             limit = self.secure.params.clip_range
             if limit is not None:
                 return self.secure.sum(t, cohort, clients, make_rows, limit)
