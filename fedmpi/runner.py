@@ -142,7 +142,7 @@ class Runner:
         resume_at = self.checkpointer.rounds_done or None
         notes = {"callbacks": "; ".join(f"{w}: {', '.join(_name(f) for f in fns)}"
                                         for w, fns in self.callbacks.items() if fns),
-                 **provenance.record(cfg.to_dict(), skip=(self.out_path,))}
+                 **provenance.record(cfg.to_dict(), skip=(self.out_path,)), **run.privacy.notes()}
         rows_through = None
         if resume_at is not None:
             notes.update(self._continued(resume_at))

@@ -120,6 +120,24 @@ def test_required_amplification_is_refused_in_one_line_where_it_cannot_be_claime
     assert epsilon_of(cfg) > 0
 
 
+@pytest.mark.parametrize("privacy, name, said", [
+    ({"mechanism": "banded_mf", "band": 3}, "fedavg_active",
+     "banded_mf (factor sqrt, band 3)|amplification by sampling claimed (poisson sampling of availability.kind "
+     "'cyclic')"),
+    ({"mechanism": "gaussian", "amplification": "off"}, "fedavg_active",
+     "amplification by sampling not claimed: privacy.amplification is off"),
+    ({"mechanism": "banded_mf", "band": 3}, "fedswe",
+     "amplification by sampling not claimed: algorithm.name 'fedswe' shows who took part"),
+])
+def test_info_says_whether_amplification_was_claimed_and_why(privacy, name, said, tmp_path, capsys):
+    """#46 (4): with amplification: auto nobody could tell from a file that DP-FedAvg on cyclic
+    participation was amplified; ``fedmpi info`` says it (and banded_mf's factor and band)."""
+    out = run(cyclic_cfg(privacy, name=name, rounds=3), tmp_path / "r.h5")
+    assert main(["info", out, "--no-config"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("privacy:"))
+    assert all(part in line for part in said.split("|")), line
+
+
 def test_a_target_epsilon_calibrates_the_amplified_banded_noise():
     from fedmpi.build import build_components
 

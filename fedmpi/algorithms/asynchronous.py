@@ -38,6 +38,7 @@ from ..clock.flight import Flight
 from ..engine.threads import one_thread
 from ..errors import InputError
 from ..schema import opt
+from ..state import declared
 from .base import Context, ServerAlgorithm, ServerParams
 
 
@@ -66,6 +67,10 @@ def staleness_weight(kind: str, tau: np.ndarray, a: float, b: int) -> np.ndarray
         return (1.0 + tau) ** -a
     return np.where(tau <= b, 1.0, 1.0 / (a * (tau - b) + 1.0))
 
+
+#: the hooks of the synchronous round (``base.HOOKS``) a server step honours; overriding another is
+#: refused at ``register`` (``AsyncAlgorithm._unhonoured``)
+HONOURED: tuple[str, ...] = ()
 
 #: with availability in time, the most availability steps a server step waits with nothing in flight
 #: before it steps with what arrived (a trace that never brings a client back must not hang the run)
@@ -102,6 +107,21 @@ class AsyncAlgorithm(ServerAlgorithm):
         if cfg.algorithm.concurrency > cfg.task.clients:
             raise InputError(f"algorithm.concurrency: {cfg.algorithm.concurrency} clients in flight, more than "
                              f"task.clients ({cfg.task.clients})")
+
+    @classmethod
+    def _unhonoured(cls) -> str | None:
+        """The first hook of the synchronous round (``base.HOOKS``, ``base.SWITCHES``) that ``cls``
+        overrides and a server step would ignore, in one line; client state is refused too (a
+        task trains on any rank, not on its client's owner)."""
+        ignored = [h for h in cls._overridden() if h not in HONOURED]
+        if ignored:
+            return (f"{cls.__name__}.{ignored[0]}: the asynchronous server does not honour it (a server step "
+                    f"takes arrivals as they come; it honours {', '.join(HONOURED) or 'none of the round hooks'} "
+                    f"and its own buffer_size, keep, step and weight)")
+        if declared(cls, "client_state"):
+            return (f"{cls.__name__}.client_state: the asynchronous server trains a task on any rank, not on its "
+                    f"client's owner (declare shared_state)")
+        return None
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)

@@ -80,6 +80,9 @@ Inside ``round(t)``:
 
 Step 5 gives the same bits whatever the number of ranks (``engine.reduce``). Subclasses
 override only the steps their paper changes, so each algorithm file reads like its definition.
+Every hook of this table (``HOOKS``, and the switches ``SWITCHES``) is honoured by the mode the
+class runs in, or refused at ``register`` with one line naming the hook and the mode
+(``ServerAlgorithm._unhonoured``; the asynchronous server's list is ``asynchronous.HONOURED``).
 
 Per-client outputs (a class that declares ``client_outputs = True``): from step 3c on,
 ``self.outputs`` (``ClientOutputs``) holds every active client's mean training loss, its loss at
@@ -335,6 +338,13 @@ class Algorithm(Stateful):
         return None
 
 
+#: the hooks of the round (the table of the module docstring) an algorithm may override
+HOOKS = ("select", "failures", "start_models", "lr_scale", "local_terms", "local_training", "contribution",
+         "weights", "private_part", "server_update", "after_round")
+#: the switches that ask the round for more (per-client outputs, norms, quantities)
+SWITCHES = ("client_outputs", "delta_norms", "client_quantities")
+
+
 class ServerAlgorithm(Algorithm):
     """Centralized FL with rank 0 as the server; see the module docstring."""
 
@@ -359,7 +369,7 @@ class ServerAlgorithm(Algorithm):
     #: client's id, so any rank may train it, and the round splits the active clients evenly over
     #: the ranks by position instead of by shard (a random cohort splits unevenly by shard and the
     #: ranks wait for the larger share: 8% of a 2-rank anchor-task round, benchmarks/RESULTS.md).
-    #: Ignored when the class declares ``client_state``, which lives on the owning rank. Either way
+    #: Refused at ``register`` beside ``client_state``, which lives on the owning rank. Either way
     #: the same bits (each client's training is its own; the sum is exact).
     clients_anywhere = False
     #: why it sets its own server step (e.g. "sets its own server step size"): then
@@ -444,11 +454,12 @@ class ServerAlgorithm(Algorithm):
         number of clients that trained (the same on every rank)."""
         t, active, local, start = request.t, request.active, request.local, request.start
 
-        def summed(end: torch.Tensor) -> torch.Tensor:  # steps 3c-5 on the bounded (privacy) end models
+        def summed(end: torch.Tensor, reduce: Callable = reproducible_sum_blocks) -> torch.Tensor:
+            # steps 3c-5 on the bounded (privacy) end models; ``reduce``: distributed DP's lattice sum
             if self.reads_outputs():
                 norms = self._delta_sq(start, end) if self.delta_norms else np.full(len(local), np.nan)
                 self._outputs = ClientOutputs.gather(self.world, active, local, self.stats, norms, self._sizes)
-            return reproducible_sum_blocks(  # one reduction; rows made block by block to bound memory
+            return reduce(  # one reduction; rows made block by block to bound memory
                 self.world, lambda s: self._owned(self.contribution(t, active, local[s], start[s], end[s]), start,
                                                   end), len(local), len(active), overwrite=True)
 
@@ -495,10 +506,28 @@ class ServerAlgorithm(Algorithm):
     def assigned(self, active: np.ndarray) -> np.ndarray:
         """The active clients this rank trains (every rank, with the same ``active``): an even
         share by position when ``clients_anywhere`` applies, else those it owns (``ctx.local``)."""
-        if not self.clients_anywhere or declared(type(self), "client_state"):
+        if not self.clients_anywhere:  # (beside client_state it is refused at register)
             return self.ctx.local(active)
         n, r, size = len(active), self.world.rank, self.world.size
         return active[n * r // size: n * (r + 1) // size]
+
+    @classmethod
+    def _unhonoured(cls) -> str | None:
+        """Why ``cls`` overrides a hook or sets a switch its mode would ignore (one line naming the
+        hook and the mode; refused at ``register``), or None. The synchronous round honours every
+        hook of ``HOOKS``; ``clients_anywhere`` cannot apply beside ``client_state`` (a client's
+        rows live on its owner's rank)."""
+        if cls.clients_anywhere and declared(cls, "client_state"):
+            return (f"{cls.__name__}.clients_anywhere: the synchronous round ignores it beside client_state "
+                    f"(a client's rows live on the rank that owns it): set clients_anywhere = False")
+        return None
+
+    @classmethod
+    def _overridden(cls) -> list[str]:
+        """The hooks of ``HOOKS`` and switches of ``SWITCHES`` that ``cls`` changes from
+        ``ServerAlgorithm``'s."""
+        hooks = [h for h in HOOKS if getattr(cls, h) is not getattr(ServerAlgorithm, h)]
+        return hooks + [s for s in SWITCHES if getattr(cls, s)]
 
     # ---------------------------------------------------------------- hooks
     def select(self, t: int, available: np.ndarray) -> np.ndarray:
@@ -648,6 +677,9 @@ def register(name: str) -> Callable[[type[Algorithm]], type[Algorithm]]:
             raise TypeError(f"algorithm {name!r}: register a subclass of fedmpi.algorithms.Algorithm")
         if issubclass(cls, ServerAlgorithm):
             check_quantities(cls.__name__, cls.client_quantities)
+            why = cls._unhonoured()  # a hook its mode would silently ignore
+            if why is not None:
+                raise TypeError(f"algorithm {name!r}: {why}")
         elif getattr(cls, "client_quantities", ()):
             raise TypeError(f"{cls.__name__}.client_quantities: only a ServerAlgorithm's round gathers them")
         return ALGORITHMS.register(name, params=_params_of(cls), check=cls.check_config, sections=cls.sections,

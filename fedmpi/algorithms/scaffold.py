@@ -49,6 +49,7 @@ class Correction(StepTerm):
 class Scaffold(FedAvgActive):
     client_rows = 1  # c_i: one model-sized row per client (sharded)
     client_state = ("controls.rows",)  # c_i of the local clients
+    clients_anywhere = False  # c_i lives on its client's owner: each rank trains the clients it owns
     shared_state = ("c",)  # server control variate, identical on every rank
     derived = ("_next_c",)  # c of the next round, between server_update and after_round
     reads = (Reads("train.lr", "divides each change by the local work eta_l a_i"),

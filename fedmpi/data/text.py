@@ -38,7 +38,7 @@ Docs = list[tuple[str, str, Optional[np.ndarray]]]
 def text_arrays(cfg: Config, train: Docs, test: Docs, where: str) -> DataArrays:
     """The samples of a text dataset from its documents ``(client name, text, mask)``."""
     t = cfg.task.text
-    tok = tokenize.load(t.tokenizer)
+    tok = tokenize.load(_tokenizer(cfg))
     ids = {name: i for i, name in enumerate(dict.fromkeys(name for name, _, _ in train))}
     if not ids:
         raise InputError(f"{where}: no training text")
@@ -55,6 +55,16 @@ def text_arrays(cfg: Config, train: Docs, test: Docs, where: str) -> DataArrays:
              "positions without a target)", where, len(ids), len(xtr), len(xte), t.context, tok.info.tokenizer,
              100 * float(np.mean(ytr == IGNORE)))
     return DataArrays(xtr, ytr, xte, yte, tok.info.vocab_size, client_train=ctr, client_test=cte, text=tok.info)
+
+
+def _tokenizer(cfg: Config) -> str:
+    """``task.text.tokenizer``; its default (bytes) under ``task.model: hf`` is the model folder
+    (``task.path``) when it holds a tokenizer.json: the model's ids are that tokenizer's."""
+    spec, folder = cfg.task.text.tokenizer, getattr(cfg.task, "path", None)
+    if spec == tokenize.BYTES and cfg.task.model == "hf" and folder is not None \
+            and os.path.isfile(os.path.join(os.path.expanduser(folder), "tokenizer.json")):
+        return folder
+    return spec
 
 
 def shakespeare_arrays(cfg: Config) -> DataArrays:

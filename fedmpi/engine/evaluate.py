@@ -18,7 +18,7 @@ from torch.func import functional_call, vmap
 
 from ..models.losses import eval_totals
 from .layers import StackedNet, conv_impl
-from .params import ParamSpec
+from .params import ParamSpec, expanded
 from .threads import one_thread
 
 if TYPE_CHECKING:
@@ -49,13 +49,14 @@ def evaluate(task: Task, spec: ParamSpec, models: torch.Tensor, x: torch.Tensor,
         return functional_call(task.model, p, (xb,))
 
     outputs = vmap(one_model, in_dims=(0, None))
+    base = {**params, **expanded(task.model, k)} if net is None else params  # each model's own products
     loss = torch.zeros(k, dtype=torch.float64, device=models.device)
     correct = torch.zeros(k, dtype=torch.float64, device=models.device)
     units = 0  # samples (a token loss: target tokens)
     with one_thread(models.device):
         for s in range(0, n, batch_size):
             xb, yb = task.inputs(x[s:s + batch_size]), y[s:s + batch_size]
-            out = net.forward(params, xb.expand(k, *xb.shape)) if net is not None else outputs(params, xb)
+            out = net.forward(params, xb.expand(k, *xb.shape)) if net is not None else outputs(base, xb)
             total, hits, count = eval_totals(task.loss, out, yb.expand(k, *yb.shape), bool(task.classes))
             loss += total
             if hits is not None:

@@ -47,7 +47,7 @@ from ..models.losses import per_sample
 from .graphs import StepGraphs
 from .layers import Deferred, Samples, StackedNet, conv_impl, minibatch_losses, sample_losses
 from .local_step import LocalStep, StepTerm, TrainConfig, lr_at  # noqa: F401 (lr_at: re-exported)
-from .params import ParamSpec
+from .params import ParamSpec, expanded
 from .quantities import ClientQuantity, SampleLosses
 from .shapes import MAX_FIXED_BLOCK, fixed_shapes, pad_rows
 from .steps import StepCounts
@@ -500,6 +500,7 @@ class LocalTrainer:
                     None if wb is None else wb.expand(2, -1), {n: k.expand(2) for n, k in keys.items()}, value)
                 return (None if loss is None else loss[:1]), {name: v[:1] for name, v in pair.items()}
             params = self.spec.views(x)
+            keys = {**keys, **expanded(self.task.model, x.shape[0])}  # the base, per client (engine.params)
             g, loss = (self._batched_grad(params, keys, xb, yb, wb) if wb is not None
                        else self._batched_grad_nw(params, keys, xb, yb))
             return (loss if value else None), g

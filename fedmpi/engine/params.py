@@ -66,6 +66,14 @@ def frozen(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
     return {n: p for n, p in model.named_parameters() if not p.requires_grad}
 
 
+def expanded(model: torch.nn.Module, n: int) -> dict[str, torch.Tensor]:
+    """The frozen base of ``model`` expanded over n clients, (n, *shape) stride-0 views (no copy):
+    what a ``vmap`` over a block's clients takes beside their stacked parameters, so that each
+    client's products with the base are its own batched products (its bits independent of the
+    block; an un-batched base would make one product of the block's concatenated rows)."""
+    return {name: p.detach().expand(n, *p.shape) for name, p in frozen(model).items()}
+
+
 def frozen_bytes(model: torch.nn.Module) -> int:
     """Bytes of the frozen base of ``model`` (``frozen``)."""
     return sum(p.numel() * p.element_size() for p in frozen(model).values())

@@ -123,7 +123,7 @@ def _check_trainable(name: str, model: nn.Module) -> None:
     a model with nothing to train (every parameter frozen)."""
     if not isinstance(model, nn.Module):
         raise InputError(f"task.model: {name!r} must build an nn.Module, got {type(model).__name__}")
-    extra = sorted(set(model.state_dict()) - {n for n, _ in model.named_parameters()})
+    extra = sorted(set(model.state_dict()) - {n for n, _ in model.named_parameters(remove_duplicate=False)})
     if extra:
         raise InputError(f"task.model: {name!r} has buffers ({', '.join(extra[:3])}); fedmpi trains "
                          f"parameters only (no batch-norm statistics)")
@@ -209,3 +209,4 @@ def _pfl_cnn(in_shape: tuple, classes: int, params: TaskConfig) -> nn.Module:
 
 
 from . import transformer  # noqa: E402,F401  (registers the transformer: it needs ``register`` above)
+from . import hf  # noqa: E402,F401  (registers hf, a Hugging Face causal LM folder: transformers imported when built)

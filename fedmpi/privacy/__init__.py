@@ -5,7 +5,9 @@
 - ``mechanism``: what a mechanism is (it bounds the sensitivity, then adds noise: its noise, state,
   sensitivity and the DP event it hands the accountant) and its registry; the built-ins are one
   file each, ``gaussian`` (DP-FedAvg), ``banded`` (DP-FTRL's banded matrix-factorization noise) and
-  ``local`` (local DP: each client's own noise), and a plug-in adds one the same way;
+  ``local`` (local DP: each client's own noise), ``distributed`` (distributed DP: each client's share
+  of discrete noise on the integer lattice, ``discrete`` its pure functions), and a plug-in adds one
+  the same way;
 - ``clipping``: bounding the sensitivity (each update clipped to C, fixed or adaptive);
 - ``accounting``: epsilon and noise calibration with Google's dp-accounting; ``ledger``: the
   releases it composes (counted per client for an asynchronous server);
@@ -15,7 +17,7 @@ Who takes part is the availability kind's to say (``Participation.sampling``): n
 knows a kind by name.
 """
 
-from . import gaussian, banded, local  # noqa: F401  (register the built-in mechanisms, in this order)
+from . import gaussian, banded, local, distributed  # noqa: F401  (register the built-in mechanisms, in this order)
 from .declaration import Private
 from .mechanism import Mechanism, register
 from .params import PrivacyParams, check

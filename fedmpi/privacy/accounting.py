@@ -27,6 +27,7 @@ logging.getLogger("absl").setLevel(logging.ERROR)  # the RDP orders it drops are
 PLD_STEP = 1e-4  # dp-accounting's default discretisation of the privacy loss
 PLD_POINTS = 2**19  # at most this many grid points (~90 MB, ~3 s per epsilon)
 LEAST_NOISE = 1e-3  # the smallest noise multiplier calibration tries (dp-accounting's search from there up)
+MOST_NOISE = 1e4  # the largest a mechanism with its own RDP curve is calibrated to
 
 
 def _relation(name: str) -> Any:
@@ -54,6 +55,11 @@ def check(mechanism: Mechanism, sampling: Sampling, amplified: bool, accountant:
     from dp_accounting.pld import PLDAccountant
     from dp_accounting.rdp import RdpAccountant
 
+    if mechanism.curve:  # its own RDP curve (distributed noise): converted by dp-accounting's RDP conversion
+        if accountant == "pld":
+            raise InputError(f"privacy.accountant: pld has no event for the {type(mechanism).__name__} mechanism "
+                             f"(its Renyi DP bound is the papers'); use privacy.accountant: rdp")
+        return
     relation = _relation(mechanism.relation(sampling, amplified))
     acc = (PLDAccountant if accountant == "pld" else RdpAccountant)(neighboring_relation=relation)
     if not acc.supports(mechanism.event(sampling, amplified, 1.0, 1)):
@@ -70,6 +76,11 @@ def epsilon(mechanism: Mechanism, sampling: Sampling, amplified: bool, sigma: fl
         return 0.0
     if sigma == 0:
         return math.inf
+    if mechanism.curve:
+        from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
+
+        orders, rdp = mechanism.rdp(sampling, sigma, rounds)
+        return float(compute_epsilon(orders, rdp, delta)[0])
     event = mechanism.event(sampling, amplified, sigma, rounds)
     acc = _accountant(mechanism.relation(sampling, amplified), accountant, event, delta)
     acc.compose(event)
@@ -85,6 +96,8 @@ def calibrate(mechanism: Mechanism, sampling: Sampling, amplified: bool, target:
     from dp_accounting.mechanism_calibration import (ExplicitBracketInterval, LowerEndpointAndGuess,
                                                      calibrate_dp_mechanism)
 
+    if mechanism.curve:
+        return _calibrate_curve(mechanism, sampling, target, rounds, delta)
     bracket = LowerEndpointAndGuess(LEAST_NOISE, 1.0)
     if accountant == "pld":
         upper = calibrate(mechanism, sampling, amplified, target, rounds, delta, "rdp")
@@ -115,6 +128,28 @@ def calibrate(mechanism: Mechanism, sampling: Sampling, amplified: bool, target:
                          f"privacy.accountant {accountant} (the least epsilon it certifies is above it); give a "
                          f"larger target (or privacy.delta), or privacy.noise_multiplier")
     return sigma
+
+
+def _calibrate_curve(mechanism: Mechanism, sampling: Sampling, target: float, rounds: int, delta: float) -> float:
+    """``calibrate`` for a mechanism with its own RDP curve: bisection on log sigma (epsilon decreases in
+    sigma) to a relative 1e-4; InputError naming privacy.epsilon when even MOST_NOISE does not reach it."""
+    def eps(s: float) -> float:
+        return epsilon(mechanism, sampling, False, s, rounds, delta)
+
+    if eps(LEAST_NOISE) <= target:
+        raise InputError(f"privacy.epsilon: {target:g} is more than the epsilon of the least noise calibration "
+                         f"tries (noise multiplier {LEAST_NOISE:g}); give a smaller target, or "
+                         f"privacy.noise_multiplier")
+    if not eps(MOST_NOISE) <= target:
+        raise InputError(f"privacy.epsilon: {target:g} at delta {delta:g} over {rounds} rounds is out of reach of "
+                         f"privacy.mechanism {type(mechanism).__name__} (epsilon {eps(MOST_NOISE):.3g} even at noise "
+                         f"multiplier {MOST_NOISE:g}: the rounding's sensitivity); give more privacy.bits, a larger "
+                         f"target, or privacy.beta > 0")
+    lo, hi = math.log(LEAST_NOISE), math.log(MOST_NOISE)
+    while hi - lo > 1e-4:
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if eps(math.exp(mid)) <= target else (mid, hi)
+    return math.exp(hi)
 
 
 class _Fresh:

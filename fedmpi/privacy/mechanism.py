@@ -46,8 +46,13 @@ class Mechanism(Stateful):
     """Base of a mechanism (see the module docstring). ``__init__`` runs on every rank."""
 
     Params: type[PrivacyParams] = PrivacyParams
-    #: where its noise goes: "server" (central: once, on the sum) or "clients" (local: each update)
-    noise_at: Literal["server", "clients"] = "server"
+    #: where its noise goes: "server" (central: once, on the sum), "clients" (local: each update) or
+    #: "distributed" (each client's share on the integer lattice, the sum decoded: ``lattice``)
+    noise_at: Literal["server", "clients", "distributed"] = "server"
+    #: its own Renyi DP curve (``rdp``) instead of a dp-accounting ``event``
+    curve = False
+    #: the most clients that can take part in one release (the run's clients; set by ``Privacy``)
+    population = 1
     #: keys of other sections it reads: calibrating a target epsilon reads the run's rounds
     reads: tuple[Reads, ...] = (
         Reads("rounds", "calibrates the noise to privacy.epsilon over the run's rounds", lambda r: r >= 1,
@@ -105,6 +110,15 @@ class Mechanism(Stateful):
     def event(self, sampling: Sampling, amplified: bool, sigma: float, rounds: int) -> Any:
         """The ``dp_accounting`` event of ``rounds`` rounds at noise multiplier ``sigma``."""
         raise NotImplementedError
+
+    def rdp(self, sampling: Sampling, sigma: float, rounds: int) -> tuple[np.ndarray, np.ndarray]:
+        """(orders, Renyi DP) of ``rounds`` rounds at noise multiplier ``sigma``, composed: a mechanism
+        with ``curve = True`` (no dp-accounting event; never amplified), e.g. distributed noise."""
+        raise NotImplementedError
+
+    def record(self) -> dict[str, float]:
+        """Its numbers of the last release for the result file (``privacy/<name>``; default none)."""
+        return {}
 
 
 def standard_normal(seed: int, t: int, dim: int, device: torch.device) -> torch.Tensor:

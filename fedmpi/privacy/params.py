@@ -16,7 +16,9 @@ class PrivacyParams:
     mechanism: str = opt(
         "none", "client-level DP of the centralized algorithms (docs/PRIVACY.md): gaussian = DP-FedAvg (and "
                 "DP-FedBuff), banded_mf = DP-FTRL with banded matrix-factorization noise, local_gaussian = local "
-                "DP (each client noises its own update)", selects=MECHANISMS)
+                "DP (each client noises its own update), distributed_dgauss / distributed_skellam = distributed DP "
+                "(each client adds its share of discrete noise to its integers, the sum modulo 2^bits decoded)",
+        selects=MECHANISMS)
     clip: Optional[float] = opt(None, "C: each client's update is clipped to this L2 norm; null = no clipping "
                                       "(only with a zero noise_multiplier)", gt=0)
     noise_multiplier: Optional[float] = opt(

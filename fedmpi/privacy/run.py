@@ -66,7 +66,7 @@ class Privacy(Stateful):
     shared_state = ("sigma",)  # a resumed run keeps the noise it was calibrated with
     derived = ("_epsilons",)  # epsilons computed (a cache)
     own_state = ("clipping", "mechanism", "ledger")  # their state is saved with sigma (``state_dict``)
-    configuration = ("params", "sampling", "seed", "world", "on", "amplified")
+    configuration = ("params", "sampling", "seed", "world", "on", "amplified", "amplification")
 
     def __init__(self, params: PrivacyParams, sampling: Sampling | None, rounds: int, seed: int, dim: int,
                  world: World, amplified: bool = True, m: int = 0, counted: bool = False):
@@ -75,9 +75,11 @@ class Privacy(Stateful):
         self.sigma = np.float64(0.0)  # float64 in checkpoints (a Python float would be saved as float32)
         self.mechanism = None
         self.amplified = False
+        self.amplification = ""  # whether amplification is claimed, and why (``of_run``; the result file's note)
         self.ledger = Ledger(m, self.on and counted)
         if self.on:
             self.mechanism = MECHANISMS.get(params.mechanism).obj(params, dim, seed, world.device, rounds)
+            self.mechanism.population = max(m, 1)
             self.amplified = (amplified and not counted and params.amplification != "off"
                               and sampling.kind != "none" and self.mechanism.amplifies(sampling))
             self._check_mechanism(rounds)
@@ -112,7 +114,18 @@ class Privacy(Stateful):
         privacy.mechanism.check(cfg, sampling, privacy.amplified)
         if p.amplification == "required" and not privacy.amplified:
             raise InputError(f"privacy.amplification: required, but {not_amplified(cfg, sampling, declared)}")
+        privacy.amplification = (
+            f"claimed ({sampling.kind.replace('_', '-')} sampling of availability.kind {cfg.availability.kind!r})"
+            if privacy.amplified else
+            "not claimed: privacy.amplification is off" if p.amplification == "off" else
+            "not claimed: each client's releases are counted (an asynchronous server)" if declared.counted else
+            f"not claimed: {not_amplified(cfg, sampling, declared)}")
         return privacy
+
+    def notes(self) -> dict[str, str]:
+        """Root attributes of the result file (rank 0): ``privacy_amplification``, whether the
+        accountant claimed amplification by sampling and why (``fedmpi info`` shows it)."""
+        return {"privacy_amplification": self.amplification} if self.on else {}
 
     # ---------------------------------------------------------------- the noise's scale
     @property
@@ -150,6 +163,13 @@ class Privacy(Stateful):
         ``summed(end)``; on rank 0 the central noise on its private ``part`` (``server_side``).
         Returns (the end models as summed, the sum: the noisy one on rank 0)."""
         end = self.client_side(t, clients, start, end)
+        if self.on and self.mechanism.noise_at == "distributed":  # the clients' rows on the lattice, decoded
+            lattice = self.mechanism.lattice(t, clients, part, float(self.clipping.C_used), float(self.sigma),
+                                             self.cohort, self.world.is_server)
+            total = summed(end, lattice)
+            if self.world.is_server:
+                self.ledger.record(contributors)
+            return end, total
         total = summed(end)
         if self.world.is_server:
             self.server_side(t, total, part, contributors)
@@ -239,7 +259,8 @@ class Privacy(Stateful):
         really was relative to the release's sensitivity, from which ``epsilon`` is composed)."""
         if not self.on:
             return {}
-        return {"privacy/noise_multiplier": float(self.sigma), "privacy/applied_noise_multiplier": self.applied}
+        return {"privacy/noise_multiplier": float(self.sigma), "privacy/applied_noise_multiplier": self.applied,
+                **self.mechanism.record()}
 
     # ---------------------------------------------------------------- set-up checks (exit 2 on every rank)
     def _check_mechanism(self, rounds: int) -> None:

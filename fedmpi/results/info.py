@@ -13,7 +13,9 @@ run's provenance (``fedmpi.provenance``): fedmpi's source hash, each plug-in and
 its hash, and what of it has changed since. ``privacy`` (runs with ``privacy:``) is the mechanism
 and the noise multiplier sigma the rounds used (``/privacy/noise_multiplier``), calibrated to
 ``privacy.epsilon`` or given, which a paper reports beside epsilon; under ``privacy.noise_cohort_size``
-also the multiplier really applied (``/privacy/applied_noise_multiplier``) and which epsilon is whose.
+also the multiplier really applied (``/privacy/applied_noise_multiplier``) and which epsilon is whose;
+banded_mf's factor and band; whether amplification by sampling was claimed, and why (root attribute
+``privacy_amplification``).
 """
 
 from __future__ import annotations
@@ -135,7 +137,8 @@ def noise_multiplier(r: Result, name: str = "noise_multiplier") -> str:
 
 
 def privacy_line(r: Result) -> str | None:
-    """Mechanism, noise multiplier and how it was set, delta and accountant; None without privacy."""
+    """Mechanism (banded_mf: its factor and band), noise multiplier and how it was set, delta,
+    accountant, and whether amplification by sampling was claimed and why; None without privacy."""
     flat = r.flat_config()
     mechanism = flat.get("privacy.mechanism")
     if mechanism in (None, "none"):
@@ -147,8 +150,12 @@ def privacy_line(r: Result) -> str | None:
     if production:
         how += (f"; noise as for a cohort of {production}: applied {noise_multiplier(r, 'applied_noise_multiplier')}, "
                 f"epsilon this run's, epsilon_production that cohort's")
-    return (f"{mechanism}, noise multiplier {noise_multiplier(r)} ({how}), delta {flat.get('privacy.delta', 1e-6):g}, "
-            f"accountant {flat.get('privacy.accountant', 'rdp')}")
+    factor = (f" (factor {r.attrs.get('privacy_factor') or flat.get('privacy.factor', 'sqrt')}, "
+              f"band {flat.get('privacy.band', 1)})" if mechanism == "banded_mf" else "")
+    amplification = r.attrs.get("privacy_amplification")  # files of an older fedmpi lack it
+    return (f"{mechanism}{factor}, noise multiplier {noise_multiplier(r)} ({how}), "
+            f"delta {flat.get('privacy.delta', 1e-6):g}, accountant {flat.get('privacy.accountant', 'rdp')}, "
+            f"amplification by sampling {amplification or 'not recorded (a file of an older fedmpi)'}")
 
 
 def made_by(attrs: dict) -> list[str]:

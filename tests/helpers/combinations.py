@@ -160,7 +160,7 @@ def asynchronous() -> list[str]:
     return [a for a in axes()[0] if issubclass(ALGORITHMS.get(a).obj, AsyncAlgorithm)]
 
 
-def sample(n: int = 61) -> list[Combo]:
+def sample(n: int = 66) -> list[Combo]:
     """A fixed spread of the matrix: every algorithm, kind, mechanism and kind of local work, each
     paired with a rotating choice of the others, plus the combinations issue #32 found wrong and a
     few of each clock setting (issue #33) and of the LoRA model (issue #42)."""
@@ -189,7 +189,14 @@ def sample(n: int = 61) -> list[Combo]:
                Combo("fedbuff", "always", "local_gaussian", "fixed", "lognormal"),
                Combo("fedasync", "always", "gaussian", "fixed", "lognormal"),
                Combo("fedavg_active", "stationary", "local_gaussian", "uniform"),  # local DP (#43)
-               Combo("fedswe", "trace", "local_gaussian", "fixed")]
+               Combo("fedswe", "trace", "local_gaussian", "fixed"),
+               # distributed DP (#45): the lattice sum on a Poisson kind with a deadline, a fixed cohort,
+               # the Markov sampler; its refusals (FedSWE's own rows, an asynchronous server)
+               Combo("fedavg_active", "stationary", "distributed_dgauss", "fixed", "deadline"),
+               Combo("fedprox", "cohort", "distributed_skellam", "fixed"),
+               Combo("debiased_fedavg", "markov", "distributed_dgauss", "momentum"),
+               Combo("fedswe", "trace", "distributed_skellam", "fixed"),
+               Combo("fedbuff", "always", "distributed_skellam", "fixed", "lognormal")]
     # the LoRA model axis (issue #42): centralized algorithms with and without DP, the asynchronous
     # server, a per-client table and the decentralized family on adapters
     picked += [Combo("fedavg_active", "cohort", "gaussian", "fixed", "none", "lora"),

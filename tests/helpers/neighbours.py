@@ -149,6 +149,8 @@ def check(cfg, rounds: int, client: int, change: str = "toggle", task=None,
     if run.privacy.ledger.counted:  # an asynchronous server: its releases follow the clock's public schedule
         return check_counted(cfg, rounds, client, change)
     memory = Remembered(run.participation)
+    mechanism = run.privacy.mechanism  # distributed noise: one client moves the sum by its rounded vector
+    inflation = mechanism.inflation(0.0, run.privacy.cohort) if hasattr(mechanism, "inflation") else 1.0
     algo = build_components(cfg, world, participation=memory, task=run.task).algorithm
     other_task = _changed(run.task, client) if change == "data" else run.task
     C = float(cfg.privacy.clip) * (2 if change == "data" else 1)
@@ -167,7 +169,7 @@ def check(cfg, rounds: int, client: int, change: str = "toggle", task=None,
         a, bound, divisor = algo.private_part(t, mine["total"])
         b, _, _ = other.private_part(t, theirs["total"])
         moved = float((a - b).norm())
-        allowed = C * bound / divisor
+        allowed = C * bound / divisor * inflation
         assert moved <= allowed * (1 + 1e-5) + 1e-9, \
             f"round {t}: one client ({change}) moved the private sum by {moved:.6g} > its sensitivity {allowed:.6g}"
         differed += moved > 0

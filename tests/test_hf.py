@@ -1,0 +1,182 @@
+"""A Hugging Face causal LM from a local folder (models.hf, the extra [llm]): tiny random Llama and
+GPT-2 folders built here (no download). Its forward is the transformers model's; LoRA on it is
+PEFT's LoRA on the same weights; a block of clients trains as one vmap over the stacked adapters
+and the expanded base, a client's bits independent of its block, the base never changing; a run
+from the command line; the one-line refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+from conftest import cli, fedmpi, write_config  # noqa: E402
+from helpers.hf import TARGETS, hf_config, tiny_folder  # noqa: E402
+from fedmpi import config  # noqa: E402
+from fedmpi.build import build_task  # noqa: E402
+from fedmpi.engine.local import LocalTrainer  # noqa: E402
+from fedmpi.engine.params import frozen  # noqa: E402
+from fedmpi.errors import InputError  # noqa: E402
+
+CPU = torch.device("cpu")
+ARCHS = ["llama", "gpt2"]
+
+
+def _trainer(path: str, arch: str, lora: bool = True, **over) -> LocalTrainer:
+    cfg = config.from_dict(hf_config(path, arch, lora, **over))
+    task = build_task(cfg, CPU)
+    return LocalTrainer(task, cfg.train, cfg.seed)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_model_is_the_folders(tmp_path, arch):
+    """Logits of the wrapped model equal transformers' own model loaded from the folder (GPT-2's
+    Conv1D layers as Linear: to float tolerance); the adapter starts as its base (B zero)."""
+    import transformers
+
+    path = tiny_folder(tmp_path, arch)
+    tr = _trainer(path, arch)
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+    x = torch.randint(0, 20, (3, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = theirs(input_ids=x).logits
+        got = tr.task.model.eval()(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert tr.path == "batched" and tr.net is None  # vmap over the clients
+    assert all(".lora_" in n for n in tr.spec.names) and frozen(tr.task.model)
+    assert {n.split(".")[-3] for n in tr.spec.names} == set(TARGETS[arch])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_lora_on_the_folder_is_peft_lora(tmp_path, arch):
+    """PEFT's LoRA injected into transformers' model with the same A and B gives the same logits."""
+    peft = pytest.importorskip("peft")
+    import transformers
+
+    path = tiny_folder(tmp_path, arch)
+    tr = _trainer(path, arch)
+    model = tr.task.model.eval()
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p += 0.1 * torch.randn(p.shape, generator=gen)
+    base = transformers.AutoModelForCausalLM.from_pretrained(path)
+    theirs = peft.get_peft_model(base, peft.LoraConfig(r=2, lora_alpha=4.0, target_modules=TARGETS[arch],
+                                                       fan_in_fan_out=arch == "gpt2")).eval()
+    mine = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, p in theirs.named_parameters():
+            if "lora_" in name:
+                p.copy_(mine["lm." + name.removeprefix("base_model.model.").replace(".default", "")])
+    x = torch.randint(0, 20, (2, 12), generator=gen)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), theirs(input_ids=x).logits, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
+def test_a_clients_bits_do_not_depend_on_its_block(tmp_path, arch, lora):
+    """A client trained alone and in blocks of 2, 3, 5 and 8 (LoRA with keyed dropout; or every
+    weight, GPT-2's tied head included) ends with the same bits; the frozen base never changes."""
+    tr = _trainer(tiny_folder(tmp_path, arch), arch, lora, train__local_steps=3)
+    base = {k: v.clone() for k, v in frozen(tr.task.model).items()}
+    x0 = tr.spec.flatten(tr.task.model)
+    together = tr.train(x0.expand(8, -1), np.arange(8), t=1)
+    assert (together - x0).abs().max() > 1e-4
+    for block in ([5], [5, 0], [2, 5, 7], [7, 6, 5, 4, 3]):
+        got = tr.train(x0.expand(len(block), -1), np.array(block), t=1)
+        for j, c in enumerate(block):
+            assert torch.equal(got[j], together[c]), (block, c)
+    assert all(torch.equal(v, base[k]) for k, v in frozen(tr.task.model).items())
+
+
+def test_the_sequential_reference_trains_alike(tmp_path):
+    path = tiny_folder(tmp_path, "llama")
+    tr = _trainer(path, "llama")
+    other = LocalTrainer(tr.task, tr.cfg, tr.seed, path="sequential")
+    x0 = tr.spec.flatten(tr.task.model).expand(4, -1)
+    torch.testing.assert_close(other.train(x0, np.arange(4), t=0), tr.train(x0, np.arange(4), t=0), rtol=0, atol=2e-5)
+
+
+def test_a_run_from_the_command_line(tmp_path):
+    """``fedmpi run`` over a Llama folder: LoRA rounds, the perplexity, the adapters as the final
+    parameters; the memory line counts the base once."""
+    path = tiny_folder(tmp_path, "llama")
+    cfg = write_config(tmp_path / "hf.yaml", hf_config(path, "llama", rounds=2, eval_every=2))
+    out = str(tmp_path / "r.h5")
+    p = fedmpi(["run", cfg, "--out", out])
+    assert "frozen base" in p.stderr
+    tr = _trainer(path, "llama")
+    with h5py.File(out, "r") as f:
+        assert f.attrs["status"] == "completed" and np.isfinite(f["metrics/test_ppl"][:]).all()
+        assert f["final/params"].shape == (tr.spec.dim,)
+
+
+def _refused(tmp_path, cfg: dict, message: str) -> None:
+    p = cli(["run", write_config(tmp_path / "bad.yaml", cfg), "--out", str(tmp_path / "bad.h5")])
+    assert p.returncode == 2, p.stderr
+    lines = [line for line in p.stderr.strip().splitlines() if not line.startswith("notice:")]
+    assert len(lines) == 1 and message in lines[0], p.stderr
+
+
+def test_refusals_name_the_folder_or_the_key(tmp_path):
+    path = tiny_folder(tmp_path, "llama")
+    _refused(tmp_path, hf_config(str(tmp_path / "nowhere"), "llama"), "task.path: ")
+    _refused(tmp_path, hf_config(str(tmp_path / "nowhere"), "llama"), "nowhere: no such folder")
+    cfg = hf_config(path, "llama")
+    del cfg["task"]["path"]
+    _refused(tmp_path, cfg, "task.path: task.model hf needs the model folder")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    _refused(tmp_path, hf_config(str(empty), "llama"), f"task.path: {empty}: no config.json")
+    (empty / "config.json").write_text((tmp_path / "llama" / "config.json").read_text())
+    (empty / "pytorch_model.bin").write_bytes(b"pickle")
+    _refused(tmp_path, hf_config(str(empty), "llama"), "no safetensors weights (model.safetensors); "
+                                                       "pytorch_model.bin is pickled")
+    bert = tmp_path / "bert"
+    bert.mkdir()
+    (bert / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertForMaskedLM"],
+                                                  "vocab_size": 40, "hidden_size": 16, "num_hidden_layers": 1,
+                                                  "num_attention_heads": 2, "intermediate_size": 32}))
+    (bert / "model.safetensors").write_bytes(b"")
+    _refused(tmp_path, hf_config(str(bert), "llama"), "config.json describes BertForMaskedLM, not a causal "
+                                                      "language model")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    (broken / "model.safetensors").write_bytes(b"")
+    _refused(tmp_path, hf_config(str(broken), "llama"), f"task.path: {broken}/config.json: not a usable model config")
+    _refused(tmp_path, hf_config(path, "llama", task__adapter__target_modules=["nothing"]),
+             "task.adapter.target_modules: 'nothing' names no module")
+    _refused(tmp_path, hf_config(path, "llama", task__synthetic_text__vocab=41),
+             "task.text.tokenizer: the dataset's vocabulary has 41 ids, more than the 40 of")
+    _refused(tmp_path, hf_config(path, "llama", task__synthetic_text__length=40),
+             "task.text.context: 40 tokens per sequence, more than the 32 positions")
+
+
+def test_without_the_llm_extra_the_refusal_names_it(tmp_path, monkeypatch):
+    path = tiny_folder(tmp_path, "llama")
+    monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers -> ImportError
+    with pytest.raises(InputError, match=r"^task\.model: hf needs the transformers package: "
+                                         r"pip install 'fedmpi\[llm\]'$"):
+        build_task(config.from_dict(hf_config(path, "llama")), CPU)
+
+
+def test_the_folders_tokenizer_tokenizes_text(tmp_path):
+    """Under task.model hf, the text data's default tokenizer is the folder's tokenizer.json."""
+    path = tiny_folder(tmp_path, "llama", tokenizer=True)
+    cfg = hf_config(path, "llama", task__dataset="shakespeare", task__clients=4,
+                    task__shakespeare={"plays": ["hamlet"]}, task__text={"context": 12})
+    del cfg["task"]["synthetic_text"]
+    task = build_task(config.from_dict(cfg), CPU)
+    assert task.text.tokenizer.startswith(os.path.join(path, "tokenizer.json") + " sha256:")
+    assert task.text.vocab_size == 29 and int(task.train_x.max()) < 29
