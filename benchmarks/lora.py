@@ -30,13 +30,14 @@ hide the other's: the peak during one round above the memory held before it (aft
 round; on CPU Linux's VmHWM, reset through /proc/self/clear_refs, with glibc's mmap threshold fixed
 so that freed tensors go back to the system; on CUDA ``max_memory_allocated``). fedmpi is measured
 with blocks of 2 and of ``--clients`` clients: the difference over ``clients - 2`` is the memory of
-each additional client (2, not 1: the vmap path computes a block of one client as a pair), compared with what a client needs: its adapters, their gradients, the
-optimizer state (0 for SGD) and the activations its step keeps for the backward pass (the tensors
-autograd saves in the model's own per-client forward of one batch, parameters excluded; printed for
-fedmpi's model and for PEFT's). ``fit``: clients training at
-once in ``--memory-gib`` GiB, fedmpi's (one base, then the per-client memory) against a whole model
-copy per concurrent client (how Flower packs a GPU: every client a process with the base, its
-adapters and its step; a process's own runtime, 0.3-0.5 GiB on a GPU, not counted).
+each additional client (2, not 1: the vmap path computes a block of one client as a pair). It is
+compared with what a client needs: its adapters, their gradients, the optimizer state (0 for SGD)
+and the activations its step keeps for the backward pass (the tensors autograd saves in the
+model's own per-client forward of one batch, parameters excluded; printed for fedmpi's model and
+for PEFT's). ``fit``: clients training at once in ``--memory-gib`` GiB, fedmpi's (one base, then
+the per-client memory) against a whole model copy per concurrent client (how Flower packs a GPU:
+every client a process with the base, its adapters and its step; a process's own runtime, 0.3-0.5
+GiB on a GPU, not counted).
 """
 
 from __future__ import annotations
