@@ -131,6 +131,10 @@ class Config:
         del keep["train"]["cuda_graphs"]  # how the steps are launched, not what they compute
         if keep["algorithm"].get("max_echo", 0) is None:  # FedSWE without the cap: old digests stay valid
             del keep["algorithm"]["max_echo"]
+        if keep["algorithm"].get("rho") == 0:  # FedAsync without its proximal term: old digests stay valid
+            del keep["algorithm"]["rho"]
+        if keep["algorithm"].get("once_per_version") is True:  # the asynchronous rule before: old digests stay valid
+            del keep["algorithm"]["once_per_version"]
         if keep.get("privacy", {}).get("accountant") == "rdp":  # the default accountant: old digests stay valid
             del keep["privacy"]["accountant"]
         # old digests stay valid: eta_g is hashed where it was declared before (1.0 without a server)

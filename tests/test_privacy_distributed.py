@@ -197,3 +197,96 @@ def test_one_and_two_ranks_are_bit_identical(mechanism, tmp_path):
         for key in ("metrics/test_loss", "metrics/epsilon", "privacy/wrapped", "privacy/wrap_bound"):
             assert np.array_equal(a[key][:], b[key][:]), key
         assert not np.array_equal(a["metrics/test_loss"][0], a["metrics/test_loss"][-1])
+
+
+# ---------------------------------------------------------------- the distributed matrix mechanism (#45 item 3)
+BANDED = {**BASE, "rounds": 8, "privacy": {**BASE["privacy"], "bits": 16, "band": 3},
+          "availability": {"kind": "cyclic", "groups": 3, "base": {"kind": "fixed", "values": 0.8}}}
+
+
+def test_banded_releases_decode_c_inverse_of_the_lattice_rows():
+    """b = 2: round t's lattice holds c_0 X_t + c_1 X_{t-1} + z_t, X_{t-1} re-sent by its clients (their
+    own keys (t, i, 1)), and the release is s_t = (w_t - c_1 s_{t-1}) / c_0; recomputed client by client."""
+    params = DistributedParams("distributed_skellam", 1.0, 0.6, band=2, bits=16)
+    priv = Privacy(params, Sampling("none", 3.0, separation=2), 4, 11, 20, World(), m=9)
+    mech = priv.mechanism
+    c = mech.c
+    assert len(c) == 2 and math.isclose(float(np.dot(c, c)), 1.0)
+    rounds = [torch.from_numpy(rng.generator(5, "rows", t).normal(size=(3, 20)) * 0.1).float() for t in range(3)]
+    ids = [np.array([0, 1, 2]), np.array([3, 4, 5]), np.array([0, 1, 2])]
+    cs = mech.scale(0.6, 3.0)
+    s_prev = None
+    for t, (rows, who) in enumerate(zip(rounds, ids)):
+        start = torch.zeros_like(rows)
+
+        def summed(end, reduce, who=who, start=start):
+            return reduce(priv.world, lambda k: (end[k] - start[k]).double() / 3.0, len(who), len(who))
+
+        got = priv.release(t, who, start, rows, summed, lambda total: (total, 1.0, 3.0))[1]
+        signs = mech.signs(t)
+        u = rows.double() * torch.clamp(1.0 / rows.double().norm(dim=1), max=1.0)[:, None]
+        senders = 3 + (3 if t else 0)
+        var = (0.6 * cs) ** 2 / senders
+        z = mech.encode(t, who, u, cs, 1.0, var, signs).sum(0)
+        if t:
+            before = rounds[t - 1].double()
+            before = before * torch.clamp(1.0 / before.norm(dim=1), max=1.0)[:, None]
+            z = z + mech.encode(t, ids[t - 1], before, cs, 1.0, var, signs, lag=1).sum(0)
+        w = mech.decode(discrete.centred(torch.remainder(z, 1 << 16), 16), cs, 1.0, signs)
+        s = w / c[0] if s_prev is None else (w - c[1] * s_prev) / c[0]
+        torch.testing.assert_close(got, s / 3.0, rtol=0, atol=1e-12, msg=f"round {t}")
+        s_prev = s
+
+
+def test_banded_without_noise_recovers_the_sums():
+    """sigma 0: s = C^{-1} w = X + C^{-1} (rounding): each release within the rounding of the mean."""
+    params = DistributedParams("distributed_dgauss", 1.0, 0.0, band=3, bits=20)
+    priv = Privacy(params, Sampling("none", 4.0, separation=3), 6, 11, 50, World(), m=12)
+    for t in range(6):
+        rows = torch.from_numpy(rng.generator(6, "rows", t).normal(size=(4, 50)) * 0.1)
+        got = release(priv, t, rows)
+        assert float((got - rows.double().sum(0) / 4).norm()) < 1e-3
+
+
+def test_banded_epsilon_composes_each_rows_rounded_sensitivity(tmp_path):
+    """k participations, each entering b rounds' sums with its rounded c_j u: k sum_j RDP(Delta_2(|c_j| C s))."""
+    cfg = config.from_dict(BANDED)
+    Runner(cfg, World(), str(tmp_path / "r.h5"), quiet=True).run()
+    mech = build_components(cfg, World()).privacy.mechanism
+    with h5py.File(tmp_path / "r.h5") as f:
+        eps, rounds, cs = f["metrics/epsilon"][:], f["metrics/round"][:], float(f["privacy/scale"][-1]) * 0.3
+    var = (0.8 * cs) ** 2
+    one = sum(discrete.skellam_rdp(discrete.ORDERS, *mech.bounds(abs(cj) * cs), var) for cj in mech.c)
+    assert len(mech.c) == 3
+    for r, e in zip(rounds[1:], eps[1:]):
+        k = math.ceil(r / 3)  # cyclic with 3 groups: a client in one round of every 3
+        assert math.isclose(e, discrete.epsilon(discrete.ORDERS, k * one, 1e-6), rel_tol=1e-9)
+    plain = build_components(config.from_dict({**BANDED, "privacy": {**BANDED["privacy"], "band": 1}}), World())
+    assert plain.privacy.epsilon(8) < eps[-1]  # the re-sends' rounding costs privacy
+
+
+def test_banded_needs_separation_of_b_rounds():
+    cfg = {**BASE, "privacy": {**BASE["privacy"], "band": 2}}
+    with pytest.raises(InputError, match="privacy.band: distributed_skellam with b = 2 needs participations >= b "
+                                         "rounds apart") as e:
+        build_components(config.from_dict(cfg), World())
+    assert "\n" not in str(e.value)
+
+
+def test_banded_resumes_bit_identically(tmp_path):
+    cfg = config.from_dict(BANDED)
+    cfg.runtime.checkpoint_every = 2
+    assert_resume_identical(cfg, tmp_path, fail_at=5)
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_banded_one_and_two_ranks_are_bit_identical(tmp_path):
+    cfg = copy.deepcopy(BANDED)
+    cfg["train"]["engine"] = "sequential"
+    fedmpi(["run", write_config(tmp_path / "c.yaml", cfg), "--quiet", "--out", str(tmp_path / "two.h5")], ranks=2)
+    Runner(config.from_dict(cfg), World(), str(tmp_path / "one.h5"), quiet=True).run()
+    with h5py.File(tmp_path / "one.h5") as a, h5py.File(tmp_path / "two.h5") as b:
+        assert b.attrs["world_size"] == 2
+        assert np.array_equal(a["final/params"][:], b["final/params"][:])
+        assert np.array_equal(a["metrics/epsilon"][:], b["metrics/epsilon"][:])

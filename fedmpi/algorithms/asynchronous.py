@@ -19,6 +19,11 @@ flight (``held``, one row per slot) until they arrive, and applies the step. The
 arrival order on rank 0, so any number of ranks gives the same bits, and the queue, the held
 updates and the clock are the run's state: a resumed run continues them exactly.
 
+The hooks of a task's training are the synchronous round's (``HONOURED``): ``lr_scale(t, clients)``
+and ``local_terms(t, clients, start)``, with t the model version the tasks train from and
+``start`` x^t (asynchronous FedProx is FedBuff with ``fedprox.Proximal`` as its term; FedAsync's
+``algorithm.rho`` is one). Any other hook of the round is refused at ``register``.
+
 When nothing is left in flight before K updates are kept (every client trained from x^t and
 failed or was stale), the step uses the updates it has. With availability in time (``clock.slot``)
 a free slot is filled at the next availability step when that comes before the next arrival.
@@ -34,11 +39,11 @@ from typing import Literal, Optional
 import numpy as np
 import torch
 
-from ..clock.flight import Flight
+from ..clock.flight import Flight, stream
 from ..engine.threads import one_thread
 from ..errors import InputError
 from ..schema import opt
-from ..state import declared
+from ..state import State, as_tensor, declared, restore_like
 from .base import Context, ServerAlgorithm, ServerParams
 
 
@@ -53,6 +58,9 @@ class AsyncParams(ServerParams):
     staleness_a: float = opt(0.5, "asynchronous: a of the poly and hinge weights", ge=0)
     staleness_b: int = opt(4, "asynchronous: b of the hinge weight (staleness without discount)", ge=0)
     max_staleness: Optional[int] = opt(None, "asynchronous: drop updates staler than this (null: keep all)", ge=0)
+    once_per_version: bool = opt(True, "asynchronous: a client trains at most once from one model version (the rule "
+                                       "of runs before a task had its own random streams: true keeps their bits); "
+                                       "false: any idle client may be dispatched")
 
 
 def staleness_weight(kind: str, tau: np.ndarray, a: float, b: int) -> np.ndarray:
@@ -70,7 +78,10 @@ def staleness_weight(kind: str, tau: np.ndarray, a: float, b: int) -> np.ndarray
 
 #: the hooks of the synchronous round (``base.HOOKS``) a server step honours; overriding another is
 #: refused at ``register`` (``AsyncAlgorithm._unhonoured``)
-HONOURED: tuple[str, ...] = ()
+HONOURED: tuple[str, ...] = ("lr_scale", "local_terms")
+
+#: the flight's arrays of a task's repeats, state only without ``once_per_version`` (``state_dict``)
+REPEATS = ("repeat", "repeats")
 
 #: with availability in time, the most availability steps a server step waits with nothing in flight
 #: before it steps with what arrived (a trace that never brings a client back must not hang the run)
@@ -128,9 +139,23 @@ class AsyncAlgorithm(ServerAlgorithm):
         p = self.params
         trainer = ctx.trainer
         self.flight = Flight(p.concurrency, self.m, self.durations(), self.cfg.seed,
-                             trainer.steps_of, None if self.in_time is None else self.in_time.at)
+                             trainer.steps_of, None if self.in_time is None else self.in_time.at, p.once_per_version)
         self.held = torch.zeros(p.concurrency, ctx.spec.dim, device=ctx.device)  # updates in flight (rank 0)
         self.flight.fill(0)
+
+    def state_dict(self) -> State:
+        """The declared state; without ``once_per_version`` also the tasks' repeats (with it they are
+        all 0, and a checkpoint holds what it held before repeats existed)."""
+        state = super().state_dict()
+        if not self.flight.once_per_version:
+            state.shared.update({f"flight.{n}": as_tensor(getattr(self.flight, n)) for n in REPEATS})
+        return state
+
+    def load_state_dict(self, state: State) -> None:
+        super().load_state_dict(state)
+        if not self.flight.once_per_version:
+            for n in REPEATS:
+                setattr(self.flight, n, restore_like(getattr(self.flight, n), state.shared[f"flight.{n}"], n))
 
     def make_clock(self) -> None:
         return None  # the flight is the clock
@@ -159,7 +184,7 @@ class AsyncAlgorithm(ServerAlgorithm):
     def round(self, t: int) -> int:
         flight, K, limit = self.flight, self.buffer_size, self.params.max_staleness
         kept: list[tuple[int, int, int]] = []  # (client, staleness, slot or -1: trained this step)
-        fresh: list[tuple[int, int]] = []  # (client, steps) trained from x^t, in this order
+        fresh: list[tuple[int, int, int]] = []  # (client, steps, repeat) trained from x^t, in this order
         source: list[int] = []  # for each kept update: its row in ``fresh`` or -1 - its slot in ``held``
         idle = 0  # availability steps waited with nothing in flight
         while len(kept) < K:
@@ -179,12 +204,12 @@ class AsyncAlgorithm(ServerAlgorithm):
                     source.append(-1 - slot)
                 else:
                     source.append(len(fresh))
-                    fresh.append((int(flight.client[slot]), int(flight.steps[slot])))
+                    fresh.append(flight.task(slot))
             flight.arrive(slot, t, outcome)
             if len(kept) < K:
                 flight.fill(t)
         in_flight = flight.untrained(t)
-        fresh += [(int(flight.client[s]), int(flight.steps[s])) for s in in_flight]
+        fresh += [flight.task(s) for s in in_flight]
         rows = self._train(t, fresh)  # rank 0: (len(fresh), d); elsewhere None
         if self.world.is_server:
             picked = [rows[j] if j >= 0 else self.held[-1 - j] for j in source]
@@ -218,16 +243,21 @@ class AsyncAlgorithm(ServerAlgorithm):
         flight.fill(t)
         return True
 
-    def _train(self, t: int, work: list[tuple[int, int]]) -> torch.Tensor | None:
-        """The ``keep`` rows of ``work`` (client, steps) trained from x^t on the engine, each rank an
-        even share by position; all of them on rank 0 in ``work``'s order (None elsewhere)."""
+    def _train(self, t: int, work: list[tuple[int, int, int]]) -> torch.Tensor | None:
+        """The ``keep`` rows of ``work`` (client, steps, repeat) trained from x^t on the engine, each
+        rank an even share by position; all of them on rank 0 in ``work``'s order (None elsewhere)."""
         n, r, size = len(work), self.world.rank, self.world.size
-        clients = np.array([w[0] for w in work], dtype=np.int64)
-        steps = np.array([w[1] for w in work], dtype=np.int64)
+        clients, steps, repeat = np.array(work, dtype=np.int64).reshape(n, 3).T
         lo, hi = n * r // size, n * (r + 1) // size
         start = self.x.expand(hi - lo, -1)
-        end = self.ctx.trainer.train(start, clients[lo:hi], t, steps=steps[lo:hi])
-        end = self.privacy.client_side(t, clients[lo:hi], start, end)  # privacy: the client's half of its release
+        groups = np.unique(repeat[lo:hi])
+        if len(groups) <= 1:  # one engine call (every task a client's first from x^t, unless once_per_version is off)
+            end = self._tasks(t, clients[lo:hi], steps[lo:hi], start, int(groups[0]) if len(groups) else 0)
+        else:  # a client's k-th task from x^t: its own streams, so one call per k
+            end = torch.empty_like(start)
+            for k in groups:
+                rows = np.flatnonzero(repeat[lo:hi] == k)
+                end[rows] = self._tasks(t, clients[lo:hi][rows], steps[lo:hi][rows], start[: len(rows)], int(k))
         with one_thread(self.device):
             mine = self.keep(start, end)
         if size == 1:
@@ -239,6 +269,15 @@ class AsyncAlgorithm(ServerAlgorithm):
         if parts is None:
             return None
         return torch.cat([parts[q][: n * (q + 1) // size - n * q // size] for q in range(size)])
+
+    def _tasks(self, t: int, clients: np.ndarray, steps: np.ndarray, start: torch.Tensor, repeat: int) -> torch.Tensor:
+        """End models of ``clients``' tasks from x^t (``start``), each its client's ``repeat``-th from
+        it, trained with the round's hooks and bounded (privacy: the client's half of its release),
+        their random streams at ``flight.stream(seed, t, repeat)``."""
+        key = stream(self.cfg.seed, t, repeat)
+        end = self.ctx.trainer.train(start, clients, t, lr_scale=self.lr_scale(t, clients), steps=steps,
+                                     terms=self.local_terms(t, clients, start), stream=key)
+        return self.privacy.client_side(key, clients, start, end)
 
     @property
     def device(self) -> torch.device:

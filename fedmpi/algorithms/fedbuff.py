@@ -41,9 +41,10 @@ class FedBuff(AsyncAlgorithm):
     @classmethod
     def check_config(cls, cfg) -> None:
         super().check_config(cfg)
-        if cfg.algorithm.buffer > cfg.task.clients:
+        if cfg.algorithm.once_per_version and cfg.algorithm.buffer > cfg.task.clients:
             raise InputError(f"algorithm.buffer: {cfg.algorithm.buffer} arrivals per step, more than task.clients "
-                             f"({cfg.task.clients}; a client trains once from each model)")
+                             f"({cfg.task.clients}; with algorithm.once_per_version a client trains once from each "
+                             f"model)")
 
     @property
     def buffer_size(self) -> int:

@@ -1,16 +1,22 @@
 """The asynchronous server's clients in flight, on the virtual clock (bookkeeping only: no models).
 
 ``concurrency`` M slots; each holds one dispatched task: its client, dispatch and finish times
-(virtual seconds), the model version it trains from (server steps done at its dispatch), its local
+(virtual seconds), the model version it trains from (server steps done at its dispatch), its
+``repeat`` (how many tasks its client was dispatched from that version before it), its local
 steps, whether it fails (``clock.dropout``) and whether its update was computed. Arrivals come in
 (finish time, client id) order. A dispatch picks a client uniformly among the idle ones (not in
-flight) that have not trained from the current version yet (a client trains at most once from one
-model: its minibatches are keyed by the version), from the stream (seed, "dispatch", n) of the
-n-th dispatch; with none such, the slot waits for the next version. With availability in time
-(``clock.slot``, ``availability``) only the clients available at the dispatch time are drawn.
-Every array here is the same
-on every rank, and all of it is the run's state (checkpointed, so a resumed run continues the
-same queue).
+flight), from the stream (seed, "dispatch", n) of the n-th dispatch. A task's random streams
+(minibatches, dropout, augmentation) have the coordinate ``stream(version, repeat)``: the version
+for a client's first task from it (the streams of a synchronous round t), a coordinate of its
+own for each further one, so a client may train again before the model moves.
+
+``once_per_version`` (``algorithm.once_per_version``, the default) keeps the rule of the runs made
+before that coordinate existed: only idle clients that have not trained from the current version
+are drawn (every repeat is 0), and with none such the slot waits for the next version; it keeps
+their draws, and so their bits. Off, the effective concurrency stays M whenever M clients are idle.
+With availability in time (``clock.slot``, ``availability``) only the clients available at the
+dispatch time are drawn. Every array here is the same on every rank, and all of it is the run's
+state (checkpointed, so a resumed run continues the same queue).
 """
 
 from __future__ import annotations
@@ -24,6 +30,13 @@ from .durations import Durations
 from .events import OUTCOMES, Events
 
 FREE = -1
+STREAMS = 1 << 63  # a further task's stream coordinate is at least this: never a version
+
+
+def stream(seed: int, version: int, repeat: int) -> int:
+    """The random streams' coordinate of a task: ``version`` for a client's first task from it
+    (``repeat`` 0), else a hash of (version, repeat) above every version (``STREAMS``)."""
+    return version if repeat == 0 else STREAMS | int(rng.key(seed, "task", version, repeat)) >> 1
 
 
 class Flight:
@@ -31,9 +44,10 @@ class Flight:
 
     def __init__(self, concurrency: int, m: int, durations: Durations, seed: int,
                  steps_of: Callable[[np.ndarray, int], np.ndarray],
-                 available: Callable[[float], np.ndarray] | None = None):
+                 available: Callable[[float], np.ndarray] | None = None, once_per_version: bool = True):
         self.durations, self.seed, self.steps_of, self.m = durations, seed, steps_of, m
         self.available = available  # ids available at a virtual time (None: everyone, always)
+        self.once_per_version = once_per_version
         self.client = np.full(concurrency, FREE, dtype=np.int64)
         self.dispatch = np.zeros(concurrency)
         self.finish = np.zeros(concurrency)
@@ -41,7 +55,9 @@ class Flight:
         self.steps = np.zeros(concurrency, dtype=np.int64)
         self.failed = np.zeros(concurrency, dtype=np.int8)
         self.trained = np.zeros(concurrency, dtype=np.int8)
+        self.repeat = np.zeros(concurrency, dtype=np.int64)
         self.last_version = np.full(m, -1, dtype=np.int64)  # the version each client last trained from
+        self.repeats = np.zeros(m, dtype=np.int64)  # its tasks from last_version, less one
         self.dispatched = 0  # tasks dispatched so far (the n of the next dispatch's streams)
         self.now = 0.0
         self.events = Events()
@@ -51,8 +67,9 @@ class Flight:
         return self.client != FREE
 
     def idle(self, version: int) -> np.ndarray:
-        """(m,) bool: the clients not in flight that have not trained from ``version``."""
-        idle = self.last_version != version
+        """(m,) bool: the clients a dispatch from ``version`` may draw: not in flight (and, once
+        per version, not trained from ``version``)."""
+        idle = self.last_version != version if self.once_per_version else np.ones(self.m, dtype=bool)
         idle[self.client[self.busy]] = False
         return idle
 
@@ -74,8 +91,13 @@ class Flight:
             self.client[slot], self.dispatch[slot], self.version[slot] = client, self.now, version
             self.finish[slot] = self.now + (fraction[0] * d if failed[0] else d)
             self.steps[slot], self.failed[slot], self.trained[slot] = steps, int(failed[0]), 0
-            self.last_version[client] = version
+            self.repeats[client] = self.repeats[client] + 1 if self.last_version[client] == version else 0
+            self.repeat[slot], self.last_version[client] = self.repeats[client], version
             self.dispatched = n + 1
+
+    def task(self, slot: int) -> tuple[int, int, int]:
+        """(client, steps, repeat) of the task in ``slot``."""
+        return int(self.client[slot]), int(self.steps[slot]), int(self.repeat[slot])
 
     def next_arrival(self) -> int | None:
         """The slot that reports next ((finish, client) order), or None when nothing is in flight."""

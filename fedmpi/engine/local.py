@@ -307,17 +307,19 @@ class LocalTrainer:
 
     def train(self, start: torch.Tensor, clients: np.ndarray, t: int, lr_scale: torch.Tensor | None = None,
               steps: int | np.ndarray | None = None, terms: Sequence[StepTerm] = (),
-              stats: LocalStats | None = None) -> torch.Tensor:
+              stats: LocalStats | None = None, stream: int | None = None) -> torch.Tensor:
         """End models (n, d) after local SGD steps from ``start`` (n, d).
 
         ``steps``: one count for all, one per client (n,), or None for ``steps_of(clients, t)``;
         ``lr_scale`` (n,) multiplies each client's step size (e.g. debiased FedAvg's nu_i);
         ``terms``: the algorithm's additions to every step's (clipped) gradient (``local_step``);
-        ``stats``: filled with the clients' losses and step counts (``LocalStats``).
+        ``stats``: filled with the clients' losses and step counts (``LocalStats``);
+        ``stream``: the coordinate of the random streams (minibatches, dropout, augmentation) in
+        place of t, for a client that trains twice in round t (an asynchronous task's); None: t.
         """
         with one_thread(self.device):
             x = start.detach().clone()
-        return self.train_(x, clients, t, lr_scale, steps, terms, stats)
+        return self.train_(x, clients, t, lr_scale, steps, terms, stats, stream)
 
     def run(self, work: Training) -> torch.Tensor:
         """``train`` with the arguments of ``work``."""
@@ -326,7 +328,7 @@ class LocalTrainer:
 
     def train_(self, x: torch.Tensor, clients: np.ndarray, t: int, lr_scale: torch.Tensor | None = None,
                steps: int | np.ndarray | None = None, terms: Sequence[StepTerm] = (),
-               stats: LocalStats | None = None) -> torch.Tensor:
+               stats: LocalStats | None = None, stream: int | None = None) -> torch.Tensor:
         """``train`` on the rows of ``x`` in place (same bits); returns ``x``."""
         n = x.shape[0]
         steps = self.steps_of(clients, t) if steps is None else np.broadcast_to(np.asarray(steps, np.int64), (n,))
@@ -335,6 +337,7 @@ class LocalTrainer:
         if n == 0:
             return x
         lr = self.step_sizes(t, n, lr_scale)
+        key = t if stream is None else stream  # the random streams' coordinate
         self.task.model.train()
         chunk = self.chunk_size()
         with one_thread(self.device):
@@ -344,7 +347,7 @@ class LocalTrainer:
                 xs, ids, rates, todo = (pad_rows(v[rows], extra) for v in (x, clients, lr, steps))
                 rule = LocalStep(self.cfg, [(term, self.spec.views(pad_rows(term.rows[rows], extra)))
                                             for term in terms])
-                losses = self._train_block(xs, ids, t, rates, todo, rule, stats is not None,
+                losses = self._train_block(xs, ids, key, rates, todo, rule, stats is not None,
                                            stats is not None and bool(stats.quantities))
                 if extra:
                     x[rows] = xs[:k]

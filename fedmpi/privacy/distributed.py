@@ -22,6 +22,14 @@ Accounting: the releases are compositions of the summed noise's Renyi DP (``disc
 the tau of n clients, n the most a round can have, ``population``; ``discrete.skellam_rdp``), k of
 them for a client (the kind's bound on its participations), with zero-out neighbours and no
 amplification: the noise of a round is its clients' shares, so who took part is not hidden.
+
+The distributed matrix mechanism (``privacy.band`` b > 1, the factor's c_0..c_{b-1} as ``banded_mf``'s):
+the lattice releases w_t = sum_{j<b} c_j X_{t-j} + z_t, the rows of C X + z, each client of round
+t - j re-sending c_j u_i in round t (rounded anew, with a noise share: every sender of a round adds
+one), and rank 0 decodes s_t = (w_t - sum_{j>=1} c_j s_{t-j}) / c_0, i.e. C^{-1} w = X + C^{-1} z: a
+post-processing. With participations >= b rounds apart a client enters each round's sum at most once,
+so one participation is b rounds of sensitivity Delta_2(|c_j| C s), composed. In emulation rank 0
+keeps the rows of the last b - 1 rounds for their clients (``held``), who must still be reachable.
 """
 
 from __future__ import annotations
@@ -39,12 +47,13 @@ from ..participation import Sampling
 from ..registry import ALGORITHMS
 from ..schema import opt
 from . import discrete
+from . import factors
+from .banded import BandedMF, BandedParams
 from .mechanism import Mechanism, register
-from .params import PrivacyParams
 
 
 @dataclass
-class DistributedParams(PrivacyParams):
+class DistributedParams(BandedParams):
     bits: int = opt(16, "distributed noise: bits of each coordinate of the sum (the modulus 2^bits the clients' "
                         "integers are summed in)", ge=2, le=32)
     wrap_probability: float = opt(1e-4, "distributed noise: the scale is chosen so that a coordinate of the noisy "
@@ -64,6 +73,10 @@ class Distributed(Mechanism):
     """The shared mechanism of the two lattice noises; a subclass says which (``sample``, ``rdp_of``)."""
 
     Params = DistributedParams
+    #: the decoded releases s_{t-1..t-b+1}; the rows the last b - 1 rounds' clients re-send (rank 0's)
+    shared_state = ("history", "held", "senders")
+    derived = ("c",)  # the factor's coefficients (privacy.band, privacy.factor)
+    reads = BandedMF.reads  # an optimized factor reads the run's rounds
     noise_at = "distributed"
     needs = ("a synchronous algorithm whose rows are its weighted clipped updates (the base contribution); "
              "never amplified")
@@ -75,7 +88,11 @@ class Distributed(Mechanism):
         super().__init__(params, dim, seed, device, rounds)
         self.padded = discrete.padded(dim)
         self.k = discrete.stddevs(params.wrap_probability)
+        b = params.band
+        self.c = np.ones(1) if b == 1 else factors.coefficients(params.factor, rounds, b)
+        self.history = torch.zeros(b - 1, dim, dtype=torch.float64)  # rank 0's decoded s_{t-j}
         self.population = 1  # the most clients a round can have (Privacy sets it; the DDG's tau)
+        self.senders = np.zeros(b - 1, dtype=np.int64)  # n_{t-1}, ..., n_{t-b+1}: who re-sends in round t (public)
         self.last = dict.fromkeys(RECORD, math.nan)  # the last release's record
 
     # ---------------------------------------------------------------- config
@@ -102,6 +119,30 @@ class Distributed(Mechanism):
             raise InputError(f"privacy.bits: {p.bits} bits cannot hold a sum to privacy.wrap_probability "
                              f"{p.wrap_probability:g}")
 
+    @property
+    def population(self) -> int:
+        return self._population
+
+    @population.setter
+    def population(self, m: int) -> None:
+        """The most clients a round can hold: the DDG's tau, and the room for the rows re-sent (rank 0's
+        (round, client, u_i) of rounds t-b+1..t-1, round -1 where empty: (b - 1) m slots, a fixed shape)."""
+        self._population = m
+        self.held = torch.zeros((len(self.c) - 1) * m, self.dim + 2, dtype=torch.float64)
+        self.held[:, 0] = -1
+
+    @classmethod
+    def state_bytes(cls, params: DistributedParams, dim: int) -> int:
+        return 8 * (params.band - 1) * dim  # the decoded history (rank 0 also holds the rows it re-sends)
+
+    def check(self, cfg: Any, sampling: Sampling, amplified: bool) -> None:
+        b, sep = self.params.band, sampling.separation
+        if sep < b:
+            how = f"{sampling.separation_key} >= {b} or " if sampling.separation_key else ""
+            raise InputError(f"privacy.band: {self.params.mechanism} with b = {b} needs participations >= b rounds "
+                             f"apart (each client's rows re-sent over b rounds may not overlap), availability.kind "
+                             f"{cfg.availability.kind!r} guarantees {sep} (set {how}privacy.band <= {sep})")
+
     # ---------------------------------------------------------------- the scale and what one client moves
     def scale(self, sigma: float, cohort: float) -> float:
         """C s: the clip in integer units (s = 1 / gamma, ``discrete.scale_factor`` in units of C),
@@ -120,9 +161,9 @@ class Distributed(Mechanism):
         return l2, discrete.rounded_l1(l2, self.padded)
 
     def inflation(self, sigma: float, cohort: float) -> float:
-        """Delta_2 / (C s) >= 1: how far one client can move the decoded sum, in units of C (its
-        rounded vector's bound), at noise multiplier ``sigma`` and n~ = ``cohort``."""
-        cs = self.scale(sigma, cohort)
+        """Delta_2 / (c_0 C s) >= 1: how far one client can move a round's decoded sum, in units of C
+        (its rounded vector's bound), at noise multiplier ``sigma`` and n~ = ``cohort``."""
+        cs = self.scale(sigma, cohort) * self.c[0]
         return self.bounds(cs)[0] / cs
 
     def sensitivity(self, sampling: Sampling, amplified: bool) -> float:
@@ -134,12 +175,13 @@ class Distributed(Mechanism):
         return None  # no dp-accounting event: ``rdp`` gives the curve
 
     def rdp(self, sampling: Sampling, sigma: float, rounds: int) -> tuple[np.ndarray, np.ndarray]:
-        """(orders, RDP) of ``rounds`` rounds at multiplier ``sigma``: k x one round's (``rdp_of``)."""
+        """(orders, RDP) of ``rounds`` rounds at multiplier ``sigma``: k participations, each moving the b
+        rounds' sums it enters by its rounded c_j u (``rdp_of`` of each, composed)."""
         cs = self.scale(sigma, sampling.cohort)
-        l2, l1 = self.bounds(cs)
         var = (sigma * cs) ** 2
         orders = discrete.ORDERS
-        return orders, sampling.participations(rounds) * self.rdp_of(orders, l2, l1, var)
+        one = sum(self.rdp_of(orders, *self.bounds(abs(cj) * cs), var) for cj in self.c)
+        return orders, sampling.participations(rounds) * one
 
     def rdp_of(self, orders: np.ndarray, l2: float, l1: float, var: float) -> np.ndarray:
         """One round's RDP for sensitivities ``l2``, ``l1`` and summed noise variance ``var`` (integer units)."""
@@ -163,20 +205,48 @@ class Distributed(Mechanism):
         return torch.from_numpy(1.0 - 2.0 * b.astype(np.float64))
 
     def encode(self, t: int, clients: np.ndarray, rows: torch.Tensor, cs: float, C: float, var: float,
-               signs: torch.Tensor) -> torch.Tensor:
-        """The clients' integer vectors before the modulus (n, d') int64: each row (norm <= C) rotated,
-        scaled to C s, conditionally rounded, plus the client's noise share of variance ``var``, drawn
-        from its own stream (seed, purpose, t, i)."""
+               signs: torch.Tensor, lag: int = 0) -> torch.Tensor:
+        """The clients' integer vectors before the modulus (n, d') int64: each row (norm <= C) times c_lag,
+        rotated, scaled to C s, conditionally rounded, plus the client's noise share of variance ``var``,
+        drawn from its own stream (seed, purpose, t, i; a re-send of lag j > 0 from (..., t, i, j)).
+        Modulo 2^bits (``torch.remainder``) they are the int64 vectors in [0, M) that secure aggregation
+        masks (``fedmpi.privacy.secagg``'s interface, M = 2^bits)."""
         rows = rows.double().cpu()
         norms = torch.linalg.vector_norm(rows, dim=1)
         rows = rows * torch.clamp(C / torch.clamp(norms, min=1e-300), max=1.0)[:, None]  # float64 guard
-        x = discrete.rotate(rows, signs).numpy() * (cs / C)
-        bound = self.bounds(cs)[0]
+        x = discrete.rotate(rows, signs).numpy() * (self.c[lag] * cs / C)
+        bound = self.bounds(abs(self.c[lag]) * cs)[0]
         out = np.empty(x.shape, dtype=np.int64)
         for j, i in enumerate(clients):
-            gen = rng.generator(self.seed, self.purpose, t, int(i))
+            gen = rng.generator(self.seed, self.purpose, t, int(i), *((lag,) if lag else ()))
             out[j] = discrete.conditional_round(gen, x[j], bound) + self.sample(gen, var, self.padded)
         return torch.from_numpy(out)
+
+    def resent(self, t: int, cs: float, C: float, var: float, signs: torch.Tensor) -> torch.Tensor:
+        """Rank 0: the sum of the re-sends of round t, c_j u_i for each client i of round t - j, 0 < j < b,
+        each with its noise share of variance ``var`` (every sender of a round adds one), int64 (d',)."""
+        total = torch.zeros(self.padded, dtype=torch.int64)
+        for j in range(1, min(len(self.c), t + 1)):  # round -1 marks an empty slot
+            mine = self.held[self.held[:, 0] == t - j]
+            if len(mine):
+                ids = mine[:, 1].long().numpy()
+                total += self.encode(t, ids, mine[:, 2:], cs, C, var, signs, lag=j).sum(0)
+        return total
+
+    def keep(self, t: int, ids: np.ndarray, rows: torch.Tensor, decoded: torch.Tensor) -> torch.Tensor:
+        """Rank 0: round t's rows kept for their re-sends (rounds t + 1..t + b - 1), and s_t from the
+        decoded w_t = sum_j c_j X_{t-j} + z_t: s_t = (w_t - sum_{j>=1} c_j s_{t-j}) / c_0 (C^{-1} w)."""
+        if len(self.c) == 1:
+            return decoded
+        c = torch.as_tensor(self.c[1:], dtype=torch.float64)
+        s = (decoded - c @ self.history) / self.c[0]
+        self.history = torch.cat([s[None], self.history[:-1]])
+        self.held[self.held[:, 0] <= t - len(self.c) + 1, 0] = -1  # round t - b + 1 re-sent its last
+        free = torch.nonzero(self.held[:, 0] < 0).ravel()[:len(ids)]
+        self.held[free, 0] = float(t)
+        self.held[free, 1] = torch.from_numpy(ids.astype(np.float64))
+        self.held[free, 2:] = rows.double().cpu()
+        return s
 
     def decode(self, total: torch.Tensor, cs: float, C: float, signs: torch.Tensor) -> torch.Tensor:
         """The decoded sum of the rows (d,) float64 from the centred integer sum (d',)."""
@@ -187,6 +257,22 @@ def definer(cls: type, hook: str) -> type | None:
     """The class in ``cls``'s MRO that defines ``hook``: the base round's rows (the weighted clipped
     updates) are those of the class that defines the round (``finish_round``)."""
     return next((c for c in cls.__mro__ if hook in vars(c)), None)
+
+
+def gathered(world: Any, clients: np.ndarray, rows: torch.Tensor) -> tuple[np.ndarray, torch.Tensor]:
+    """Every rank's (client ids, rows) on rank 0, sorted by id (collective; the same whatever the
+    ranks): each rank's block padded to the most any rank has, one gather."""
+    most = int(world.max_float(float(len(clients))))
+    block = torch.full((most, rows.shape[1] + 1), -1.0, dtype=torch.float64)
+    block[:len(clients), 0] = torch.from_numpy(np.asarray(clients, dtype=np.float64))
+    block[:len(clients), 1:] = rows
+    parts = world.gather_to_server(block)
+    if parts is None:
+        return np.zeros(0, np.int64), torch.zeros(0, rows.shape[1], dtype=torch.float64)
+    every = torch.cat(parts)
+    every = every[every[:, 0] >= 0]
+    every = every[torch.argsort(every[:, 0])]
+    return every[:, 0].long().numpy(), every[:, 1:]
 
 
 class Lattice:
@@ -205,26 +291,37 @@ class Lattice:
         width = make_rows(slice(0, 0)).shape[-1]
         _, bound, divisor = self.part(torch.zeros(width, dtype=torch.float64))
         cs = mech.scale(self.sigma, self.cohort)
-        var = (self.sigma * cs) ** 2 / max(n_total, 1)  # each client's share of the round's noise
+        senders = n_total + int(mech.senders.sum())  # the round's clients and (banded) the last b - 1 rounds'
+        mech.senders = np.concatenate([[n_total], mech.senders[:-1]]) if len(mech.senders) else mech.senders
+        var = (self.sigma * cs) ** 2 / max(senders, 1)  # each sender's share of the round's noise
         signs = mech.signs(self.t)
         device = make_rows(slice(0, 0)).device
         total = torch.zeros(mech.padded, dtype=torch.int64)
         block = max(1, (64 << 20) // (8 * mech.padded))
+        kept = []  # banded: the rows the clients re-send in the next b - 1 rounds
         for a in range(0, n_local, block):
             s = slice(a, min(a + block, n_local))
             rows = make_rows(s).double() * (divisor / bound)  # u_i = n~ w_i Delta_i, ||u_i|| <= C
             total += mech.encode(self.t, self.clients[s], rows, cs, self.C, var, signs).sum(0)
+            if len(mech.c) > 1:
+                kept.append(rows.cpu())
         total = world.sum_to_server_(total.to(device)).cpu()  # the plain sum of the clients' integers (exact)
+        if len(mech.c) > 1:
+            ids, rows = gathered(world, self.clients, torch.cat(kept) if kept else torch.zeros(0, width))
+            if self.is_server:
+                total += mech.resent(self.t, cs, self.C, var, signs)
         m = 1 << p.bits
-        mech.last = {"privacy/wrap_bound": discrete.wrap_bound(n_total, mech.padded, cs, (self.sigma * cs) ** 2,
+        mech.last = {"privacy/wrap_bound": discrete.wrap_bound(senders, mech.padded, cs, (self.sigma * cs) ** 2,
                                                                p.bits, p.beta, mech.exponential),
                      "privacy/wrapped": math.nan, "privacy/scale": cs / self.C}
         if not self.is_server:
             return torch.zeros(width, dtype=torch.float64, device=device)
         released = discrete.centred(torch.remainder(total, m), p.bits)  # what the server learns: Z mod 2^bits
         mech.last["privacy/wrapped"] = float((released != total).sum())
-        out = mech.decode(released, cs, self.C, signs) * (bound / divisor)
-        return out.to(device)
+        out = mech.decode(released, cs, self.C, signs)
+        if len(mech.c) > 1:
+            out = mech.keep(self.t, ids, rows, out)
+        return (out * (bound / divisor)).to(device)
 
 
 @register("distributed_dgauss")

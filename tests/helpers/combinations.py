@@ -54,7 +54,8 @@ KIND = {
 #: each mechanism: its keys (noise_multiplier is set per check)
 PRIVACY = {"none": None, "gaussian": {"clip": 0.5}, "banded_mf": {"clip": 0.5, "band": 2}}
 #: declared variants of a mechanism, each a value of the privacy axis: name -> (mechanism, its keys)
-VARIANTS = {"banded_opt": ("banded_mf", {"clip": 0.5, "band": 2, "factor": "optimized"})}
+VARIANTS = {"banded_opt": ("banded_mf", {"clip": 0.5, "band": 2, "factor": "optimized"}),
+            "dist_banded": ("distributed_skellam", {"clip": 0.5, "band": 2})}  # the distributed matrix mechanism
 SIGMA = 0.7
 #: the kinds of local work (``train.*``); ``file`` names a steps file written by ``steps_file``
 WORK = {
@@ -160,7 +161,7 @@ def asynchronous() -> list[str]:
     return [a for a in axes()[0] if issubclass(ALGORITHMS.get(a).obj, AsyncAlgorithm)]
 
 
-def sample(n: int = 66) -> list[Combo]:
+def sample(n: int = 69) -> list[Combo]:
     """A fixed spread of the matrix: every algorithm, kind, mechanism and kind of local work, each
     paired with a rotating choice of the others, plus the combinations issue #32 found wrong and a
     few of each clock setting (issue #33) and of the LoRA model (issue #42)."""
@@ -196,7 +197,10 @@ def sample(n: int = 66) -> list[Combo]:
                Combo("fedprox", "cohort", "distributed_skellam", "fixed"),
                Combo("debiased_fedavg", "markov", "distributed_dgauss", "momentum"),
                Combo("fedswe", "trace", "distributed_skellam", "fixed"),
-               Combo("fedbuff", "always", "distributed_skellam", "fixed", "lognormal")]
+               Combo("fedbuff", "always", "distributed_skellam", "fixed", "lognormal"),
+               Combo("fedavg_active", "cyclic", "dist_banded", "fixed"),
+               Combo("fedadam", "markov", "dist_banded", "uniform"),
+               Combo("fedavg_active", "stationary", "dist_banded", "fixed")]
     # the LoRA model axis (issue #42): centralized algorithms with and without DP, the asynchronous
     # server, a per-client table and the decentralized family on adapters
     picked += [Combo("fedavg_active", "cohort", "gaussian", "fixed", "none", "lora"),
@@ -255,6 +259,7 @@ class Emptied:
     """``inner``'s availability with round ``at`` empty; anything else is ``inner``'s."""
 
     derived = ("inner",)
+    configuration = ("at",)
 
     def __init__(self, inner, at: int):
         self.inner, self.at = inner, at
