@@ -17,10 +17,13 @@ The clock crosses privacy, a production noise cohort, local work and packing (is
 clock keeps nor anyone else's contribution; a deadline on local epochs, which reads the sample
 counts, is refused under privacy.
 
-The model axis (issue #42) runs LoRA adapters of a tiny transformer over its frozen base with every
-algorithm and mechanism. The default suite runs a spread of about 70 combinations (``sample``); the
-whole matrix (~18500 combinations, about 400 of them the LoRA axis and 2500 the clock under
-privacy) is marked ``combinations`` and runs as its own step of .ci/run (``FEDMPI_MATRIX=full``)."""
+Secure aggregation (issue #45, ``aggregation.kind: secagg``) crosses every algorithm and mechanism
+on the kinds whose cohorts stay at 2 or more when a client is toggled (a lone client aborts a
+round); there the decoded sums hold the neighbouring-run check. The model axis (issue #42) runs
+LoRA adapters of a tiny transformer over its frozen base with every algorithm and mechanism. The
+default suite runs a spread of about 83 combinations (``sample``); the whole matrix (~19000
+combinations, about 400 of them the LoRA axis, about 670 secure aggregation, about 2500 the clock
+under privacy) is marked ``combinations`` and runs as its own step of .ci/run (``FEDMPI_MATRIX=full``)."""
 
 from __future__ import annotations
 
