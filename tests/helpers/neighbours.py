@@ -35,7 +35,7 @@ class Remembered:
         if t not in self.drawn:
             self.drawn[t] = self.inner.available(t)
         ids = self.drawn[t]
-        if t == self.at:
+        if t == self.at and self.toggle >= 0:  # (toggle -1: none; a union with it added a client -1)
             ids = np.setdiff1d(ids, [self.toggle]) if self.toggle in ids else np.union1d(ids, [self.toggle])
         return np.asarray(ids, dtype=np.int64)
 
