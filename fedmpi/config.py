@@ -54,6 +54,7 @@ from .models import ModelParams  # noqa: F401
 from .outputs import CheckpointParams, ResultFileParams, SidecarParams
 from .participation.base import AvailabilityParams
 from .participation.probs import BaseProbConfig  # noqa: F401
+from .privacy.aggregation import AggregationParams, check as check_aggregation
 from .privacy.params import PrivacyParams, check as check_privacy
 from .progress import ProgressParams
 from .registry import Registry
@@ -93,6 +94,8 @@ class Config:
     runtime: RuntimeConfig = opt(RuntimeConfig(), "processes, devices, checkpoints")
     privacy: PrivacyParams = opt(PrivacyParams(), "client-level differential privacy (centralized)")
     clock: ClockParams = opt(ClockParams(), "virtual time: client durations, deadlines, over-selection")
+    aggregation: AggregationParams = opt(AggregationParams(), "how the server sums: plain, or secure aggregation "
+                                                              "emulated with its arithmetic (centralized)")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -117,6 +120,7 @@ class Config:
         keep = {k: d[k] for k in ("seed", "task", "train", "algorithm", "availability", "topology", "sporadicity")}
         keep.update({"privacy": d["privacy"]} if self.privacy.mechanism != "none" else {})  # old digests stay valid
         keep.update({"clock": d["clock"]} if self.clock.on else {})  # no clock: old digests stay valid
+        keep.update({"aggregation": d["aggregation"]} if self.aggregation.on else {})  # plain: old digests valid
         if "privacy" in keep:  # band moved to banded_mf's own keys; 1 before: old digests stay valid
             keep["privacy"].setdefault("band", 1)
         keep.update(self.reads_outside_digest())  # e.g. rounds, when the noise is calibrated to them
@@ -190,7 +194,8 @@ class Config:
 
 
 #: the top-level keys and sections ``Config.resume_digest`` covers (privacy when it is on)
-_DIGESTED = ("seed", "task", "train", "algorithm", "availability", "topology", "sporadicity", "privacy", "clock")
+_DIGESTED = ("seed", "task", "train", "algorithm", "availability", "topology", "sporadicity", "privacy", "clock",
+             "aggregation")
 
 
 def differing_keys(a: dict[str, str], b: dict[str, str]) -> list[str]:
@@ -514,6 +519,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
             raise InputError(f"{r.key}: {who} {r.why}; it needs {r.expect}, got {_show(value)}")
     check_privacy(cfg)
     check_clock(cfg)
+    check_aggregation(cfg)
     check_metrics(cfg)
 
 
