@@ -128,6 +128,8 @@ class Config:
             del keep["task"]["partition"]["local_test"]
         if keep["task"].get("adapter") == {"kind": "none"}:  # no adapter (every model's key): old digests stay valid
             del keep["task"]["adapter"]
+        if "init" in keep["task"] and keep["task"]["init"] is None:  # no pretrained model: old digests stay valid
+            del keep["task"]["init"]
         draw = keep["train"].get("local_steps_draw")  # each draw's own parameter only: old digests stay valid
         for key, user in (("local_steps_stop", "geometric"), ("local_steps_sigma", "lognormal")):
             if draw != user:
