@@ -33,7 +33,7 @@ from torch import nn
 from ..data.datasets import TaskConfig
 from ..errors import InputError
 from ..registry import MODELS
-from ..schema import opt
+from ..schema import Digest, opt
 from . import adapters
 from .adapters import AdapterParams
 from .losses import Loss, cross_entropy, multiclass_hinge
@@ -51,7 +51,8 @@ class ModelParams(TaskConfig):
     init: Optional[str] = opt(None, "start from a pretrained model: a result file (RUN.h5) of this model, its "
                                     "final parameters (LoRA merged into the base), or a folder of safetensors "
                                     "weights (a Hugging Face folder for hf); its parameters are the model's before "
-                                    "the adapter (models/pretrained.py); null = initialised from the seed")
+                                    "the adapter (models/pretrained.py); null = initialised from the seed",
+                                digest=Digest(absent=None))  # from the seed: the checkpoints before this key
 
 
 Factory = Callable[[tuple, int, TaskConfig], nn.Module]

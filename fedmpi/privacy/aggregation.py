@@ -34,7 +34,7 @@ from .. import rng
 from ..engine.reduce import reproducible_sum_blocks
 from ..errors import InputError
 from ..runtime import World
-from ..schema import opt
+from ..schema import Digest, opt
 from . import secagg
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,8 @@ class AggregationParams:
     kind: Literal["plain", "secagg"] = opt(
         "plain", "how the server gets the sum of the clients' rows: plain (a reproducible float sum) or secagg "
                  "(secure aggregation emulated with its arithmetic: rows quantized, masked, summed mod "
-                 "2^modulus_bits, unmasked from Shamir shares; docs/PRIVACY.md)")
+                 "2^modulus_bits, unmasked from Shamir shares; docs/PRIVACY.md)",
+        digest=Digest(off="plain"))  # a plain sum: the checkpoints before the section
     bits: int = opt(16, "secagg: a client's coordinate is an integer in [-(2^(bits-1) - 1), 2^(bits-1) - 1] over "
                         "[-clip_range, clip_range] (stochastic rounding)", ge=2, le=40)
     modulus_bits: int = opt(32, "secagg: the sum is taken mod M = 2^modulus_bits (Flower's SecAgg+: 2^32)",
