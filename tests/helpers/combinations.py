@@ -55,7 +55,8 @@ KIND = {
 PRIVACY = {"none": None, "gaussian": {"clip": 0.5}, "banded_mf": {"clip": 0.5, "band": 2}}
 #: declared variants of a mechanism, each a value of the privacy axis: name -> (mechanism, its keys)
 VARIANTS = {"banded_opt": ("banded_mf", {"clip": 0.5, "band": 2, "factor": "optimized"}),
-            "dist_banded": ("distributed_skellam", {"clip": 0.5, "band": 2})}  # the distributed matrix mechanism
+            "dist_banded": ("distributed_skellam", {"clip": 0.5, "band": 2}),  # the distributed matrix mechanism
+            "banded_gen": ("banded_mf", {"clip": 0.5, "band": 2, "factor": "banded"})}  # the general optimum (#45)
 SIGMA = 0.7
 #: the kinds of local work (``train.*``); ``file`` names a steps file written by ``steps_file``
 WORK = {
@@ -161,7 +162,7 @@ def asynchronous() -> list[str]:
     return [a for a in axes()[0] if issubclass(ALGORITHMS.get(a).obj, AsyncAlgorithm)]
 
 
-def sample(n: int = 69) -> list[Combo]:
+def sample(n: int = 70) -> list[Combo]:
     """A fixed spread of the matrix: every algorithm, kind, mechanism and kind of local work, each
     paired with a rotating choice of the others, plus the combinations issue #32 found wrong and a
     few of each clock setting (issue #33) and of the LoRA model (issue #42)."""
@@ -176,6 +177,7 @@ def sample(n: int = 69) -> list[Combo]:
                Combo("fedavg_active", "trace", "gaussian", "epochs"),
                Combo("dspodfl", "always", "none", "uniform"), Combo("fedprox", "cohort", "gaussian", "lognormal"),
                Combo("fedavg_active", "cyclic", "banded_opt", "fixed"),
+               Combo("fedprox", "cyclic", "banded_gen", "momentum"),
                Combo("fedadam", "cyclic", "banded_mf", "fixed"),
                Combo("fedbuff", "always", "none", "fixed", "lognormal"),
                Combo("fedasync", "always", "none", "fixed", "deadline"),
