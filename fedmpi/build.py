@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass
+import operator
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -40,7 +41,7 @@ from .participation import build as build_participation
 from .privacy.run import Privacy
 from .registry import ALGORITHMS, MECHANISMS
 from .runtime import World
-from .state import undeclared
+from .state import changed_settings, settings, undeclared
 from .task import Task
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,9 @@ class Components(Context):
     """The components of one run on this rank: the algorithm's ``Context`` and the algorithm."""
 
     algorithm: Algorithm | None = None
+    #: the configuration attributes of the algorithm and availability model at set-up, by key
+    #: (``check_state`` records them, then refuses a change)
+    settings: dict[str, dict] = field(default_factory=dict)
 
 
 def build_components(cfg: Config, world: World, participation: Participation | None = None,
@@ -81,16 +85,30 @@ def asked_availability(cfg: Config) -> AvailabilityParams:
 
 
 def check_state(run: Components) -> None:
-    """Refuse an algorithm or availability model holding an array or tensor attribute that is
-    neither declared state nor ``derived`` (``fedmpi.state.undeclared``): a checkpoint would not
-    save it, and a resumed run would silently differ. Called after set-up and after the first round."""
+    """Refuse an algorithm or availability model holding an attribute that is neither declared state,
+    derived nor configuration, or a configuration attribute holding an array or tensor
+    (``fedmpi.state.undeclared``), or, after the first call, one whose configuration attribute
+    changed since (``fedmpi.state.changed_settings``): a checkpoint would not save it, and a resumed
+    run would silently differ. Called after set-up and after the first round."""
     for key, name, component in (("algorithm.name", run.cfg.algorithm.name, run.algorithm),
                                   ("availability.kind", run.cfg.availability.kind, run.participation)):
-        found = undeclared(component) if component is not None else []
+        if component is None:
+            continue
+        found = undeclared(component)
         if found:
-            raise InputError(f"{key}: {name} keeps {found[0]!r} ({type(component).__name__}), an array or tensor "
-                             f"that is neither declared state nor derived, so a checkpoint would lose it: list it "
-                             f"in shared_state or client_state, or in derived if it is recomputed (docs/PLUGINS.md)")
+            value = operator.attrgetter(found[0])(component)
+            what = ("an array or tensor declared configuration" if found[0] in settings(component)
+                    else "an attribute that is neither declared state, derived nor configuration")
+            raise InputError(f"{key}: {name} keeps {found[0]!r} ({type(value).__name__}, "
+                             f"{type(component).__name__}), "
+                             f"{what}, so a checkpoint would lose it: list it in shared_state or client_state, in "
+                             f"derived if it is recomputed, or in configuration if set-up fixes it (docs/PLUGINS.md)")
+        before = run.settings.setdefault(key, settings(component))
+        changed = changed_settings(component, before)
+        if changed:
+            raise InputError(f"{key}: {name} changed {changed[0]!r} ({type(component).__name__}) after set-up, "
+                             f"but declares it configuration, so a checkpoint would lose it: list it in shared_state "
+                             f"or client_state, or in derived if it is recomputed (docs/PLUGINS.md)")
 
 
 def check_memory(cfg: Config, world: World, m: int, d: int, task: Task | None = None,

@@ -272,6 +272,12 @@ def load(world: World, folder: str, digest: str, m: int, rounds: int | None = No
     return man["round"], parts
 
 
+def _older_float(saved: torch.Tensor, ref: torch.Tensor) -> bool:
+    """A Python float of the state as an fedmpi before #44 saved it: float32 (now float64; loaded as
+    the float it was rounded to)."""
+    return saved.dim() == ref.dim() == 0 and saved.dtype == torch.float32 and ref.dtype == torch.float64
+
+
 def _check_declared(parts: dict[str, State], declared: dict[str, State], where: str) -> None:
     """Refuse state the run does not declare, or of another dtype or shape, or not finite."""
     from .guards import nonfinite
@@ -287,7 +293,7 @@ def _check_declared(parts: dict[str, State], declared: dict[str, State], where: 
                     raise InputError(f"{where}: key {key}: {'not part of' if name not in need else 'missing from'} "
                                      f"this run's state ({fix})")
                 t, ref = have[name], need[name]
-                if t.dtype != ref.dtype:
+                if t.dtype != ref.dtype and not _older_float(t, ref):
                     raise InputError(f"{where}: key {key}: dtype {t.dtype}, the run's is {ref.dtype} ({fix})")
                 shape, ref_shape = (t.shape, ref.shape) if kind == "shared" else (t.shape[1:], ref.shape[1:])
                 if tuple(shape) != tuple(ref_shape):

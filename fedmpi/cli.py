@@ -35,6 +35,8 @@ _EXTENSIONS = [
     ("sweep", ".sweep", "run a grid of configs (locally, -j N at once, or as a SLURM array)"),
     ("table", ".results.table", "mean +/- std over seeds of a metric, as Markdown, CSV or LaTeX"),
     ("export", ".results.export", "metric rows of result files as CSV"),
+    ("export-peft", ".models.peft_export", "the final LoRA adapter of a run in PEFT's format (adapter_config.json "
+                                           "+ adapter_model.safetensors)"),
     ("plot", ".results.plot", "metrics of runs, folders or sweeps as a figure (.png, .pdf, .svg)"),
     ("pi", ".participation.pi", "stationary participation distribution pi_R of the Markov sampler"),
     ("availability", ".participation.show", "print or plot the p_i^t trajectories of a config"),

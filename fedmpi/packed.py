@@ -4,7 +4,8 @@
 process (or one set of ranks): each round, every run's training phase (``ServerAlgorithm.
 begin_round`` -> ``TrainingRequest``) goes into one ``engine.packed.PackedTrainer`` call, and
 each run's server step (``finish_round``), evaluation, checkpoint, progress and result file stay
-its own (``Runner``'s loop steps). Every run gets the bits it gets alone.
+its own. Each run's loop is ``Runner.rounds``, the sequence a run alone follows: this driver
+only trains the requests together. Every run gets the bits it gets alone.
 
 Which runs pack (``pack_key``): runs with equal keys train models of one shape on data of one
 shape with one local-step rule, in one process world:
@@ -40,7 +41,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Generator, Iterator, Sequence
 
 from .algorithms.base import ServerAlgorithm, TrainingRequest
 from .config import Config
@@ -101,14 +102,14 @@ class Outcome:
 class _Member:
     runner: Runner | None
     label: str
-    t: int | None = None            # the next round; None when its loop has ended
+    steps: Generator | None = None  # its loop (``Runner.rounds``); None when it has ended
     outcome: Outcome | None = None  # set when it has ended
     trainer: int = 0                # its position in its PackedTrainer
-    request: TrainingRequest | None = None
+    request: TrainingRequest | None = None  # what its loop last asked for (None: at a round boundary)
 
     @property
     def running(self) -> bool:
-        return self.outcome is None and self.t is not None
+        return self.outcome is None and self.steps is not None
 
 
 def run_group(cfgs: Sequence[Config], world: World, outs: Sequence[str], labels: Sequence[str],
@@ -172,8 +173,9 @@ class _Group:
         with contextlib.ExitStack() as stack:
             for m in live:
                 stack.enter_context(m.runner.checkpointer)  # stop signals trapped: checkpoint, then exit 3
-            for m in live:
-                self._step(m, lambda m=m: self._next(m, m.runner.first_round()))
+            for m in live:  # each loop to its first round boundary (first_round)
+                m.steps = m.runner.rounds()
+                self._step(m, lambda m=m: self._advance(m, None))
             if any(m.outcome is not None and m.outcome.code == 3 for m in live):
                 self.end_all("interrupted", 3)  # a signal before the first round: nothing new to save
             while any(m.running for m in live):
@@ -201,40 +203,35 @@ class _Group:
         return out
 
     def _round(self, live: list[_Member], trainers: list[tuple[PackedTrainer, list[_Member]]]) -> None:
-        """One round of every running run: callbacks and ``begin_round`` each, the training phases
-        together, ``finish_round`` and the round's end each. After a stop signal (a run's
-        checkpointer saw it, saved and stopped) every other running run is checkpointed at this
-        boundary too, and stops."""
+        """One round of every running run: each loop from its round boundary to its training
+        request (callbacks, ``begin_round``), the requests trained together, each loop sent its end
+        models (``finish_round``, the round's end) on to its next boundary. After a stop signal (a
+        run's checkpointer saw it, saved and stopped) every other running run is checkpointed at
+        this boundary too, and stops."""
         for m in live:
-            self._step(m, lambda m=m: m.runner.round_start(m.t))
-        for m in live:
-            m.request = None
-            self._step(m, lambda m=m: setattr(m, "request", m.runner.components.algorithm.begin_round(m.t)))
+            self._step(m, lambda m=m: self._advance(m, None))
         for trainer, members in trainers:
             ready = [m for m in members if m.running and m.request is not None]
             if ready:
                 ends = trainer.train([(m.trainer, m.request) for m in ready])  # its errors end the group
                 for m, end in zip(ready, ends):
-                    self._step(m, lambda m=m, end=end: self._finish_round(m, end))
+                    self._step(m, lambda m=m, end=end: self._advance(m, end))
         if any(m.outcome is not None and m.outcome.code == 3 for m in live):
             for m in live:
                 self._step(m, lambda m=m: self._stop(m))
 
-    def _finish_round(self, m: _Member, end) -> None:
-        request, m.request = m.request, None
-        self._next(m, m.runner.round_end(m.t, m.runner.components.algorithm.finish_round(request, end)))
-
-    def _next(self, m: _Member, t: int | None) -> None:
-        """Run ``m``'s next round is ``t``; None: its loop has ended, its file is finished now."""
-        m.t = t
-        if t is None:
+    def _advance(self, m: _Member, end) -> None:
+        """Run ``m``'s loop on (sent ``end``, its last request's end models) to what it asks next: a
+        training request, or a round boundary; at its end its file is finished now."""
+        try:
+            m.request = m.steps.send(end)
+        except StopIteration:
+            m.steps, m.request = None, None
             self._end(m, "completed", 0)
 
     def _stop(self, m: _Member) -> None:
         """A checkpoint of run ``m`` at this round boundary (unless it has one), then it stops."""
-        ckpt = m.runner.checkpointer
-        if ckpt.last_saved != m.runner.done:
-            ckpt.save(m.runner.done, m.runner._wall_time())
+        m.runner.save_here()
         self._end(m, "interrupted", 3)
 
     def _step(self, m: _Member, fn: Callable[[], None]) -> None:

@@ -26,11 +26,12 @@ import sys
 import threading
 import time
 import traceback
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Generator, Iterable
 
 import numpy as np
 
 from . import checkpoint, guards, provenance, signals
+from .algorithms.base import ServerAlgorithm
 from .build import Components, build_components, check_state
 from .checkpointer import Checkpointer
 from .config import Config
@@ -44,6 +45,9 @@ from .runtime.launcher import agree_on_error, record_exit, restart_count
 from .runtime.watch import checkpoint_round, lost_code, lost_notes
 
 if TYPE_CHECKING:
+    import torch
+
+    from .algorithms.base import Algorithm, TrainingRequest
     from .results.hdf5 import ResultWriter
 
 Callback = Callable[[Components, int], None]  # (run, t) at round t, on every rank
@@ -202,15 +206,12 @@ class Runner:
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> int:
-        """The round loop. Returns 0, or raises Interrupted after checkpointing on a signal."""
-        algo = self.components.algorithm
+        """The round loop (``rounds``, its training phases by this run's own trainer). Returns 0, or
+        raises Interrupted after checkpointing on a signal."""
         self.prepare_loop()
         try:
             with self.checkpointer:  # stop signals: checkpoint at the next round boundary, exit 3
-                t = self.first_round()
-                while t is not None:
-                    self.round_start(t)
-                    t = self.round_end(t, algo.round(t))
+                alone(self.rounds(), self.components.algorithm)
             self.status = "completed"
         except (Interrupted, KeyboardInterrupt):
             self.status = "interrupted"
@@ -225,10 +226,30 @@ class Runner:
             self.close_loop()
         return 0
 
-    # The loop's steps, which ``run`` sequences for one run and ``fedmpi.packed`` for each run of a
-    # packed group (its training phases batched): prepare_loop, then inside the checkpointer's
-    # block first_round and, for each round t, round_start(t), the round, round_end(t, clients);
-    # close_loop at the end, with ``status`` set by the caller (failed unless it says otherwise).
+    # The loop is ``prepare_loop``, then inside the checkpointer's block the sequence ``rounds``,
+    # then ``close_loop`` with ``status`` set by the driver (failed unless it says otherwise). A
+    # driver runs ``rounds`` and trains what it asks for: ``run`` for one run (``alone``),
+    # ``fedmpi.packed`` for each run of a packed group, their training phases batched.
+
+    def rounds(self) -> Generator[TrainingRequest | None, torch.Tensor | None, None]:
+        """The loop's sequence, the only one (collective, inside the checkpointer's block):
+        ``first_round``, then for each round t a boundary, ``round_start(t)``, the round and
+        ``round_end``. A generator: it yields None at each round boundary (before round t starts:
+        a driver may stop the run there, ``save_here``) and, for an algorithm whose round is the
+        three phases (a ``ServerAlgorithm`` that ``packs``), the round's ``TrainingRequest``, to be
+        sent the end models (``local_phase``'s, or a packed trainer's: the same bits)."""
+        algo = self.components.algorithm
+        phased = isinstance(algo, ServerAlgorithm) and algo.packs
+        t = self.first_round()
+        while t is not None:
+            yield None  # a round boundary
+            self.round_start(t)
+            if phased:
+                request = algo.begin_round(t)
+                n = algo.finish_round(request, (yield request))
+            else:
+                n = algo.round(t)
+            t = self.round_end(t, n)
 
     def prepare_loop(self) -> None:
         """The clock (``wall_time`` counts from here), the progress reporter, ``status`` failed."""
@@ -286,6 +307,11 @@ class Runner:
             return None
         self.checkpointer.after_round(done, self._wall_time())
         return done
+
+    def save_here(self) -> None:
+        """At a round boundary: a checkpoint there unless the last one is (a packed group's stop)."""
+        if self.checkpointer.last_saved != self.done:
+            self.checkpointer.save(self.done, self._wall_time())
 
     def close_loop(self) -> None:
         """The progress closed, the result file finished with ``status`` (collective when completed)."""
@@ -358,6 +384,18 @@ class Runner:
         if self.writer is not None:
             self.writer.finish(status, final, rounds_done)
             self.world.report("closed")
+
+
+def alone(steps: Generator[TrainingRequest | None, torch.Tensor | None, None], algorithm: Algorithm) -> None:
+    """Drive one run's loop ``steps`` (``Runner.rounds``) to its end, each training request by
+    ``algorithm.local_phase``."""
+    end = None
+    while True:
+        try:
+            request = steps.send(end)
+        except StopIteration:
+            return
+        end = None if request is None else algorithm.local_phase(request)
 
 
 def _by_moment(cfg: Config, extra: Iterable[Callback | tuple[str, Callable]]) -> dict[str, list[Callable]]:

@@ -8,20 +8,34 @@ A component (an algorithm, a participation model) lists the attributes that make
   every rank and re-sharded on resume, onto any number of ranks.
 
 Each class lists only what it adds: the declarations of its base classes are kept. Values
-may be numpy arrays, tensors or Python numbers; a dotted name reaches into an object
-(``table.rows``). ``derived`` lists the array or tensor attributes that are NOT state: caches and
-scratch buffers recomputed from the config, the task or the declared state. Any other array or
-tensor attribute would silently be lost at a resume, so ``undeclared`` finds it and the run refuses
-it (exit 2), after set-up and again after the first round, before any checkpoint.
-``Stateful.state_dict`` turns them into tensors (``State``) and
+may be numpy arrays, tensors or Python numbers (a Python float is saved as float64); a dotted name
+reaches into an object (``table.rows``). Every other attribute is declared too, so that nothing a
+checkpoint loses can go unnoticed:
+
+- ``custom_state``: state the class saves itself, by extending ``state_dict``/``load_state_dict``
+  (FedSWE's model versions, the server's clock);
+- ``derived``: recomputed from the config, the task or the declared state (caches, scratch
+  buffers, the last round's cohort), so a resume that recomputes it loses nothing;
+- ``configuration``: fixed at set-up (from the config, the task, the run's components) and never
+  reassigned (a learning rate, the number of clients, the world); not arrays or tensors, which
+  are state or derived.
+
+``undeclared`` finds any other attribute, scalars included (a plug-in's step counter kept in a
+plain int would silently restart at a resume, issue #44), and ``settings``/``changed_settings``
+a configuration attribute that a round reassigned; the run refuses either (exit 2, one line naming
+the attribute) after set-up and again after the first round, before any checkpoint
+(``fedmpi.build.check_state``). A ``Stateful`` object an attribute holds (the privacy component)
+answers for its own arrays and tensors.
+``Stateful.state_dict`` turns the declared state into tensors (``State``) and
 ``load_state_dict`` restores each one as the type, dtype, device and shape the attribute has
 now -- this is the only place where state moves between numpy and torch. A component with
-state of another shape (FedSWE's shared model versions) extends both methods and uses
-``State.union``.
+state of another shape (FedSWE's shared model versions) extends both methods, uses
+``State.union`` and lists the attribute in ``custom_state``.
 """
 
 from __future__ import annotations
 
+import copy
 import operator
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -64,7 +78,9 @@ class Stateful:
 
     shared_state: tuple[str, ...] = ()
     client_state: tuple[str, ...] = ()
-    derived: tuple[str, ...] = ()  # array/tensor attributes recomputed, not saved
+    custom_state: tuple[str, ...] = ()  # saved by the class's own ``state_dict`` extension
+    derived: tuple[str, ...] = ()  # recomputed from the config, the task or the state; not saved
+    configuration: tuple[str, ...] = ()  # fixed at set-up, never reassigned; not saved
 
     def state_dict(self) -> State:
         return State(shared={n: as_tensor(_get(self, n)) for n in declared(type(self), "shared_state")},
@@ -87,18 +103,60 @@ def declared(cls: type, kind: str) -> list[str]:
     return names
 
 
-def undeclared(obj: Any) -> list[str]:
-    """The attributes of ``obj`` that hold arrays or tensors (or lists, tuples or dicts of them) but
-    are neither declared state nor ``derived``, with those of the ``Stateful`` objects it holds
-    (as ``attribute.name``)."""
-    names = {n.split(".")[0] for kind in ("shared_state", "client_state", "derived") for n in declared(type(obj), kind)}
+#: the declarations of an attribute, weakest first: a subclass may declare state under a name its
+#: base class declared configuration (FedAdam's moment ``m`` over the number of clients)
+DECLARATIONS = ("configuration", "derived", "custom_state", "client_state", "shared_state")
+
+
+def declarations(cls: type) -> dict[str, str]:
+    """{attribute: its declaration (``DECLARATIONS``)} of ``cls`` and its base classes (a dotted
+    state name declares its first part)."""
+    return {n.split(".")[0]: kind for kind in DECLARATIONS for n in declared(cls, kind)}
+
+
+def undeclared(obj: Any, strict: bool = True) -> list[str]:
+    """The attributes of ``obj`` that are neither declared state, derived nor configuration (with
+    ``strict=False``: only those holding arrays or tensors, or lists, tuples or dicts of them), and
+    configuration attributes holding arrays or tensors; with those of the ``Stateful`` objects it
+    holds, non-strictly (as ``attribute.name``)."""
+    kinds = declarations(type(obj))
     found = []
     for name, value in vars(obj).items():
         if isinstance(value, Stateful):
-            found += [f"{name}.{inner}" for inner in undeclared(value)]
-        elif name not in names and _holds_arrays(value):
+            found += [f"{name}.{inner}" for inner in undeclared(value, strict=False)]
+        kind = kinds.get(name)
+        if kind is None and (strict or _holds_arrays(value)) or kind == "configuration" and _holds_arrays(value):
             found.append(name)
     return found
+
+
+def settings(obj: Any) -> dict[str, Any]:
+    """The values of ``obj``'s configuration attributes now: plain data (numbers, strings, None and
+    lists, tuples, dicts of them) as a copy, any other object as its identity."""
+    kinds = declarations(type(obj))
+    return {n: _setting(v) for n, v in vars(obj).items() if kinds.get(n) == "configuration"}
+
+
+def changed_settings(obj: Any, before: dict[str, Any]) -> list[str]:
+    """The configuration attributes of ``obj`` whose value is not the one ``settings`` recorded."""
+    now = settings(obj)
+    return [n for n in dict.fromkeys([*before, *now]) if n not in now or n not in before or now[n] != before[n]]
+
+
+def _setting(value: Any) -> Any:
+    if _plain(value):
+        return ("value", copy.deepcopy(value))
+    return ("object", id(value))
+
+
+def _plain(value: Any) -> bool:
+    if value is None or isinstance(value, (bool, int, float, str, np.number)):
+        return True
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(_plain(k) and _plain(v) for k, v in value.items())
+    return False
 
 
 def _holds_arrays(value: Any) -> bool:
@@ -123,7 +181,9 @@ def as_tensor(value: Any) -> torch.Tensor:
         return value.detach()
     if isinstance(value, np.ndarray):
         return torch.from_numpy(np.ascontiguousarray(value))
-    if isinstance(value, (bool, int, float, np.number)):
+    if isinstance(value, float):  # torch would make a Python float float32
+        return torch.tensor(value, dtype=torch.float64)
+    if isinstance(value, (bool, int, np.number)):
         return torch.tensor(value)
     raise TypeError(f"state values must be arrays, tensors or numbers, got {type(value).__name__}")
 

@@ -31,6 +31,8 @@ CPU = torch.device("cpu")
 class Scripted(Participation):
     """S_t = script[t]."""
 
+    configuration = ("script",)
+
     def __init__(self, m: int, script: list[list[int]]):
         super().__init__(m, seed=0)
         self.script = script

@@ -53,6 +53,7 @@ class CountedFedAvg(ServerAlgorithm):
     """FedAvg with weights 1 / (1 + n_i), n_i = past participations of client i, kept per client."""
 
     client_state = ("seen",)  # checkpointed and re-sharded by fedmpi
+    configuration = ("lo",)  # the shard's first id, fixed at set-up
 
     def __init__(self, ctx):
         super().__init__(ctx)

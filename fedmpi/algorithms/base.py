@@ -17,9 +17,14 @@ An algorithm is a subclass of ``Algorithm`` (or ``ServerAlgorithm``) registered 
   up-front memory check);
 - ``clients_anywhere`` (``ServerAlgorithm``): nothing per client lives on its owner, so each
   cohort is split evenly over the ranks instead of by shard (``assigned``);
-- ``derived``: array or tensor attributes that are recomputed from the config, the task or the
-  declared state (caches, scratch buffers); any other such attribute is refused at start, and again
-  after the first round, because a checkpoint would not save it (``fedmpi.state.undeclared``);
+- ``derived``: attributes recomputed from the config, the task or the declared state (caches,
+  scratch buffers, the last round's cohort);
+- ``custom_state``: state its own ``state_dict`` extension saves (FedSWE's versions, the clock);
+- ``configuration``: attributes set-up fixes and no round reassigns (a rate, a count from the
+  config; no arrays). Every attribute, scalars included, is state, derived or configuration: any
+  other is refused at start, and again after the first round, because a checkpoint would not save
+  it (``fedmpi.state.undeclared``), and so is a configuration attribute the first round reassigned
+  (``fedmpi.state.changed_settings``);
 - ``reads``: the keys of other sections it reads (``fedmpi.schema.Reads``), e.g. SCAFFOLD's
   ``train.momentum``; a value it does not support is refused naming both keys;
 - ``private`` (``fedmpi.privacy.Private``): what client-level privacy needs to know of its release
@@ -271,6 +276,7 @@ class Algorithm(Stateful):
     #: what privacy needs to know (``fedmpi.privacy.Private``), why it cannot apply (a string), or
     #: None: nothing declared (refused under ``privacy:``)
     private: Private | str | None = None
+    configuration = ("ctx", "cfg", "params", "world", "m")  # fixed at set-up (``fedmpi.state``)
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
@@ -351,7 +357,9 @@ class ServerAlgorithm(Algorithm):
     Params = ServerParams
     needs_participation = True
     shared_state = ("x",)
-    derived = ("active", "_sizes")  # the last round's cohort (for its mask); the clients' sample counts
+    derived = ("active", "_sizes", "_outputs", "stats")  # the last round's cohort and outputs; sample counts
+    custom_state = ("clock", "in_time", "privacy")  # saved by ``state_dict``: the virtual time, privacy's
+    configuration = ("eta_g",)
     #: True: ``self.outputs`` holds this round's ``ClientOutputs`` (one small collective a round:
     #: ~1 ms of a 2-rank anchor-task round, so only algorithms that read them pay it)
     client_outputs = False

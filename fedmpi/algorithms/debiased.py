@@ -49,6 +49,7 @@ class DebiasedParams(ServerParams):
 class DebiasedFedAvg(FedAvgActive):
     Params = DebiasedParams
     shared_state = ("counts",)  # t_i, replicated on every rank
+    configuration = ("warmup", "nu_max")
     private = Private()  # select counts participations only; nu_i scales a client's own steps, before the clip
 
     def __init__(self, ctx: Context):

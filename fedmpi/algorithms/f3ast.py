@@ -47,6 +47,7 @@ class F3AST(ServerAlgorithm):
     Params = F3ASTParams
     shared_state = ("r",)  # replicated on every rank
     derived = ("p",)  # the data shares, from the task
+    configuration = ("K", "beta", "authors")
     private = "its weights p_i / r_i have no bound, and it selects by the clients' data shares"
 
     def __init__(self, ctx: Context):

@@ -31,6 +31,7 @@ class FedAU(ServerAlgorithm):
     clients_anywhere = True  # nothing per client on its owner: any rank trains it
     Params = FedAUParams
     shared_state = ("c", "L_sum", "L_len")  # replicated on every rank
+    configuration = ("K",)
     private = "its weights, each client's mean participation interval, have no bound (no sensitivity)"
 
     def __init__(self, ctx: Context):

@@ -72,6 +72,7 @@ class FedAvgMParams(ServerParams):
 class FedAvgM(ServerOptimizer):
     Params = FedAvgMParams
     shared_state = ("v",)
+    configuration = ("beta",)
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
@@ -99,6 +100,7 @@ class AdaptiveServerOptimizer(ServerOptimizer):
 
     Params = AdaptiveParams
     shared_state = ("m", "v")
+    configuration = ("beta1", "tau")
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)

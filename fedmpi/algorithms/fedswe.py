@@ -65,7 +65,9 @@ class FedSWE(ServerAlgorithm):
     Params = FedSWEParams
     evaluated_models = ("", "server")  # x_bar and x^t
     metrics = ("consensus_error",)
-    client_state = ("tau",)  # (the versions x_i are saved by state_dict, once each)
+    client_state = ("tau",)
+    custom_state = ("store",)  # the versions x_i, saved by state_dict once each
+    configuration = ("k", "clip", "max_echo", "lo")
     # x^{t+1} divides by |A_t| + k, averages the x_i of A_t and keeps x^t when A_t is empty
     private = Private(empty_round_releases=False, hides_participation=False)
 

@@ -35,6 +35,7 @@ class GFedAvgParams(ServerParams):
 class GFedAvg(FedAvgActive):
     Params = GFedAvgParams
     shared_state = ("anchor",)
+    configuration = ("P", "a")
     private = Private()  # the amplification reads only past releases (x_anchor): post-processing
 
     def __init__(self, ctx: Context):

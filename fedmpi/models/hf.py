@@ -58,9 +58,10 @@ class HFParams(ModelParams):
 class CausalLM(nn.Module):
     """A ``transformers`` causal LM as a module of token ids (b, T) -> logits (b, T, vocab)."""
 
-    def __init__(self, lm: nn.Module):
+    def __init__(self, lm: nn.Module, transposed: frozenset[str] = frozenset()):
         super().__init__()
         self.lm = lm
+        self.transposed = transposed  # the modules of ``lm`` that were Conv1D (PEFT's fan_in_fan_out)
         self.train()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -157,15 +158,16 @@ def load(path: Optional[str], key: str = "task.path") -> nn.Module:
         if bad:
             raise InputError(f"{key}: {where}: the weights do not fit config.json ({what.replace('_', ' ')}: "
                              f"{', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})")
-    _as_linear(lm)
+    transposed = _as_linear(lm)
     _no_dropout(lm)
-    return CausalLM(lm)
+    return CausalLM(lm, transposed)
 
 
-def _as_linear(model: nn.Module) -> None:
-    """GPT-2's ``Conv1D`` (y = x W + b, W in x out) -> ``nn.Linear`` (W^T), in place."""
+def _as_linear(model: nn.Module) -> frozenset[str]:
+    """GPT-2's ``Conv1D`` (y = x W + b, W in x out) -> ``nn.Linear`` (W^T), in place; their names."""
     from transformers.pytorch_utils import Conv1D
 
+    found = set()
     for name, mod in list(model.named_modules()):
         if isinstance(mod, Conv1D):
             lin = nn.Linear(mod.nx, mod.nf, device="meta")
@@ -173,6 +175,8 @@ def _as_linear(model: nn.Module) -> None:
             lin.bias = nn.Parameter(mod.bias.detach().clone(), requires_grad=mod.bias.requires_grad)
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, child, lin)
+            found.add(name)
+    return frozenset(found)
 
 
 def _no_dropout(model: nn.Module) -> None:

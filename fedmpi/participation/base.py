@@ -92,7 +92,9 @@ class Sampling:
 class Participation(Stateful):
     """Base class; subclasses implement ``available``, ``sampling`` and, when Bernoulli,
     ``probabilities``; a stateful kind declares its ``shared_state`` (``fedmpi.state``) for
-    checkpoints and its scratch arrays in ``derived``."""
+    checkpoints, its scratch arrays in ``derived`` and what set-up fixes in ``configuration``."""
+
+    configuration = ("m", "seed")
 
     def __init__(self, m: int, seed: int):
         self.m = m
@@ -125,6 +127,7 @@ class Bernoulli(Participation):
     """
 
     derived = ("_thr",)  # thresholds, from the config
+    configuration = ("_prob", "period", "data", "separation_key")
 
     def __init__(self, m: int, seed: int, prob: Callable[[int], np.ndarray], static: bool = False,
                  period: int | None = None, data: str = "", separation_key: str = ""):

@@ -40,6 +40,7 @@ class Cohort(Participation):
     """
 
     derived = ("_w", "_buf")  # the clients' Weyl counters and a scratch buffer
+    configuration = ("size",)
 
     def __init__(self, m: int, seed: int, size: int):
         super().__init__(m, seed)

@@ -81,6 +81,7 @@ class Markov(Participation):
 
     shared_state = ("last",)  # the last participation round of each unit (NEVER before the first)
     derived = ("weights", "_mask", "_cw")  # from the config; scratch buffers
+    configuration = ("data", "keys", "per_round", "group_size", "R")
 
     def __init__(self, p: np.ndarray, B: int, R: int, seed: int, groups: int | None = None,
                  keys: dict[str, str] = CONFIG_KEYS, data: str = ""):

@@ -64,6 +64,8 @@ class Trace(Participation):
     itself); ``length``: the rounds of one pass (checked against the run's); ``mean()``: the mean
     participations per round (the expected cohort)."""
 
+    configuration = ("_lookup", "length", "_mean")
+
     def __init__(self, m: int, seed: int, lookup: Callable[[int], np.ndarray], length: int,
                  mean: Callable[[], float]):
         super().__init__(m, seed)

@@ -261,6 +261,7 @@ class Emptied:
     """``inner``'s availability with round ``at`` empty; anything else is ``inner``'s."""
 
     derived = ("inner",)
+    configuration = ("at",)
 
     def __init__(self, inner, at: int):
         self.inner, self.at = inner, at

@@ -24,6 +24,7 @@ class Remembered:
     client ``toggle`` added or removed in round ``at``; anything else is ``inner``'s."""
 
     derived = ("drawn",)  # the sets drawn so far (a test's replay, never checkpointed)
+    configuration = ("inner", "toggle", "at")
 
     def __init__(self, inner: Participation, drawn: dict[int, np.ndarray] | None = None, toggle: int = -1,
                  at: int = -1):

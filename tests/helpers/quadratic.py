@@ -20,6 +20,8 @@ Q = (1 - LR) ** S
 class Scripted(Participation):
     """A fixed list of available sets (round t uses script[t]), and p_i^t when given."""
 
+    configuration = ("script", "probs")
+
     def __init__(self, m: int, script: list[list[int]], probs: list[list[float]] | None = None):
         super().__init__(m, seed=0)
         self.script, self.probs = script, probs
