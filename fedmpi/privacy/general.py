@@ -77,7 +77,7 @@ def rows(columns: torch.Tensor) -> torch.Tensor:
     in ``params`` layout (``columns[j, i]`` = C[j + i, j]): what the noise's recursion reads per round."""
     n, b = columns.shape
     out = torch.zeros_like(columns)
-    for o in range(b):
+    for o in range(min(b, n)):
         out[o:, o] = columns[:n - o, o]
     return out
 
@@ -86,7 +86,7 @@ def _columns_of_rows(r: torch.Tensor) -> torch.Tensor:
     """The adjoint of ``rows``: the (n, b) ``params`` layout of a row-layout array."""
     n, b = r.shape
     out = torch.zeros_like(r)
-    for o in range(b):
+    for o in range(min(b, n)):
         out[:n - o, o] = r[o:, o]
     return out
 
@@ -121,6 +121,7 @@ def _forward(columns: torch.Tensor, lay: Layout):
 
 def squared_errors(columns: torch.Tensor) -> torch.Tensor:
     """The n squared errors of the prefix sums, ||row t of A C^{-1}||^2 (C from ``columns``, unit norm)."""
+    columns = columns[:, :len(columns)]  # bands beyond n: outside the matrix
     lay = Layout(*columns.shape)
     with one_thread(torch.device("cpu")):
         W = _forward(columns, lay)[3]
