@@ -31,6 +31,7 @@ import json
 import os
 import re
 import shutil
+from typing import Callable
 
 import torch
 
@@ -212,7 +213,8 @@ def read_manifest(folder: str) -> dict | None:
 
 def load(world: World, folder: str, digest: str, m: int, rounds: int | None = None,
          declared: dict[str, State] | None = None,
-         keys: dict[str, str] | None = None) -> tuple[int, dict[str, State]] | None:
+         keys: dict[str, str] | None = None,
+         refusals: Callable[[dict[str, str]], list[str]] | None = None) -> tuple[int, dict[str, State]] | None:
     """The last committed checkpoint, re-sharded for this rank: (rounds_done, {component: state})
     or None.
 
@@ -221,13 +223,17 @@ def load(world: World, folder: str, digest: str, m: int, rounds: int | None = No
     its shared and client entries, of its dtypes and shapes (client rows: the row shape), and
     only finite values. The hashes show that files are intact, not who wrote them: this check is
     what keeps a resealed, edited checkpoint from being resumed.
+    ``keys``: the run's ``Config.resume_keys``, to name where another experiment differs;
+    ``refusals`` (``Config.resume_refusals``): given the keys a checkpoint of another digest records,
+    the ones that keep the run from continuing it (none: keys added since, at their defaults).
     """
     man = read_manifest(folder)
     if man is None:
         return None
     where = os.path.join(folder, MANIFEST)  # errors about the manifest's fields name the manifest
-    if man["config_digest"] != digest:
-        differ = differing_keys(man.get("config_keys") or {}, keys) if keys and man.get("config_keys") else []
+    record = man.get("config_keys")
+    if man["config_digest"] != digest and not (refusals is not None and record and not refusals(record)):
+        differ = (refusals(record) if refusals is not None else differing_keys(record, keys or {})) if record else []
         named = f"; differs in {', '.join(differ[:6])}{', ...' if len(differ) > 6 else ''}" if differ else ""
         raise InputError(f"{where}: config_digest: checkpoint was made with a different config (resume needs the same "
                          f"task, train, algorithm, availability, topology, sporadicity and seed{named})")

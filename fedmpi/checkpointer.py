@@ -41,7 +41,7 @@ class Checkpointer:
         self.last_saved: int | None = None  # rounds done at the last committed checkpoint
         loaded = None if fresh else checkpoint.load(run.world, self.folder, run.cfg.resume_digest(), run.m,
                                                     run.cfg.rounds, declared=self._parts(0.0),
-                                                    keys=run.cfg.resume_keys())
+                                                    keys=run.cfg.resume_keys(), refusals=run.cfg.resume_refusals)
         if loaded is None and required:
             raise InputError(f"--resume: no checkpoint at {self.folder}")
         if loaded is not None:

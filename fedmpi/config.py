@@ -54,6 +54,7 @@ from .models import ModelParams  # noqa: F401
 from .outputs import CheckpointParams, ResultFileParams, SidecarParams
 from .participation.base import AvailabilityParams
 from .participation.probs import BaseProbConfig  # noqa: F401
+from .privacy.aggregation import AggregationParams, check as check_aggregation
 from .privacy.params import PrivacyParams, check as check_privacy
 from .progress import ProgressParams
 from .registry import Registry
@@ -75,24 +76,34 @@ class RuntimeConfig(StopAtParams, SidecarParams, ResultFileParams, ProgressParam
 
 @dataclass
 class Config:
-    name: str = opt("run", "experiment name, used in the default output path")
-    seed: int = opt(0, "seed of every random stream", ge=0, le=2**64 - 1)
-    rounds: int = opt(100, "global rounds (centralized) or iterations (decentralized)", ge=0)
-    eval_every: int = opt(5, "evaluate every N rounds (and after the last)", ge=1)
+    # the resume rules of each section (``opt``'s ``result`` and ``resume``), which its keys inherit
+    name: str = opt("run", "experiment name, used in the default output path", result=False, resume=True)
+    seed: int = opt(0, "seed of every random stream", ge=0, le=2**64 - 1, result=True, resume=False)
+    rounds: int = opt(100, "global rounds (centralized) or iterations (decentralized)", ge=0,
+                      result=False, resume=True)  # a longer run's rows are a shorter one's and more
+    eval_every: int = opt(5, "evaluate every N rounds (and after the last)", ge=1, result=False, resume=True)
     output: Optional[str] = opt(None, "result file, {dotted.key} placeholders allowed; "
                                       "null = runs/{name}-{algorithm.name}-s{seed}.h5 (the file records the "
-                                      "path it was written to: --out's, placeholders filled)")
-    task: TaskConfig = opt(TaskConfig(), "data, partition and model")
-    train: TrainConfig = opt(TrainConfig(), "local training")
-    algorithm: AlgorithmParams = opt(AlgorithmParams(), "algorithm and its parameters")
-    availability: AvailabilityParams = opt(AvailabilityParams(), "who is available when (centralized)")
-    topology: Optional[TopologyConfig] = opt(None, "graph (decentralized)", used_by=registry.ALGORITHMS)
+                                      "path it was written to: --out's, placeholders filled)",
+                                result=False, resume=True)
+    task: TaskConfig = opt(TaskConfig(), "data, partition and model", result=True, resume=False)
+    train: TrainConfig = opt(TrainConfig(), "local training", result=True, resume=False)
+    algorithm: AlgorithmParams = opt(AlgorithmParams(), "algorithm and its parameters", result=True, resume=False)
+    availability: AvailabilityParams = opt(AvailabilityParams(), "who is available when (centralized)",
+                                           result=True, resume=False)
+    topology: Optional[TopologyConfig] = opt(None, "graph (decentralized)", used_by=registry.ALGORITHMS,
+                                             result=True, resume=False)
     sporadicity: Optional[SporadicityConfig] = opt(None, "sporadic SGD and links (decentralized)",
-                                                   used_by=registry.ALGORITHMS)
-    evaluation: EvaluationConfig = opt(EvaluationConfig(), "evaluation")
-    runtime: RuntimeConfig = opt(RuntimeConfig(), "processes, devices, checkpoints")
-    privacy: PrivacyParams = opt(PrivacyParams(), "client-level differential privacy (centralized)")
-    clock: ClockParams = opt(ClockParams(), "virtual time: client durations, deadlines, over-selection")
+                                                   used_by=registry.ALGORITHMS, result=True, resume=False)
+    evaluation: EvaluationConfig = opt(EvaluationConfig(), "evaluation", result=True, resume=True)
+    runtime: RuntimeConfig = opt(RuntimeConfig(), "processes, devices, checkpoints", result=False, resume=True)
+    privacy: PrivacyParams = opt(PrivacyParams(), "client-level differential privacy (centralized)",
+                                 result=True, resume=False)
+    clock: ClockParams = opt(ClockParams(), "virtual time: client durations, deadlines, over-selection",
+                             result=True, resume=False)
+    aggregation: AggregationParams = opt(AggregationParams(), "how the server sums: plain, or secure aggregation "
+                                                              "emulated with its arithmetic (centralized)",
+                                         result=True, resume=False)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -101,8 +112,10 @@ class Config:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     def resume_digest(self) -> str:
-        """Hash of what a checkpoint depends on (not rounds, evaluation, output or runtime)."""
-        return hashlib.sha256(yaml.safe_dump(self._resume_keys(), sort_keys=True).encode()).hexdigest()[:16]
+        """Hash of what a checkpoint depends on: the keys declared not to change on a resume
+        (``opt``'s ``resume``; not rounds, evaluation, output or runtime), and the keys a selected
+        component reads from outside them (``reads_outside_digest``)."""
+        return hashlib.sha256(yaml.safe_dump(self._digested(), sort_keys=True).encode()).hexdigest()[:16]
 
     def resume_differences(self, other: "Config") -> list[str]:
         """The dotted keys where ``other`` differs in what ``resume_digest`` covers."""
@@ -110,35 +123,27 @@ class Config:
 
     def resume_keys(self) -> dict[str, str]:
         """What ``resume_digest`` covers, as {dotted key: repr of the value} (kept in checkpoints)."""
-        return _renamed(_flat(self._resume_keys()))
+        return _renamed(_flat(self._digested()))
 
-    def _resume_keys(self) -> dict:
-        d = self.to_dict()
-        keep = {k: d[k] for k in ("seed", "task", "train", "algorithm", "availability", "topology", "sporadicity")}
-        keep.update({"privacy": d["privacy"]} if self.privacy.mechanism != "none" else {})  # old digests stay valid
-        keep.update({"clock": d["clock"]} if self.clock.on else {})  # no clock: old digests stay valid
-        if "privacy" in keep:  # band moved to banded_mf's own keys; 1 before: old digests stay valid
-            keep["privacy"].setdefault("band", 1)
-        keep.update(self.reads_outside_digest())  # e.g. rounds, when the noise is calibrated to them
-        if not self.task.partition.local_test:  # old digests stay valid
-            del keep["task"]["partition"]["local_test"]
-        if keep["task"].get("adapter") == {"kind": "none"}:  # no adapter (every model's key): old digests stay valid
-            del keep["task"]["adapter"]
-        draw = keep["train"].get("local_steps_draw")  # each draw's own parameter only: old digests stay valid
-        for key, user in (("local_steps_stop", "geometric"), ("local_steps_sigma", "lognormal")):
-            if draw != user:
-                keep["train"].pop(key, None)
-        del keep["train"]["cuda_graphs"]  # how the steps are launched, not what they compute
-        if keep["algorithm"].get("max_echo", 0) is None:  # FedSWE without the cap: old digests stay valid
-            del keep["algorithm"]["max_echo"]
-        if keep["algorithm"].get("rho") == 0:  # FedAsync without its proximal term: old digests stay valid
-            del keep["algorithm"]["rho"]
-        if keep["algorithm"].get("once_per_version") is True:  # the asynchronous rule before: old digests stay valid
-            del keep["algorithm"]["once_per_version"]
-        if keep.get("privacy", {}).get("accountant") == "rdp":  # the default accountant: old digests stay valid
-            del keep["privacy"]["accountant"]
-        # old digests stay valid: eta_g is hashed where it was declared before (1.0 without a server)
-        keep["train"]["global_lr"] = keep["algorithm"].pop("global_lr", 1.0)
+    def resume_refusals(self, record: dict[str, str]) -> list[str]:
+        """The keys that keep this config from continuing a checkpoint whose ``resume_keys`` were
+        ``record``: those whose values differ, those it records and this config lacks, and those it
+        does not record (keys added since it was written) unless they are at their default, which
+        does what that run did. Empty: it may continue, whatever the digests."""
+        now, defaults, then = self.resume_keys(), _renamed(_flat(self._digested(defaults=True))), _renamed(record)
+        return [k for k in dict.fromkeys([*then, *now])
+                if (now.get(k, "-") != then[k] if k in then else now[k] != defaults.get(k, "-"))]
+
+    def _digested(self, defaults: bool = False) -> dict:
+        """The nested keys ``resume_digest`` hashes, with their values (``defaults``: their defaults)."""
+        moved: list[tuple[str, Any]] = []
+        keep = _digested(self, None, moved, defaults)
+        for dotted, value in [*((d.at, d.default) for d in _relocated()), *moved]:  # Digest.at, declared
+            section, _, key = dotted.partition(".")
+            if isinstance(keep.get(section), dict):
+                keep[section][key] = value
+        if not defaults:  # (a read key has no default of its own here: a checkpoint must record it)
+            keep.update(self.reads_outside_digest())  # e.g. rounds, when the noise is calibrated to them
         return keep
 
     def reads_changed(self, old: "Config", where: str = "the run being continued") -> str | None:
@@ -186,11 +191,103 @@ class Config:
         not otherwise cover (under ``privacy.epsilon``: ``rounds``, which the noise is calibrated
         to). They join the digest, so that a resume, or a completed run extended, with another value
         is refused naming the key: ask this before letting such a key change."""
-        return {r.key: r.value(self) for _, r in self.reads() if r.key.split(".")[0] not in _DIGESTED}
+        return {r.key: r.value(self) for _, r in self.reads() if _may_change(self, r.key)}
 
 
-#: the top-level keys and sections ``Config.resume_digest`` covers (privacy when it is on)
-_DIGESTED = ("seed", "task", "train", "algorithm", "availability", "topology", "sporadicity", "privacy", "clock")
+def _digested(block: Any, may_change: bool | None, moved: list[tuple[str, Any]], defaults: bool) -> dict | None:
+    """The keys of the dataclass instance ``block`` that may not change on a resume (``opt``'s
+    ``resume``; ``may_change``: its block's), as nested plain data: their values, or with
+    ``defaults`` their declared defaults; None when the block is off (``Digest.off``). A key hashed
+    at another place (``Digest.at``) goes to ``moved`` as (dotted key, value)."""
+    out: dict = {}
+    for f in dataclasses.fields(block):
+        free = _inherit(f, "resume", may_change)
+        value, how = getattr(block, f.name), f.metadata.get("digest") or schema.NO_DIGEST
+        if how.off is not schema.ABSENT and value == how.off:
+            return None
+        if free or how.leaves_out(value, block):
+            continue
+        if dataclasses.is_dataclass(value):
+            inner = _digested(value, free, moved, defaults)
+            if inner is not None:
+                out[f.name] = inner
+            continue
+        plain = _plain(_default(f) if defaults else value)
+        if how.at is not None:
+            moved.append((how.at, plain))
+        else:
+            out[f.name] = plain
+    return out
+
+
+def _inherit(f: dataclasses.Field, what: str, outer: bool | None) -> bool:
+    """A key's declared ``result`` or ``resume`` (``opt``), else its block's."""
+    own = f.metadata.get(what)
+    return bool(outer) if own is None else own
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+
+
+def _plain(value: Any) -> Any:
+    """A value as ``dataclasses.asdict`` gives it (nested dataclasses as dicts, containers copied)."""
+    return dataclasses.asdict(_Box(value))["value"]
+
+
+@dataclass
+class _Box:
+    value: Any
+
+
+def _relocated() -> list[schema.Digest]:
+    """The ``Digest.at`` declarations of every registered component's keys: each is hashed at its old
+    place with its default where the selected component does not declare it (a key once every
+    component's, or one that moved)."""
+    found = []
+    for reg in (registry.ALGORITHMS, registry.AVAILABILITY, registry.MECHANISMS, registry.ADAPTERS):
+        for entry in reg:
+            for f in dataclasses.fields(entry.params) if entry.params is not None else ():
+                how = f.metadata.get("digest")
+                if how is not None and how.at is not None and how not in found:
+                    found.append(how)
+    return found
+
+
+def _may_change(cfg: Any, dotted: str) -> bool:
+    """Whether the key ``dotted`` of ``cfg`` is declared to change on a resume (``opt``'s ``resume``,
+    inherited from its blocks); a key the config does not have counts as one that may."""
+    block, free = cfg, None
+    for part in dotted.split("."):
+        if not dataclasses.is_dataclass(block):
+            return True
+        f = next((f for f in dataclasses.fields(block) if f.name == part), None)
+        if f is None:
+            return True
+        free, block = _inherit(f, "resume", free), getattr(block, part)
+    return bool(free)
+
+
+def run_keys(cls: type = None, prefix: str = "", outer: bool = True) -> list[str]:
+    """The keys declared not to change a number a run stores (``opt``'s ``result``: False), each at
+    the outermost block that declares it (``runtime`` covers its keys); the built-in components'."""
+    cls = Config if cls is None else cls
+    plugins.load()
+    out: list[str] = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        result = _inherit(f, "result", outer)
+        if not result and outer:
+            out.append(prefix + f.name)
+            continue
+        hint = hints[f.name]
+        if f.metadata.get("used_by"):
+            hint = next(a for a in typing.get_args(hint) if a is not type(None))
+        kinds = [hint] + ([e.params for reg in _selectors(hint).values() for e in reg.entries(builtin_only=True)
+                           if e.params is not None] if dataclasses.is_dataclass(hint) else [])
+        for kind in kinds if dataclasses.is_dataclass(hint) else ():
+            out += [k for k in run_keys(kind, f"{prefix}{f.name}.", result) if k not in out]
+    return out
 
 
 def differing_keys(a: dict[str, str], b: dict[str, str]) -> list[str]:
@@ -514,6 +611,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
             raise InputError(f"{r.key}: {who} {r.why}; it needs {r.expect}, got {_show(value)}")
     check_privacy(cfg)
     check_clock(cfg)
+    check_aggregation(cfg)
     check_metrics(cfg)
 
 

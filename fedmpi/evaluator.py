@@ -41,9 +41,9 @@ if TYPE_CHECKING:
 
 @dataclass
 class EvaluationConfig:
-    train: bool = opt(True, "also evaluate on the training set")
+    train: bool = opt(True, "also evaluate on the training set", result=False)  # adds or leaves out metrics
     train_samples: Optional[int] = opt(None, "evaluate train metrics on a fixed subsample of this size", ge=1)
-    batch_size: int = opt(2000, "evaluation batch size", ge=1)
+    batch_size: int = opt(2000, "evaluation batch size", ge=1, result=False)
     clients: metrics.ClientMetricsConfig = opt(metrics.ClientMetricsConfig(), "per-client metrics (fedmpi.metrics)")
     metrics: list = opt([], "registered metrics (plug-ins: fedmpi.metrics.register_metric) computed at every "
                             "evaluation, in this order; a loaded metric not named here is not computed and costs "

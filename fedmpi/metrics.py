@@ -70,10 +70,11 @@ class ClientMetricsConfig:
     """The ``evaluation.clients`` block."""
 
     enabled: bool = opt(False, "evaluate the main model on each client's own data (its local test split, "
-                               "else its training samples) and log p10/p50/p90/std/worst of client loss and acc")
+                               "else its training samples) and log p10/p50/p90/std/worst of client loss and acc",
+                        result=False)  # adds metrics, changes none
     worst: float = opt(0.1, "fraction of clients averaged in the client_*_worst summaries", gt=0, le=1)
     arrays: bool = opt(False, "also store every client's values in /clients/<name> (one row per evaluation; "
-                              "implies enabled)")
+                              "implies enabled)", result=False)
     summaries: list = opt(list(SUMMARIES), "which summaries S of the clients' values are logged (metrics "
                                            f"client_loss_S, client_acc_S), of: {', '.join(SUMMARY_DOCS)} "
                                            "(docs/PLUGINS.md)")

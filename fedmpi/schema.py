@@ -16,19 +16,60 @@ import yaml
 
 
 def opt(default: Any, doc: str, *, ge: float | None = None, gt: float | None = None,
-        le: float | None = None, lt: float | None = None, selects: Any = None, used_by: Any = None) -> Any:
+        le: float | None = None, lt: float | None = None, selects: Any = None, used_by: Any = None,
+        result: bool | None = None, resume: bool | None = None, digest: Digest | None = None) -> Any:
     """Declare a config key: default, one-line doc and numeric bounds.
 
     ``selects`` (a ``fedmpi.registry.Registry``): the key names a component of that registry, and
     its block then takes the chosen component's parameters. ``used_by`` (a Registry): the section
     belongs to the components of that registry that list it in their ``sections``; with none of
-    them selected it is ignored (with a notice) and left ``None``."""
-    meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt, "selects": selects, "used_by": used_by}
+    them selected it is ignored (with a notice) and left ``None``.
+
+    The resume rules (``fedmpi.config``; None: as the block or section the key is in, which the root
+    declares for each top-level key): ``result`` -- whether the key can change a number the run
+    stores (``rounds`` cannot: a longer run's rows are a shorter one's and more); ``resume`` --
+    whether it may change when a run is resumed or extended (``rounds``, ``runtime``, ``evaluation``
+    may; ``seed``, ``train``, ``algorithm`` may not: those make the resume digest). ``digest``: how
+    the key entered the digest of checkpoints written before it existed (``Digest``), history only."""
+    meta = {"doc": doc, "ge": ge, "gt": gt, "le": le, "lt": lt, "selects": selects, "used_by": used_by,
+            "result": result, "resume": resume, "digest": digest}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: copy(d), metadata=meta)
     if dataclasses.is_dataclass(default):
         return field(default_factory=type(default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+#: ``move_keys``'s "the new key is not there" (a key's value may be None), and ``Digest``'s "no value".
+ABSENT = object()
+
+
+@dataclass(frozen=True)
+class Digest:
+    """How a key enters the resume digest besides by its value, declared by the keys whose digest
+    must stay what checkpoints written before them hold (the history that ``Config`` used to keep by
+    hand). A key added now needs none: a checkpoint that does not record a key continues with it at
+    its default (``Config.resume_refusals``).
+
+    ``absent``: at this value the key is left out (what runs did before it existed); ``off``: at
+    this value its whole block is (a section or block that did not exist); ``when``: hashed only
+    when the keys of its block have these values ((key, value) pairs: a parameter of one choice);
+    ``at``: hashed at this dotted key instead (where it was declared before), with ``default``
+    there where the selected component does not declare it."""
+
+    absent: Any = ABSENT
+    off: Any = ABSENT
+    when: tuple[tuple[str, Any], ...] = ()
+    at: str | None = None
+    default: Any = None
+
+    def leaves_out(self, value: Any, block: Any) -> bool:
+        """Whether the key, at ``value`` in ``block`` (its dataclass instance), is left out."""
+        return (self.absent is not ABSENT and value == self.absent
+                or any(getattr(block, k, ABSENT) != v for k, v in self.when))
+
+
+NO_DIGEST = Digest()
 
 
 @dataclass(frozen=True)
@@ -90,10 +131,6 @@ def move_keys(data: dict, check: Callable[[str, str, Any, Any], None] | None = N
             check(old, new, src[okey], dst.get(nkey, ABSENT))
         dst.setdefault(nkey, src.pop(okey))
     return data
-
-
-#: ``move_keys``'s "the new key is not there" (a key's value may be None).
-ABSENT = object()
 
 
 def dotted(key: str, value: Any) -> list[tuple[str, Any]]:

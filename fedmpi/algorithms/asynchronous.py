@@ -42,7 +42,7 @@ import torch
 from ..clock.flight import Flight, stream
 from ..engine.threads import one_thread
 from ..errors import InputError
-from ..schema import opt
+from ..schema import Digest, opt
 from ..state import State, as_tensor, declared, restore_like
 from .base import Context, ServerAlgorithm, ServerParams
 
@@ -60,7 +60,8 @@ class AsyncParams(ServerParams):
     max_staleness: Optional[int] = opt(None, "asynchronous: drop updates staler than this (null: keep all)", ge=0)
     once_per_version: bool = opt(True, "asynchronous: a client trains at most once from one model version (the rule "
                                        "of runs before a task had its own random streams: true keeps their bits); "
-                                       "false: any idle client may be dispatched")
+                                       "false: any idle client may be dispatched",
+                                 digest=Digest(absent=True))  # the rule of the checkpoints before this key
 
 
 def staleness_weight(kind: str, tau: np.ndarray, a: float, b: int) -> np.ndarray:

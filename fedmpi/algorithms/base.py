@@ -121,7 +121,7 @@ from ..errors import InputError
 from ..privacy.declaration import Private
 from ..privacy.run import Privacy
 from ..registry import ALGORITHMS
-from ..schema import Reads, opt
+from ..schema import Digest, Reads, opt
 from ..state import State, Stateful, declared, state_tensors
 
 if TYPE_CHECKING:
@@ -144,7 +144,8 @@ class AlgorithmParams:
 class ServerParams(AlgorithmParams):
     """The keys of every centralized algorithm (a ``ServerAlgorithm``): its parameters extend these."""
 
-    global_lr: float = opt(1.0, "eta_g, the server's learning rate (was train.global_lr)", gt=0)
+    global_lr: float = opt(1.0, "eta_g, the server's learning rate (was train.global_lr)", gt=0,
+                           digest=Digest(at="train.global_lr", default=1.0))  # hashed where it was declared
 
 
 @dataclass

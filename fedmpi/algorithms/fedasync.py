@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..engine.local_step import StepTerm
-from ..schema import opt
+from ..schema import Digest, opt
 from .asynchronous import AsyncAlgorithm, AsyncParams
 from .base import register
 from .fedprox import Proximal
@@ -30,7 +30,8 @@ from .fedprox import Proximal
 class FedAsyncParams(AsyncParams):
     alpha: float = opt(0.6, "fedasync: alpha, the mixing weight of a fresh arrival", gt=0, le=1)
     rho: float = opt(0.0, "fedasync: rho, the proximal weight of the local objective F_i(y) + (rho/2)||y - x_t||^2 "
-                          "(x_t the model the task started from; 0: none)", ge=0)
+                          "(x_t the model the task started from; 0: none)", ge=0,
+                   digest=Digest(absent=0.0))  # FedAsync without its term: the checkpoints before this key
 
 
 @register("fedasync")

@@ -46,7 +46,7 @@ from ..engine.store import VersionStore
 from ..errors import InputError
 from ..privacy import Private
 from ..state import State
-from ..schema import opt
+from ..schema import Digest, opt
 from .base import Context, ServerAlgorithm, ServerParams, Snapshot, register
 
 
@@ -57,7 +57,8 @@ class FedSWEParams(ServerParams):
         None, "(authors' code) clip the mean echoed innovation to this norm, then eta_g", gt=0)
     max_echo: Optional[int] = opt(
         None, "E: the echo factor is min(t - tau_i, E); needed under privacy, whose sensitivity is E * privacy.clip "
-              "(docs/PRIVACY.md); null = no cap", ge=1)
+              "(docs/PRIVACY.md); null = no cap", ge=1,
+        digest=Digest(absent=None))  # FedSWE without the cap: the checkpoints before it
 
 
 @register("fedswe")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
 from ..errors import InputError
-from ..schema import opt
+from ..schema import Digest, opt
 
 KINDS = ("none", "constant", "lognormal", "file")
 
@@ -18,7 +18,8 @@ class ClockParams:
     """The ``clock`` block (docs/CONFIG.md); ``kind: none`` keeps rounds timeless (the default)."""
 
     kind: Literal["none", "constant", "lognormal", "file"] = opt(
-        "none", "client durations: none (no time), constant, lognormal (a speed per client) or file")
+        "none", "client durations: none (no time), constant, lognormal (a speed per client) or file",
+        digest=Digest(off="none"))  # timeless rounds: the checkpoints before the clock
     step_time: float = opt(1.0, "virtual seconds of one local step (lognormal: of the median device)", gt=0)
     comm_time: float = opt(0.0, "virtual seconds of a task's download and upload (lognormal: median device)",
                            ge=0)

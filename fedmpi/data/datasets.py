@@ -34,7 +34,7 @@ import yaml
 from .. import provenance, rng
 from ..errors import InputError
 from ..registry import DATASETS, MODELS
-from ..schema import opt
+from ..schema import Digest, opt
 from .arrays import IGNORE, DataArrays, TextInfo
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ class PartitionConfig:
     local_test: Union[float, Literal["dataset"]] = opt(
         0.0, "each client's local test split (per-client metrics; never trained on): the fraction of its samples "
              "held out, or dataset: its own test samples (natural partitions whose dataset gives them, e.g. LEAF)",
-        ge=0, lt=1)
+        ge=0, lt=1, digest=Digest(absent=0.0))  # none: the checkpoints before this key
 
 
 @dataclass

@@ -26,7 +26,7 @@ from typing import Callable, Literal, Optional
 import torch
 
 from ..errors import InputError
-from ..schema import opt
+from ..schema import Digest, opt
 
 
 @dataclass
@@ -41,8 +41,10 @@ class TrainConfig:
         "fixed", "how much of its c_i steps a client does (always 1..c_i; engine/steps.py): uniform: each round "
         "uniformly; geometric: each round, interrupted after each step with probability local_steps_stop; "
         "lognormal: floor(v_i c_i) every round, device speed v_i = exp(local_steps_sigma z_i) drawn once")
-    local_steps_stop: float = opt(0.2, "q: the geometric draw's chance of stopping after each step", gt=0, lt=1)
-    local_steps_sigma: float = opt(1.0, "sigma: the lognormal draw's log-speed spread", gt=0, le=100)
+    local_steps_stop: float = opt(0.2, "q: the geometric draw's chance of stopping after each step", gt=0, lt=1,
+                                  digest=Digest(when=(("local_steps_draw", "geometric"),)))
+    local_steps_sigma: float = opt(1.0, "sigma: the lognormal draw's log-speed spread", gt=0, le=100,
+                                   digest=Digest(when=(("local_steps_draw", "lognormal"),)))
     batch_size: int = opt(32, "minibatch size (drawn uniformly with replacement)", ge=1)
     lr: float = opt(0.05, "eta_l (eta_0 when scheduled)", gt=0)
     lr_schedule: str = opt(
@@ -63,7 +65,8 @@ class TrainConfig:
         "auto", "batched = all clients of a rank at once; auto picks the faster path")
     cuda_graphs: bool = opt(
         False, "on CUDA, replay each block's local steps as one captured CUDA graph (stacked models; algorithms "
-        "without step terms); the same bits, fewer launches (engine/graphs.py)")
+        "without step terms); the same bits, fewer launches (engine/graphs.py)",
+        result=False, resume=True)  # how the steps are launched, not what they compute
 
     def __post_init__(self) -> None:
         if self.local_epochs is not None and self.local_steps_file is not None:

@@ -37,7 +37,7 @@ from torch import nn
 from .. import rng
 from ..errors import InputError
 from ..registry import ADAPTERS
-from ..schema import opt
+from ..schema import Digest, opt
 from .dropout import KeyedDropout
 
 
@@ -46,7 +46,7 @@ class AdapterParams:
     """The ``task.adapter`` block: ``kind``, then the chosen adapter type's own keys (a subclass)."""
 
     kind: str = opt("none", "an adapter trained over the frozen model (none: the whole model is trained)",
-                    selects=ADAPTERS)
+                    selects=ADAPTERS, digest=Digest(off="none"))  # no adapter: the checkpoints before it
 
 
 Adapt = Callable[[nn.Module, AdapterParams, torch.Generator, tuple[str, ...]], None]

@@ -29,7 +29,7 @@ import torch
 
 from ..errors import InputError
 from ..participation import Sampling
-from ..schema import Reads, opt
+from ..schema import Digest, Reads, opt
 from . import factors
 from .factors import sqrt_coefficients as banded_sqrt_coefficients  # noqa: F401  (its old name)
 from .mechanism import Mechanism, register, standard_normal
@@ -38,7 +38,8 @@ from .params import PrivacyParams
 
 @dataclass
 class BandedParams(PrivacyParams):
-    band: int = opt(1, "b: bands of banded_mf's factor (1 = independent noise); needs separation >= b", ge=1)
+    band: int = opt(1, "b: bands of banded_mf's factor (1 = independent noise); needs separation >= b", ge=1,
+                    digest=Digest(at="privacy.band", default=1))  # once a key of every mechanism
     factor: factors.Factor = opt(
         "sqrt", "banded_mf's factor C: sqrt (the prefix-sum matrix's square root, truncated to b bands), "
                 "optimized (the Toeplitz C of least expected squared error of the prefix sums for the run's "

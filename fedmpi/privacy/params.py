@@ -8,7 +8,7 @@ from typing import Literal, Optional
 
 from ..errors import InputError
 from ..registry import ALGORITHMS, MECHANISMS
-from ..schema import opt
+from ..schema import Digest, opt
 
 
 @dataclass
@@ -18,7 +18,7 @@ class PrivacyParams:
                 "DP-FedBuff), banded_mf = DP-FTRL with banded matrix-factorization noise, local_gaussian = local "
                 "DP (each client noises its own update), distributed_dgauss / distributed_skellam = distributed DP "
                 "(each client adds its share of discrete noise to its integers, the sum modulo 2^bits decoded)",
-        selects=MECHANISMS)
+        selects=MECHANISMS, digest=Digest(off="none"))  # the section joined the resume digest with privacy
     clip: Optional[float] = opt(None, "C: each client's update is clipped to this L2 norm; null = no clipping "
                                       "(only with a zero noise_multiplier)", gt=0)
     noise_multiplier: Optional[float] = opt(
@@ -48,7 +48,8 @@ class PrivacyParams:
                 "off = never (every participation charged in full)")
     accountant: Literal["rdp", "pld"] = opt(
         "rdp", "dp-accounting's accountant of the epsilon metric and the calibration: rdp (Renyi DP) or pld "
-               "(privacy loss distributions: tighter, seconds per evaluation)")
+               "(privacy loss distributions: tighter, seconds per evaluation)",
+        digest=Digest(absent="rdp"))  # the accountant of the checkpoints before this key
 
 
 def check(cfg) -> None:
