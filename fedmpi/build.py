@@ -15,6 +15,7 @@ makes every rank agree on it).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import operator
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from .engine.params import frozen_bytes
 from .errors import InputError
 from .models import build_model, loss_fn
 from .models.losses import TokenLoss, mse
+from .models.pretrained import initialise
 from .participation import AvailabilityParams, ClientInfo
 from .participation import Participation
 from .participation import build as build_participation
@@ -194,6 +196,9 @@ def build_task(cfg: Config, device: torch.device) -> Task:
     """Get, partition and place the data of ``cfg.task`` on ``device``; build the model."""
     data = dataset_arrays(cfg)
     if isinstance(data, Task):
+        if getattr(cfg.task, "init", None) is not None:
+            raise InputError(f"task.init: task.dataset {cfg.task.dataset} builds its own model, which starts "
+                             f"from no pretrained one")
         return data.to(device)
     data = checked_arrays(data, cfg.task.dataset)
     xtr, ytr, xte, yte, classes = data.x_train, data.y_train, data.x_test, data.y_test, data.classes
@@ -214,7 +219,10 @@ def build_task(cfg: Config, device: torch.device) -> Task:
             f"reads token sequences, but task.dataset {cfg.task.dataset} is not a text dataset"
             if data.text is None else f"does not read token sequences, which task.dataset {cfg.task.dataset} gives "
                                       f"(a language model, e.g. transformer, does)"))
-    model = build_model(cfg.task.model, tuple(xtr.shape[1:]), outputs, seed=cfg.seed, params=cfg.task)
+    init = getattr(cfg.task, "init", None)  # a pretrained model (models.pretrained)
+    model = build_model(cfg.task.model, tuple(xtr.shape[1:]), outputs, seed=cfg.seed, params=cfg.task,
+                        pretrained=None if init is None else functools.partial(
+                            initialise, init=init, name=cfg.task.model, build=build_task))
     return Task(model=model.to(device), loss=loss,
                 train_x=torch.from_numpy(np.ascontiguousarray(xtr)).to(device),
                 train_y=torch.from_numpy(ytr).to(device),

@@ -54,6 +54,7 @@ from .models import ModelParams  # noqa: F401
 from .outputs import CheckpointParams, ResultFileParams, SidecarParams
 from .participation.base import AvailabilityParams
 from .participation.probs import BaseProbConfig  # noqa: F401
+from .privacy.aggregation import AggregationParams, check as check_aggregation
 from .privacy.params import PrivacyParams, check as check_privacy
 from .progress import ProgressParams
 from .registry import Registry
@@ -100,6 +101,9 @@ class Config:
                                  result=True, resume=False)
     clock: ClockParams = opt(ClockParams(), "virtual time: client durations, deadlines, over-selection",
                              result=True, resume=False)
+    aggregation: AggregationParams = opt(AggregationParams(), "how the server sums: plain, or secure aggregation "
+                                                              "emulated with its arithmetic (centralized)",
+                                         result=True, resume=False)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -607,6 +611,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
             raise InputError(f"{r.key}: {who} {r.why}; it needs {r.expect}, got {_show(value)}")
     check_privacy(cfg)
     check_clock(cfg)
+    check_aggregation(cfg)
     check_metrics(cfg)
 
 

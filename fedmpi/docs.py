@@ -12,6 +12,7 @@ from . import apidoc, plugins
 from .config import reference
 from .participation import ClientInfo
 from .participation.probs import DATA_KINDS, WithBaseParams
+from .privacy.aggregation import algorithm_refusal
 from .privacy.declaration import Private, refusal
 from .registry import ALGORITHMS, AVAILABILITY, MECHANISMS
 
@@ -33,8 +34,8 @@ def combinations_table() -> str:
     availability, privacy and local work (``private``, ``reads``), each availability kind's sampling
     (``Participation.sampling`` of a small instance), each mechanism's needs."""
     plugins.load()
-    rows = ["| algorithm | availability | privacy | local work it refuses | other keys it reads |",
-            "|---|---|---|---|---|"]
+    rows = ["| algorithm | availability | privacy | secure aggregation | local work it refuses | other keys it reads |",
+            "|---|---|---|---|---|---|"]
     for e in ALGORITHMS.entries(builtin_only=True):
         cls = e.obj
         availability = ("always only" if not cls.needs_participation else
@@ -48,7 +49,9 @@ def combinations_table() -> str:
                    "yes, without amplification (its release shows who took part)")
         refused = "; ".join(f"`{r.key}` other than {r.expect}" for r in cls.reads if r.supports) or "none"
         reads = ", ".join(f"`{r.key}`" for r in cls.reads if not r.supports) or "-"
-        rows.append(f"| `{e.name}` | {availability} | {privacy} | {refused} | {reads} |")
+        secure = algorithm_refusal(cls)
+        secure = "yes" if secure is None else f"no: it {secure}"
+        rows.append(f"| `{e.name}` | {availability} | {privacy} | {secure} | {refused} | {reads} |")
     kinds = ["| availability kind | sampling (privacy) | separation | gives p_i^t | reads the clients' data |",
              "|---|---|---|---|---|"]
     for e in AVAILABILITY.entries(builtin_only=True):

@@ -10,9 +10,12 @@ conflict, or runs and holds every invariant that applies:
 - where the accountant claims amplification by sampling, every round releases a step, an empty
   one too.
 
-The model axis (issue #42) runs LoRA adapters of a tiny transformer over its frozen base with every
-algorithm and mechanism. The default suite runs a spread of about 56 combinations (``sample``); the
-whole matrix (~9400 combinations, about 400 of them the LoRA axis) is marked ``combinations`` and
+Secure aggregation (issue #45, ``aggregation.kind: secagg``) crosses every algorithm and mechanism
+on the kinds whose cohorts stay at 2 or more when a client is toggled (a lone client aborts a
+round); there the decoded sums hold the neighbouring-run check. The model axis (issue #42) runs
+LoRA adapters of a tiny transformer over its frozen base with every algorithm and mechanism. The
+default suite runs a spread of about 77 combinations (``sample``); the whole matrix (~16500
+combinations, about 400 of them the LoRA axis, about 670 secure aggregation) is marked ``combinations`` and
 runs as its own step of .ci/run (``FEDMPI_MATRIX=full``)."""
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ def test_model_and_dataset_take_their_own_keys():
     (["--set", "algorithm.betta=0.5"], "algorithm.betta: unknown key (allowed: name, global_lr, beta)"),
     (["--set", "algorithm.beta=1.5"], "algorithm.beta: must be < 1, got 1.5"),
     (["--set", "task.widht=3"], "task.widht: unknown key (allowed: dataset, root, cache_dir, clients, partition, "
-                                "model, adapter, width, blocks, spiral_samples, arms, noise)"),
+                                "model, adapter, init, width, blocks, spiral_samples, arms, noise)"),
     (["--set", "task.arms=1"], "task.arms: must be >= 2, got 1"),
 ])
 def test_a_typo_in_a_plugin_parameter_is_exit_2_naming_the_key(tmp_path, args, needle):

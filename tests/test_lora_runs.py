@@ -17,6 +17,11 @@ import yaml
 import fault_plugin
 from conftest import ROOT, fedmpi, write_config
 from helpers.text import text_config
+from fedmpi import config
+from fedmpi.build import build_components
+from fedmpi.checkpointer import Checkpointer
+from fedmpi.engine.params import frozen
+from fedmpi.runtime import World
 
 ROUNDS = 4
 
@@ -108,3 +113,42 @@ def test_the_shipped_configs_run(tmp_path, name):
     fedmpi(["run", path, "--out", out, "--quiet"] + [a for s in sets for a in ("--set", s)], timeout=600)
     with h5py.File(out, "r") as f:
         assert f.attrs["status"] == "completed" and np.isfinite(f["metrics/test_ppl"][:]).all()
+
+
+def test_a_lora_runs_base_never_changes_and_its_client_rows_are_the_adapters(tmp_path):
+    """MIFA keeps a row per client: with LoRA a row is the adapters (lora_A and lora_B, nothing of
+    the base); the frozen base keeps its bits over the rounds; the checkpoint's tensors are rows of
+    that width or the server's, none as wide as the model and none a base weight; a resumed run
+    ends with the same bits."""
+    cfg = config.from_dict(text_config(True, rounds=4, algorithm={"name": "mifa"}))
+    world = World()
+    run = build_components(cfg, world)
+    spec = run.trainer.spec
+    assert spec.names and all(".lora_A." in n or ".lora_B." in n for n in spec.names)
+    base = {k: v.detach().clone() for k, v in frozen(run.task.model).items()}
+    everything = sum(v.numel() for v in base.values()) + spec.dim
+    for t in range(4):
+        run.algorithm.round(t)
+    final = run.algorithm.final_params()
+    assert final.shape == (spec.dim,)
+    assert all(torch.equal(v, base[k]) for k, v in frozen(run.task.model).items())
+    cut = build_components(cfg, world)
+    for t in range(2):
+        cut.algorithm.round(t)
+    path = str(tmp_path / "r.h5")
+    Checkpointer(cut, path).save(2, 0.0)
+    state = cut.algorithm.state_dict()
+    rows = [v for v in state.clients.values() if torch.is_tensor(v) and v.dim() == 2]
+    assert rows and {tuple(v.shape) for v in rows} == {(cfg.task.clients, spec.dim)}
+    shards = glob.glob(path + ".ckpt/round-*/shard-*.pt")
+    assert shards
+    for shard in shards:
+        for k, v in torch.load(shard, weights_only=True).items():
+            if torch.is_tensor(v) and v.dim() > 0:
+                assert v.shape[-1] <= spec.dim < everything, (k, v.shape)
+                assert not any(v.shape == b.shape and torch.equal(v, b) for b in base.values()), k
+    resumed = build_components(cfg, world)
+    assert Checkpointer(resumed, path, required=True).rounds_done == 2
+    for t in range(2, 4):
+        resumed.algorithm.round(t)
+    assert torch.equal(resumed.algorithm.final_params(), final)

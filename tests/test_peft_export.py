@@ -17,6 +17,7 @@ peft = pytest.importorskip("peft")
 from conftest import cli, fedmpi, write_config  # noqa: E402
 from helpers.hf import hf_config, tiny_folder  # noqa: E402
 from helpers.text import text_config  # noqa: E402
+from fedmpi.build import build_task  # noqa: E402
 from fedmpi.models.pretrained import final_model  # noqa: E402
 
 
@@ -39,7 +40,7 @@ def test_peft_loads_the_exported_adapter_with_the_same_logits(tmp_path, arch):
     conf = json.load(open(os.path.join(folder, "adapter_config.json")))
     assert conf["peft_type"] == "LORA" and conf["r"] == 2 and conf["lora_alpha"] == 4.0
     assert conf["fan_in_fan_out"] == (arch == "gpt2") and conf["base_model_name_or_path"] == path
-    _, mine = final_model(run, "test")
+    _, mine = final_model(run, "test", build_task)
     assert any(p.requires_grad and p.abs().max() > 0 for n, p in mine.named_parameters() if "lora_B" in n)
     theirs = peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(path), folder).eval()
     x = torch.randint(0, 20, (3, 12), generator=torch.Generator().manual_seed(0))
@@ -58,7 +59,7 @@ def test_the_built_in_transformers_adapter_loads_into_peft(tmp_path):
     run = _run(tmp_path, text_config(True, rounds=2, eval_every=2, task__adapter__dropout=0.0))
     folder = str(tmp_path / "adapter")
     assert cli(["export-peft", run, folder]).returncode == 0
-    cfg, mine = final_model(run, "test")
+    cfg, mine = final_model(run, "test", build_task)
     base = build_model("transformer", (12,), 20, seed=cfg.seed, params=TransformerParams(width=16, heads=2, layers=2))
     theirs = peft.PeftModel.from_pretrained(base, folder).eval()
     x = torch.randint(0, 20, (3, 12), generator=torch.Generator().manual_seed(0))

@@ -117,7 +117,8 @@ class _LinearFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h: Tensor, w: Tensor, b: Tensor | None) -> Tensor:  # ctx-first: no per-call signature binding
-        ctx.save_for_backward(h, w)
+        # keep h only for a trained weight: a frozen base's input would be held to no use until backward
+        ctx.save_for_backward(h if ctx.needs_input_grad[1] else None, w if ctx.needs_input_grad[0] else None)
         ctx.has_bias = b is not None
         return _linear(h, w, b)
 

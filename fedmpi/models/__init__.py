@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import psutil
 import torch
@@ -33,7 +33,7 @@ from torch import nn
 from ..data.datasets import TaskConfig
 from ..errors import InputError
 from ..registry import MODELS
-from ..schema import opt
+from ..schema import Digest, opt
 from . import adapters
 from .adapters import AdapterParams
 from .losses import Loss, cross_entropy, multiclass_hinge
@@ -48,6 +48,11 @@ class ModelParams(TaskConfig):
 
     adapter: AdapterParams = opt(AdapterParams(), "an adapter (LoRA) trained over the frozen model; "
                                                   "kind none trains every parameter (models/adapters.py)")
+    init: Optional[str] = opt(None, "start from a pretrained model: a result file (RUN.h5) of this model, its "
+                                    "final parameters (LoRA merged into the base), or a folder of safetensors "
+                                    "weights (a Hugging Face folder for hf); its parameters are the model's before "
+                                    "the adapter (models/pretrained.py); null = initialised from the seed",
+                                digest=Digest(absent=None))  # from the seed: the checkpoints before this key
 
 
 Factory = Callable[[tuple, int, TaskConfig], nn.Module]
@@ -71,9 +76,12 @@ def register(name: str, *, params: type | None = None, loss: Loss | None = None,
 
 
 def build_model(name: str, in_shape: tuple[int, ...], classes: int, seed: int = 0,
-                params: TaskConfig | None = None) -> nn.Module:
+                params: TaskConfig | None = None,
+                pretrained: Callable[[nn.Module], None] | None = None) -> nn.Module:
     """Model ``name`` for inputs of shape ``in_shape`` (without batch dim), initialised from ``seed``,
-    with the adapter of ``params.adapter`` (``models.adapters``: the rest then frozen).
+    then given ``pretrained``'s weights (a function loading them into the model, before its adapter:
+    ``task.init``, ``models.pretrained``), with the adapter of ``params.adapter``
+    (``models.adapters``: the rest then frozen).
 
     ``params``: the ``task`` block with the model's keys (default: the model's defaults)."""
     entry = MODELS.get(name)
@@ -91,6 +99,8 @@ def build_model(name: str, in_shape: tuple[int, ...], classes: int, seed: int = 
             torch.manual_seed(int(seed))
             model = entry.obj(shape, int(classes), params).to("cpu")
     _check_trainable(name, model)
+    if pretrained is not None:  # a pretrained model's weights, before the adapter
+        pretrained(model)
     adapter = getattr(params, "adapter", None)
     if adapter is not None:
         adapters.apply(model, adapter, seed, entry.options.get("targets", ()))

@@ -67,6 +67,23 @@ class CausalLM(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.lm(input_ids=x, use_cache=False).logits
 
+    def from_saved(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A folder's tensors (transformers' names and layouts) as this module's parameters
+        (``models.pretrained.initialise``): ``lm.`` + name, Conv1D weights transposed, a tied copy
+        (GPT-2's head) and what transformers ignores on loading dropped."""
+        import re
+
+        names = {n for n, _ in self.named_parameters()}
+        tied = {n for n, _ in self.named_parameters(remove_duplicate=False)} - names
+        ignored = [re.compile(r) for r in getattr(self.lm, "_keys_to_ignore_on_load_unexpected", None) or ()]
+        out = {}
+        for k, v in tensors.items():
+            name = "lm." + k
+            if name in tied or (name not in names and any(r.search(k) for r in ignored)):
+                continue
+            out[name] = v.t() if k.endswith(".weight") and k.rpartition(".")[0] in self.transposed else v
+        return out
+
     def train(self, mode: bool = True) -> "CausalLM":
         """The wrapped model stays in eval mode (module docstring); fedmpi's keyed dropout layers
         (an adapter's) follow ``mode``."""

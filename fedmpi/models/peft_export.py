@@ -64,6 +64,7 @@ def export(run: str, folder: str, overwrite: bool = False) -> list[str]:
     except ImportError:
         raise InputError("export-peft: writing adapter_model.safetensors needs the safetensors package: "
                          "pip install 'fedmpi[llm]'") from None
+    from ..build import build_task
     from .pretrained import final_model
 
     where = os.path.abspath(os.path.expanduser(folder))
@@ -72,7 +73,7 @@ def export(run: str, folder: str, overwrite: bool = False) -> list[str]:
     there = [f for f in FILES if os.path.exists(os.path.join(where, f))]
     if there and not overwrite:
         raise InputError(f"export-peft: {os.path.join(where, there[0])} already exists; use --overwrite to replace it")
-    cfg, model = final_model(run, "export-peft")
+    cfg, model = final_model(run, "export-peft", build_task)
     config, tensors = adapter_files(model, cfg)
     os.makedirs(where, exist_ok=True)
     paths = [os.path.join(where, f) for f in FILES]

@@ -11,7 +11,9 @@
 - ``clipping``: bounding the sensitivity (each update clipped to C, fixed or adaptive);
 - ``accounting``: epsilon and noise calibration with Google's dp-accounting; ``ledger``: the
   releases it composes (counted per client for an asynchronous server);
-- ``run``: ``Privacy``, one run's privacy: the release of a sum the server asks for, and epsilon.
+- ``run``: ``Privacy``, one run's privacy: the release of a sum the server asks for, and epsilon;
+- ``aggregation``: how that sum is taken (the ``aggregation`` section): plain, or secure aggregation
+  emulated with its arithmetic (``secagg``: quantization, masks, Shamir shares, unmasking).
 
 Who takes part is the availability kind's to say (``Participation.sampling``): nothing here
 knows a kind by name.

@@ -143,8 +143,8 @@ def _calibrate_curve(mechanism: Mechanism, sampling: Sampling, target: float, ro
     if not eps(MOST_NOISE) <= target:
         raise InputError(f"privacy.epsilon: {target:g} at delta {delta:g} over {rounds} rounds is out of reach of "
                          f"privacy.mechanism {type(mechanism).__name__} (epsilon {eps(MOST_NOISE):.3g} even at noise "
-                         f"multiplier {MOST_NOISE:g}: the rounding's sensitivity); give more privacy.bits, a larger "
-                         f"target, or privacy.beta > 0")
+                         f"multiplier {MOST_NOISE:g}: the rounding's sensitivity); give more privacy.bits or a larger "
+                         f"target{' (or privacy.beta > 0)' if getattr(mechanism.params, 'beta', None) == 0 else ''}")
     lo, hi = math.log(LEAST_NOISE), math.log(MOST_NOISE)
     while hi - lo > 1e-4:
         mid = (lo + hi) / 2

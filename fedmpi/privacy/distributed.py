@@ -9,7 +9,8 @@ A round's release (``Privacy.release`` hands the algorithm's sum this ``Lattice`
                                                          by the round, scale s, conditional rounding, its share
                                                          of noise: variance (sigma C s)^2 / n_t, n_t this round's
     Z     = sum_i z_i  mod 2^bits                        the aggregation (what secure aggregation reveals; here
-                                                         the plain sum of the integers, one reduction)
+                                                         the plain sum of the integers, one reduction, or with
+                                                         aggregation.kind secagg the masked sum unmasked)
     total = unrotate(centred(Z)) / (s n~)                rank 0: the decoded mean
 
 so the summed noise has variance (sigma C s)^2 whatever the cohort, and one client moves Z by its
@@ -48,6 +49,7 @@ from ..registry import ALGORITHMS
 from ..schema import opt
 from . import discrete
 from . import factors
+from .aggregation import cohort_of
 from .banded import BandedMF, BandedParams
 from .mechanism import Mechanism, register
 
@@ -196,8 +198,8 @@ class Distributed(Mechanism):
 
     # ---------------------------------------------------------------- a release
     def lattice(self, t: int, clients: np.ndarray, part: Callable, C: float, sigma: float, cohort: float,
-                is_server: bool) -> "Lattice":
-        return Lattice(self, t, clients, part, C, sigma, cohort, is_server)
+                is_server: bool, secure: Any = None) -> "Lattice":
+        return Lattice(self, t, clients, part, C, sigma, cohort, is_server, secure)
 
     def signs(self, t: int) -> torch.Tensor:
         """D_t: the rotation's +-1 diagonal of round t (d',), keyed (seed, "privacy_rotation", t): every client's."""
@@ -281,9 +283,10 @@ class Lattice:
     (every rank; one reduction of int64 to rank 0), decoded on rank 0."""
 
     def __init__(self, mech: Distributed, t: int, clients: np.ndarray, part: Callable, C: float, sigma: float,
-                 cohort: float, is_server: bool):
+                 cohort: float, is_server: bool, secure: Any = None):
         self.mech, self.t, self.clients, self.part, self.C = mech, t, clients, part, C
         self.sigma, self.cohort, self.is_server = sigma, cohort, is_server
+        self.secure = secure  # aggregation.kind secagg (fedmpi.privacy.aggregation): the integers masked
 
     def __call__(self, world: Any, make_rows: Callable[[slice], torch.Tensor], n_local: int, n_total: int,
                  **_: Any) -> torch.Tensor:
@@ -311,12 +314,20 @@ class Lattice:
             if self.is_server:
                 total += mech.resent(self.t, cs, self.C, var, signs)
         m = 1 << p.bits
+        secured = None if self.secure is None else self.secure.masked_sum(  # what secure aggregation unmasks
+            self.t, cohort_of(world, self.clients), self.clients, lambda s: mech.encode(
+                self.t, self.clients[s], make_rows(s).double() * (divisor / bound), cs, self.C, var, signs
+            ).remainder_(m).numpy(), mech.padded, m, private=True)
         mech.last = {"privacy/wrap_bound": discrete.wrap_bound(senders, mech.padded, cs, (self.sigma * cs) ** 2,
                                                                p.bits, p.beta, mech.exponential),
                      "privacy/wrapped": math.nan, "privacy/scale": cs / self.C}
         if not self.is_server:
             return torch.zeros(width, dtype=torch.float64, device=device)
-        released = discrete.centred(torch.remainder(total, m), p.bits)  # what the server learns: Z mod 2^bits
+        if self.secure is not None and secured is None:  # secure aggregation aborted: an empty sum
+            return torch.zeros(width, dtype=torch.float64, device=device)
+        # what the server learns: Z mod 2^bits (unmasked by secure aggregation, the same integers)
+        released = discrete.centred(torch.remainder(total, m) if secured is None else torch.from_numpy(secured),
+                                    p.bits)
         mech.last["privacy/wrapped"] = float((released != total).sum())
         out = mech.decode(released, cs, self.C, signs)
         if len(mech.c) > 1:

@@ -5,7 +5,9 @@ clients' updates and its way of summing them (``Privacy.release``):
 
     Delta_i  <- bound(Delta_i)                     every rank, its clients: ||Delta_i|| <= C (``clipping``)
     Delta_i  <- Delta_i + sigma C z_{t,i}          local DP only: each client's own noise (``local``)
-    S        =  summed(rows of the Delta_i)         the algorithm's sum (collective; rank 0 holds it)
+    S        =  summed(rows of the Delta_i)         the algorithm's sum (collective; rank 0 holds it):
+                                                   reproducible, or secure aggregation's (``secured``:
+                                                   quantized, masked, unmasked; ``aggregation``)
     S        <- S + sigma_u C bound / divisor y_t  central DP only, rank 0: on the part that holds the
                                                    updates (``private_part``: |s_i| <= bound / divisor)
     ledger   <- the release                         what the accountant composes (``ledger``)
@@ -38,6 +40,7 @@ from ..registry import MECHANISMS
 from ..runtime import World
 from ..state import State, Stateful
 from . import accounting
+from .aggregation import AggregationParams, SecureAggregation, cohort_of, margin
 from .clipping import Clip
 from .declaration import Private, declaration
 from .ledger import Ledger
@@ -66,10 +69,11 @@ class Privacy(Stateful):
     shared_state = ("sigma",)  # a resumed run keeps the noise it was calibrated with
     derived = ("_epsilons",)  # epsilons computed (a cache)
     own_state = ("clipping", "mechanism", "ledger")  # their state is saved with sigma (``state_dict``)
-    configuration = ("params", "sampling", "seed", "world", "on", "amplified", "amplification")
+    configuration = ("params", "sampling", "seed", "world", "on", "amplified", "amplification", "secure")
 
     def __init__(self, params: PrivacyParams, sampling: Sampling | None, rounds: int, seed: int, dim: int,
-                 world: World, amplified: bool = True, m: int = 0, counted: bool = False):
+                 world: World, amplified: bool = True, m: int = 0, counted: bool = False,
+                 aggregation: AggregationParams | None = None):
         self.params, self.sampling, self.seed, self.world = params, sampling, seed, world
         self.on = params.mechanism != "none"
         self.sigma = np.float64(0.0)  # float64 in checkpoints (a Python float would be saved as float32)
@@ -94,6 +98,15 @@ class Privacy(Stateful):
         self._epsilons: dict[tuple[float, int, bool], float] = {}  # (multiplier, rounds, counted) -> epsilon
         if self.on:
             self._check_accountant(rounds)
+        #: secure aggregation (``aggregation.kind: secagg``), else None: the plain reproducible sum
+        self.secure = None if aggregation is None or not aggregation.on else SecureAggregation(aggregation, seed,
+                                                                                               world, m)
+        quantizes = self.secure is not None and not (self.on and self.mechanism.noise_at == "distributed")
+        if quantizes and aggregation.clip_range is None and margin(dim, aggregation.bits) <= 0:
+            raise InputError(f"aggregation.bits: rounding {dim} coordinates to 2^{aggregation.bits - 1} - 1 levels can "
+                             f"move a client's row by sqrt({dim}) / (2^{aggregation.bits - 1} - 1) = "
+                             f"{1 - margin(dim, aggregation.bits):.2f} of privacy.clip's bound, which the row must "
+                             f"leave room for (raise aggregation.bits)")
 
     @classmethod
     def of_run(cls, cfg: Any, participation: Participation | None, algorithm: type, dim: int,
@@ -104,13 +117,13 @@ class Privacy(Stateful):
         (InputError naming the keys)."""
         p = cfg.privacy
         if p.mechanism == "none":
-            return cls(p, None, cfg.rounds, cfg.seed, dim, world)
+            return cls(p, None, cfg.rounds, cfg.seed, dim, world, m=cfg.task.clients, aggregation=cfg.aggregation)
         declared = declaration(algorithm, cfg.algorithm.name)
         if declared.counted:
             counted_refusals(cfg)
         sampling = sampling_of(cfg, participation)
         privacy = cls(p, sampling, cfg.rounds, cfg.seed, dim, world, amplified=declared.amplifiable,
-                      m=cfg.task.clients, counted=declared.counted)
+                      m=cfg.task.clients, counted=declared.counted, aggregation=cfg.aggregation)
         privacy.mechanism.check(cfg, sampling, privacy.amplified)
         if p.amplification == "required" and not privacy.amplified:
             raise InputError(f"privacy.amplification: required, but {not_amplified(cfg, sampling, declared)}")
@@ -165,15 +178,34 @@ class Privacy(Stateful):
         end = self.client_side(t, clients, start, end)
         if self.on and self.mechanism.noise_at == "distributed":  # the clients' rows on the lattice, decoded
             lattice = self.mechanism.lattice(t, clients, part, float(self.clipping.C_used), float(self.sigma),
-                                             self.cohort, self.world.is_server)
+                                             self.cohort, self.world.is_server, secure=self.secure)
             total = summed(end, lattice)
             if self.world.is_server:
                 self.ledger.record(contributors)
             return end, total
-        total = summed(end)
+        total = summed(end) if self.secure is None else summed(end, self.secured(t, clients, part))
         if self.world.is_server:
             self.server_side(t, total, part, contributors)
         return end, total
+
+    def secured(self, t: int, clients: np.ndarray, part: Part) -> Callable[..., torch.Tensor]:
+        """Release t's sum by secure aggregation (``aggregation.kind: secagg``), in the shape of
+        ``reproducible_sum_blocks`` (the reduction an algorithm's ``summed`` takes): the cohort gathered
+        from the ranks' ``clients`` (collective), each coordinate in [-clip_range, clip_range]; under
+        privacy the range is a row's bound C bound / divisor (``part``), which the rows keep room in."""
+
+        def reduce(world: World, make_rows: Callable[[slice], torch.Tensor], n_local: int, n_total: int,
+                   **_: Any) -> torch.Tensor:
+            cohort = cohort_of(world, clients)
+            limit = self.secure.params.clip_range
+            if limit is not None:
+                return self.secure.sum(t, cohort, clients, make_rows, limit)
+            width = make_rows(slice(0, 0)).shape[-1]  # a clipped update's row has norm <= C bound / divisor
+            _, bound, divisor = part(torch.zeros(width, dtype=torch.float64))
+            norm = float(self.clipping.C_used) * bound / divisor
+            return self.secure.sum(t, cohort, clients, make_rows, norm, norm=norm)
+
+        return reduce
 
     def client_side(self, t: int, clients: np.ndarray, start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
         """The clients' half of release t: the end models with their updates bounded
@@ -257,10 +289,11 @@ class Privacy(Stateful):
         """The numbers of the last release for the result file: ``privacy/noise_multiplier`` (sigma,
         calibrated or given) and ``privacy/applied_noise_multiplier`` (``applied``, what the noise
         really was relative to the release's sensitivity, from which ``epsilon`` is composed)."""
+        record = {} if self.secure is None else self.secure.record()
         if not self.on:
-            return {}
+            return record
         return {"privacy/noise_multiplier": float(self.sigma), "privacy/applied_noise_multiplier": self.applied,
-                **self.mechanism.record()}
+                **self.mechanism.record(), **record}
 
     # ---------------------------------------------------------------- set-up checks (exit 2 on every rank)
     def _check_mechanism(self, rounds: int) -> None:

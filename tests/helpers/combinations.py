@@ -89,6 +89,15 @@ MODEL = {
 }
 
 
+#: how the server sums (issue #45): plain, or secure aggregation on a ring of 2 neighbours, threshold 1;
+#: without privacy with a range and dropouts at both stages (under privacy the range is the clip's and
+#: dropouts are refused). It assumes cohorts of at least 2 after a client is toggled (one client aborts a
+#: round, an event the accountant does not cover): it crosses the kinds ``SECURE_KINDS``
+AGGREGATION = {"plain": None, "secagg": {"kind": "secagg", "neighbours": 2, "threshold": 1}}
+SECURE_ALONE = {"clip_range": 1.0, "dropout": 0.2, "unmask_dropout": 0.1}
+SECURE_KINDS = ("always", "cohort", "cyclic")
+
+
 @dataclass(frozen=True)
 class Combo:
     algorithm: str
@@ -97,10 +106,12 @@ class Combo:
     work: str
     clock: str = "none"
     model: str = "logreg"
+    aggregation: str = "plain"
 
     @property
     def name(self) -> str:
-        tail = (f"-{self.clock}-{self.model}" if self.model != "logreg" else
+        tail = (f"-{self.clock}-{self.model}-{self.aggregation}" if self.aggregation != "plain" else
+                f"-{self.clock}-{self.model}" if self.model != "logreg" else
                 f"-{self.clock}" if self.clock != "none" else "")
         return f"{self.algorithm}-{self.kind}-{self.privacy}-{self.work}{tail}"
 
@@ -119,6 +130,8 @@ class Combo:
         mechanism, keys = VARIANTS.get(self.privacy, (self.privacy, PRIVACY.get(self.privacy, {"clip": 0.5})))
         if keys is not None:
             cfg["privacy"] = {"mechanism": mechanism, **keys, "noise_multiplier": sigma}
+        if AGGREGATION[self.aggregation] is not None:
+            cfg["aggregation"] = {**AGGREGATION[self.aggregation], **(SECURE_ALONE if keys is None else {})}
         return cfg
 
 
@@ -148,7 +161,9 @@ def every() -> list[Combo]:
             for a, k, p in itertools.product(algorithms, LORA_KINDS, mechanisms)]
     lora += [Combo(a, "cohort", "none", "momentum", "none", "lora") for a in algorithms]
     lora += [Combo(a, "always", "none", "fixed", "lognormal", "lora") for a in algorithms]
-    return [Combo(*c) for c in itertools.product(*axes())] + [
+    secure = [Combo(a, k, p, "fixed", "none", "logreg", "secagg")
+              for a, k, p in itertools.product(algorithms, SECURE_KINDS, mechanisms)]
+    return secure + [Combo(*c) for c in itertools.product(*axes())] + [
         Combo(a, k, "none", "fixed", c) for a, k, c in itertools.product(algorithms, kinds, clocks)] + lora + [
         Combo(a, k, p, "fixed", c) for a, k, p, c in itertools.product(asynchronous(), kinds, mechanisms, clocks)
         if p != "none"]  # DP for asynchronous FL: an asynchronous server runs only on the clock
@@ -161,7 +176,7 @@ def asynchronous() -> list[str]:
     return [a for a in axes()[0] if issubclass(ALGORITHMS.get(a).obj, AsyncAlgorithm)]
 
 
-def sample(n: int = 69) -> list[Combo]:
+def sample(n: int = 77) -> list[Combo]:
     """A fixed spread of the matrix: every algorithm, kind, mechanism and kind of local work, each
     paired with a rotating choice of the others, plus the combinations issue #32 found wrong and a
     few of each clock setting (issue #33) and of the LoRA model (issue #42)."""
@@ -210,11 +225,20 @@ def sample(n: int = 69) -> list[Combo]:
                Combo("mifa", "stationary", "none", "fixed", "none", "lora"),
                Combo("fedbuff", "always", "none", "fixed", "lognormal", "lora"),
                Combo("dspodfl", "always", "none", "fixed", "none", "lora")]
+    # secure aggregation (issue #45): alone, under central DP, and what it refuses
+    picked += [Combo("fedavg_active", "cohort", "none", "fixed", "none", "logreg", "secagg"),
+               Combo("fedavg_active", "always", "gaussian", "fixed", "none", "logreg", "secagg"),
+               Combo("fedadam", "cyclic", "banded_mf", "fixed", "none", "logreg", "secagg"),
+               Combo("fedprox", "cohort", "distributed_dgauss", "fixed", "none", "logreg", "secagg"),
+               Combo("debiased_fedavg", "always", "none", "fixed", "none", "logreg", "secagg"),
+               Combo("scaffold", "always", "none", "fixed", "none", "logreg", "secagg"),
+               Combo("fedavg_active", "cohort", "local_gaussian", "fixed", "none", "logreg", "secagg"),
+               Combo("dgd", "always", "none", "fixed", "none", "logreg", "secagg")]
     return list(dict.fromkeys(picked))[:n]
 
 
 KEYS = {"algorithm": "algorithm", "kind": "availability", "privacy": "privacy", "work": "train.", "clock": "clock.",
-        "model": "task."}
+        "model": "task.", "aggregation": "aggregation."}
 
 
 def verdict(combo: Combo, folder: str, world) -> tuple[str, object]:
