@@ -213,3 +213,15 @@ def test_runs_give_the_same_bits_on_1_and_2_ranks_and_after_a_kill(tmp_path, arc
     fedmpi(["run", cfg, "--out", cut, "--quiet"], ranks=2)
     for other in (two, cut):
         _same(one, other)
+
+
+def test_the_memory_check_counts_a_clients_activations(tmp_path):
+    """The vmap path's activations (what autograd keeps for one sample, counted once) times the
+    minibatch: the per-client bytes and so the block size follow the model and batch, not its
+    trainable parameters alone; the base is counted once per rank."""
+    path = tiny_folder(tmp_path, "llama")
+    small, large = _trainer(path, "llama", train__batch_size=2), _trainer(path, "llama", train__batch_size=8)
+    a, b = small.memory(), large.memory()
+    assert a.activations >= 8 * 2 * (2 * 12 * 40) and b.activations == 4 * a.activations  # the logits, their softmax
+    assert a.parameters == b.parameters == 4 * small.spec.dim
+    assert large.chunk_size() == max(1, (64 << 20) // b.total)

@@ -385,12 +385,36 @@ class LocalTrainer:
         frozen base is the rank's, held once), their gradient and update, the momentum buffer, its
         minibatch, its layer outputs and their gradients."""
         b, d = self.cfg.batch_size, self.spec.dim
-        activations = 0
         if self.net is not None:
             shapes = dict(zip(self.spec.names, self.spec.shapes))
             activations = 8 * self.net.activation_numel(shapes, self.task.train_x.shape[1:], b, self._input_dtype)
+        else:
+            activations = 8 * self._saved_numel() * b
         return ClientMemory(parameters=4 * d, gradients=8 * d, optimizer=4 * d if self.cfg.momentum > 0 else 0,
                             minibatch=4 * b * self.task.train_x[0].numel(), activations=activations)
+
+    def _saved_numel(self) -> int:
+        """Elements the autograd graph keeps for one sample's forward pass and loss through
+        ``functional_call`` (the vmap path, whose layers fedmpi does not know: a Hugging Face model),
+        counted once with saved-tensor hooks; the model's parameters (the base) are not a client's."""
+        if getattr(self, "_saved", None) is None:
+            model = self.task.model
+            held = {p.untyped_storage().data_ptr() for p in model.parameters()}
+            total = 0
+
+            def pack(t: torch.Tensor) -> torch.Tensor:
+                nonlocal total
+                if t.device.type == "meta" or t.untyped_storage().data_ptr() not in held:
+                    total += t.numel()
+                return t
+
+            params = {n: v.clone().requires_grad_(True) for n, v in self.spec.views(self.spec.flatten(model)).items()}
+            x, y = self.task.inputs(self.task.train_x[:1]), self.task.train_y[:1]
+            hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+            with one_thread(self.device), torch.enable_grad(), hooks:
+                self._loss_of(params, {}, x, y, None)
+            self._saved = total
+        return self._saved
 
     def _train_block(self, x: torch.Tensor, clients: np.ndarray, t: int, lr: torch.Tensor,
                      steps: np.ndarray, rule: LocalStep, record: bool = False,
