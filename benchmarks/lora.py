@@ -2,7 +2,7 @@
 loop (issue 42 item 8), measured in one run.
 
     python benchmarks/lora.py [--sizes tiny small] [--device cpu|cuda] [--repeat 2] [--memory-gib 24]
-                              [--clients 32] [--threads 1] [--quick]
+                              [--clients 32] [--threads 1] [--builtin] [--quick]
 
 The same Hugging Face Llama (``transformers``' ``LlamaForCausalLM``, random weights from a seed,
 saved to a temporary folder) with the same LoRA (r 8, alpha 16, no dropout, on ``q_proj`` and
@@ -16,7 +16,9 @@ MLP ratio (intermediate 2.6875 x width), tied embeddings.
   blocks on this device (``block``) and in one block of the whole cohort.
   The model is the Llama folder read by ``task.model: hf`` when this fedmpi has it, else the
   built-in transformer (``task.model: transformer``) at the same layers, width, heads and context
-  (GPT-2's block: LayerNorm, GELU MLP of 4 x width, learned positions): the line says which.
+  (GPT-2's block: LayerNorm, GELU MLP of 4 x width, learned positions; also with ``--builtin``):
+  the line says which. ``hf`` trains through ``vmap`` (``models.hf``), the built-in transformer
+  through the stacked rules (``engine.sequence_layers``).
 - **peft loop**: one ``peft.PeftModel`` over the base, the clients one after another as FlowerTune
   and OpenFedLLM run them: load the global adapters (``set_peft_model_state_dict``), a fresh
   optimizer, 4 steps, read the adapters back.
@@ -110,9 +112,14 @@ def tokens(size: Size, clients: int, device: torch.device) -> tuple[torch.Tensor
     return seq[:, :-1].contiguous().to(device), seq[:, 1:].contiguous().to(device)
 
 
+#: the fedmpi side on the built-in transformer even where fedmpi has ``task.model: hf`` (--builtin)
+BUILTIN = False
+
+
 def hf_model_key() -> str | None:
-    """The name of fedmpi's Hugging Face model when this fedmpi has one (``task.model``)."""
-    return "hf" if "hf" in MODELS else None
+    """The name of fedmpi's Hugging Face model when this fedmpi has one (``task.model``) and
+    ``--builtin`` is not given."""
+    return "hf" if "hf" in MODELS and not BUILTIN else None
 
 
 class Fedmpi:
@@ -270,7 +277,7 @@ def child(args: argparse.Namespace) -> None:
 
 def measure(args: argparse.Namespace, name: str, what: str) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", what, "--sizes", name, "--device", args.device,
-           "--threads", str(args.threads)]
+           "--threads", str(args.threads)] + (["--builtin"] if args.builtin else [])
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -313,7 +320,7 @@ def bench(args: argparse.Namespace, name: str) -> None:
     fit_ours = 2 + int((budget - two["base"] - two["peak"]) // per_client)
     fit_flower = int(budget // (peft["base"] + peft["peak"]))
     print(f"\n## {name}: {size.layers} layers, width {size.width}, {size.context} tokens, fedmpi model "
-          f"{ours.model_name}{'' if hf_model_key() else ' (built-in: fedmpi has no task.model hf here)'}; "
+          f"{ours.model_name}{'' if hf_model_key() else ' (the built-in one at these shapes, not the Llama)'}; "
           f"{n} clients x {STEPS} steps x batch {BATCH}, LoRA r {RANK} on {'+'.join(TARGETS)}")
     print(f"{'side':<24} {'clients/s':>10} {'vs loop':>8} {'round peak MiB':>15}")
     print(f"{f'fedmpi (block {ours.block})':<24} {rate['fedmpi']:>10.2f} {rate['fedmpi'] / rate['peft']:>7.2f}x "
@@ -340,9 +347,12 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="alternating timed rounds (best of)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads, both sides")
     ap.add_argument("--memory-gib", type=float, default=24.0, help="the memory the 'fit' line packs clients into")
+    ap.add_argument("--builtin", action="store_true", help="fedmpi's side on the built-in transformer")
     ap.add_argument("--quick", action="store_true", help="8 clients, one timed round (smoke test)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    global BUILTIN
+    BUILTIN = args.builtin
     if args.child:
         return child(args)
     if args.quick:
