@@ -47,6 +47,17 @@ class BandedParams(PrivacyParams):
                 "computed once, cached in $FEDMPI_CACHE or $XDG_CACHE_HOME/fedmpi")
 
 
+def require_separation(cfg: Any, sampling: Sampling, mechanism: str, b: int, why: str = "") -> None:
+    """Refuse (InputError naming the keys) a kind whose participations may come closer than ``b``
+    rounds: banded noise's bound (and the distributed lattice's re-sent rows) assume they do not."""
+    sep = sampling.separation
+    if sep < b:
+        how = f"{sampling.separation_key} >= {b} or " if sampling.separation_key else ""
+        raise InputError(f"privacy.band: {mechanism} needs participations >= b = {b} rounds apart{why}, "
+                         f"availability.kind {cfg.availability.kind!r} guarantees {sep} "
+                         f"(set {how}privacy.band <= {sep})")
+
+
 @register("banded_mf")
 class BandedMF(Mechanism):
     Params = BandedParams
@@ -107,12 +118,7 @@ class BandedMF(Mechanism):
         return 8 * (params.band - 1) * dim
 
     def check(self, cfg: Any, sampling: Sampling, amplified: bool) -> None:
-        b, sep = self.params.band, sampling.separation
-        if sep < b:
-            how = f"{sampling.separation_key} >= {b} or " if sampling.separation_key else ""
-            raise InputError(f"privacy.band: banded_mf needs participations >= b = {b} rounds apart, "
-                             f"availability.kind {cfg.availability.kind!r} guarantees {sep} "
-                             f"(set {how}privacy.band <= {sep})")
+        require_separation(cfg, sampling, "banded_mf", self.params.band)
 
     def notes(self) -> dict[str, str]:
         """``privacy_factor``: the factor used (``factors.described``: which, for what, its SHA-256)."""
