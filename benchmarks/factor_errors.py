@@ -1,10 +1,12 @@
-"""The errors of banded_mf's factors (docs/REPRODUCTION.md section 4, issue #34): rmse =
+"""The errors of banded_mf's factors (docs/REPRODUCTION.md section 4, issues #34, #45): rmse =
 ||A C^-1||_F / sqrt(N) with unit-norm columns, for the square root truncated to b bands and the
-Toeplitz factor fedmpi optimises (fedmpi/privacy/factors.py); with ``--general`` also the best
-general b-banded C (N b free entries, columns normalised: the banded-MF paper's and jax_privacy's
-``ColumnNormalizedBanded`` problem), by L-BFGS on dense matrices, N <= 200 only (O(N^3) a step).
+Toeplitz factor fedmpi optimises (fedmpi/privacy/factors.py); with ``--general`` also the general
+b-banded optimum (``privacy.factor: banded``, N b free entries, columns normalised: the banded-MF
+paper's and jax_privacy's ``ColumnNormalizedBanded``; fedmpi/privacy/general.py) beside the Toeplitz
+one, jax_privacy's numbers where we have them, and the seconds each optimisation takes (one thread,
+no cache; the general one starts from the Toeplitz optimum, whose time is not in its own).
 
-    PYTHONPATH=. python benchmarks/factor_errors.py [--general]
+    PYTHONPATH=. python benchmarks/factor_errors.py [--general] [--only-general]
 
 Also prints the full square root (b = N) against its closed form: with C = A^(1/2) unnormalised
 (c = r, r_k = binom(2k, k) / 4^k), A C^-1 = C, so the unit-norm factor's max_error^2 is
@@ -13,54 +15,52 @@ Also prints the full square root (b = N) against its closed form: with C = A^(1/
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import tempfile
+import time
 
 import numpy as np
 import torch
 
-from fedmpi.privacy import factors
+from fedmpi.privacy import factors, general
 
 NS = (50, 100, 200, 500, 1000, 2000)
 BANDS = (1, 2, 4, 8, 16)
 
 
-def general(n: int, b: int) -> float:
-    """rmse of the best general b-banded column-normalised C (dense L-BFGS from the square root)."""
+#: jax_privacy 2.0.0's ``banded.optimize`` (1000 steps; 100 give the same 6 digits), rmse (issue #45)
+JAX_PRIVACY = {(64, 4): 3.21218, (128, 8): 3.39273, (256, 4): 5.95565}
+GENERAL = ((50, 4), (100, 8), (200, 16), (64, 4), (128, 8), (256, 4), (500, 8), (1000, 16),
+           (2000, 4), (2000, 16), (2000, 64))
+
+
+def general_table() -> None:
+    """The general banded optimum vs the Toeplitz one, with the optimisations' times."""
     torch.set_num_threads(1)
-    c = torch.tensor(factors.sqrt_coefficients(b))
-    params = c.repeat(n, 1).clone().requires_grad_()  # params[j, i] = C[j + i, j] before normalising
-    rows = [torch.arange(i, n) for i in range(b)]
-    A = torch.tril(torch.ones(n, n, dtype=torch.float64))
-
-    def matrix() -> torch.Tensor:
-        C = torch.zeros(n, n, dtype=torch.float64)
-        for i in range(b):
-            C = C.index_put((rows[i], rows[i] - i), params[: n - i, i])
-        return C / C.norm(dim=0, keepdim=True)
-
-    opt = torch.optim.LBFGS([params], max_iter=3000, max_eval=10000, tolerance_grad=1e-12,
-                            tolerance_change=1e-16, history_size=50, line_search_fn="strong_wolfe")
-
-    def closure():
-        opt.zero_grad()
-        loss = torch.log((torch.linalg.solve_triangular(matrix(), A, upper=False, left=False) ** 2).sum())
-        loss.backward()
-        return loss
-
-    for _ in range(3):
-        opt.step(closure)
-    with torch.no_grad():
-        return float(torch.linalg.solve_triangular(matrix(), A, upper=False, left=False).norm() / math.sqrt(n))
+    print("\ngeneral banded optimum vs the optimised Toeplitz one (rmse; CPU seconds of each optimisation, one thread)")
+    print("     N |  b | Toeplitz    (s)  | general     (s)  | gain   | jax_privacy")
+    for n, b in GENERAL:
+        t0 = time.process_time()
+        c = factors.optimize(n, b)
+        t1 = time.process_time()
+        cols = general.optimize(n, b, c)
+        t2 = time.process_time()
+        t, g = factors.errors(c, n)["rmse"], factors.columns_errors(cols)["rmse"]
+        ref = f"{JAX_PRIVACY[n, b]:.5f}" if (n, b) in JAX_PRIVACY else "-"
+        print(f"{n:>6} | {b:>2} | {t:9.5f} {t1 - t0:6.1f} | {g:9.5f} {t2 - t1:6.1f} | {100 * (t - g) / t:4.2f} % | "
+              f"{ref}", flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--general", action="store_true", help="also the general banded optimum (N <= 200)")
+    ap.add_argument("--general", action="store_true", help="also the general banded optimum, with timings")
+    ap.add_argument("--only-general", action="store_true", help="only the general banded optimum's table")
     args = ap.parse_args()
     os.environ.setdefault(factors.CACHE_ENV, tempfile.mkdtemp())  # measure the optimisation, not a cache
+    if args.only_general:
+        general_table()
+        return
     print("rmse = ||A C^-1||_F / sqrt(N), unit column norms: sqrt / optimized Toeplitz (gain)")
     print("     N | " + " | ".join(f"b = {b:<22}" for b in BANDS))
     for n in NS:
@@ -71,12 +71,7 @@ def main() -> None:
             cells.append(f"{s:7.4f} / {o:7.4f} ({100 * (s - o) / s:4.1f} %)")
         print(f"{n:>6} | " + " | ".join(cells), flush=True)
     if args.general:
-        print("\ngeneral banded optimum vs the Toeplitz one (rmse)")
-        for n, b in ((50, 4), (100, 8), (200, 16)):
-            t = factors.errors(factors.optimize(n, b), n)["rmse"]
-            g = general(n, b)
-            print(f"N = {n:>4}, b = {b:>2}: Toeplitz {t:.4f}  general {g:.4f}  ({100 * (t - g) / t:.1f} % lower)",
-                  flush=True)
+        general_table()
     print("\nfull square root (b = N): max_error^2 computed vs closed form")
     for n in NS:
         r = np.ones(n)

@@ -43,6 +43,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Generator, Iterator, Sequence
 
+from .algorithms.capabilities import capabilities
 from .algorithms.base import ServerAlgorithm, TrainingRequest
 from .config import Config
 from .engine.packed import PackedTrainer, SharedData, incompatibility, step_rule
@@ -60,7 +61,7 @@ def pack_key(cfg: Config) -> tuple[str | None, str | None]:
     name = cfg.algorithm.name
     if not issubclass(cls, ServerAlgorithm):
         return None, f"algorithm {name} is not a centralized (server) algorithm"
-    if not cls.packs:
+    if not capabilities(cls).packs:  # derived: its round is the three phases
         return None, f"algorithm {name} is asynchronous (a server step is not one training phase)"
     if not cls.trains_by_default():
         return None, f"algorithm {name} trains its clients itself (its own local_training)"

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Callable, Generator, Iterable
 import numpy as np
 
 from . import checkpoint, guards, provenance, signals
+from .algorithms.capabilities import capabilities
 from .algorithms.base import ServerAlgorithm
 from .build import Components, build_components, check_state
 from .checkpointer import Checkpointer
@@ -239,7 +240,7 @@ class Runner:
         three phases (a ``ServerAlgorithm`` that ``packs``), the round's ``TrainingRequest``, to be
         sent the end models (``local_phase``'s, or a packed trainer's: the same bits)."""
         algo = self.components.algorithm
-        phased = isinstance(algo, ServerAlgorithm) and algo.packs
+        phased = isinstance(algo, ServerAlgorithm) and capabilities(type(algo)).packs
         t = self.first_round()
         while t is not None:
             yield None  # a round boundary

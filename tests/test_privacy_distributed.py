@@ -267,7 +267,7 @@ def test_banded_epsilon_composes_each_rows_rounded_sensitivity(tmp_path):
 
 def test_banded_needs_separation_of_b_rounds():
     cfg = {**BASE, "privacy": {**BASE["privacy"], "band": 2}}
-    with pytest.raises(InputError, match="privacy.band: distributed_skellam with b = 2 needs participations >= b "
+    with pytest.raises(InputError, match="privacy.band: distributed_skellam needs participations >= b = 2 "
                                          "rounds apart") as e:
         build_components(config.from_dict(cfg), World())
     assert "\n" not in str(e.value)

@@ -94,7 +94,6 @@ class AsyncAlgorithm(ServerAlgorithm):
     what the server keeps of an update (``keep``) and the server ``step``."""
 
     Params = AsyncParams
-    packs = False  # one server step is not one training phase: a packed sweep runs it alone
     private = ("an asynchronous server whose step is not declared a release of a sum (FedBuff's is: declare "
                "`private = Private(..., counted=True)` on it)")
     shared_state = ("flight.client", "flight.dispatch", "flight.finish", "flight.version", "flight.steps",

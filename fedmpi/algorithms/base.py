@@ -278,6 +278,9 @@ class Algorithm(Stateful):
     #: None: nothing declared (refused under ``privacy:``)
     private: Private | str | None = None
     configuration = ("ctx", "cfg", "params", "world", "m")  # fixed at set-up (``fedmpi.state``)
+    #: keys of other sections it reads, whatever their value (``algorithms.capabilities``): every
+    #: random stream is keyed by the seed
+    uses: tuple[str, ...] = ("seed",)
 
     def __init__(self, ctx: Context):
         self.ctx = ctx
@@ -361,6 +364,9 @@ class ServerAlgorithm(Algorithm):
     derived = ("active", "_sizes", "_outputs", "stats")  # the last round's cohort and outputs; sample counts
     custom_state = ("clock", "in_time", "privacy")  # saved by ``state_dict``: the virtual time, privacy's
     configuration = ("eta_g",)
+    #: the clock's keys (its rounds' durations and cuts), K of a cohort under over-selection, the batch
+    #: a device map's durations are measured at
+    uses = ("clock", "availability.size", "train.batch_size")
     #: True: ``self.outputs`` holds this round's ``ClientOutputs`` (one small collective a round:
     #: ~1 ms of a 2-rank anchor-task round, so only algorithms that read them pay it)
     client_outputs = False
@@ -384,9 +390,6 @@ class ServerAlgorithm(Algorithm):
     #: why it sets its own server step (e.g. "sets its own server step size"): then
     #: ``algorithm.global_lr`` must stay 1; None: eta_g applies
     own_server_step: str | None = None
-    #: False: its round is not the three phases (an asynchronous server step), so a packed sweep
-    #: (``fedmpi.packed``) runs it alone
-    packs = True
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
@@ -686,6 +689,9 @@ def register(name: str) -> Callable[[type[Algorithm]], type[Algorithm]]:
     def deco(cls: type[Algorithm]) -> type[Algorithm]:
         if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
             raise TypeError(f"algorithm {name!r}: register a subclass of fedmpi.algorithms.Algorithm")
+        from .capabilities import check  # (it reads this module's classes)
+
+        check(cls, name)  # declarations that contradict each other
         if issubclass(cls, ServerAlgorithm):
             check_quantities(cls.__name__, cls.client_quantities)
             why = cls._unhonoured()  # a hook its mode would silently ignore

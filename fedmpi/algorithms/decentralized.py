@@ -62,6 +62,7 @@ class Decentralized(Algorithm):
     evaluated_models = ("avg_model",)  # x_bar; test_acc/test_loss average the clients' own models
     derived = ("active",)  # the clients of the last iteration, for its mask
     configuration = ("graph", "sporadic", "exchanger", "lo", "hi", "metrics")
+    uses = ("evaluation.batch_size",)  # the blocks of its own evaluation of the clients
     _ONE_STEP = "takes one SGD step per iteration (sporadicity draws who computes)"
     reads = (Reads("train.lr", "takes alpha = train.lr at iteration k as its SGD step size"),
              Reads("train.momentum", "takes one local step per iteration, so a momentum buffer reset every "

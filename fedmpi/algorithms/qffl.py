@@ -32,6 +32,7 @@ class QFFL(ServerAlgorithm):
     clients_anywhere = True  # nothing per client on its owner: any rank trains it
     Params = QFFLParams
     delta_norms = True  # self.outputs.delta_sq, in h_i
+    uses = ("train.lr_schedule", "train.lr_period", "train.lr_gamma", "train.lr_warmup")  # eta_l of round t
     reads = (Reads("train.lr", "takes L = 1 / eta_l as its Lipschitz estimate"),)
     private = "its weights read each client's loss and ||Delta_i||^2, which the noise on the sum does not cover"
 

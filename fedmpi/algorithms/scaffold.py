@@ -52,6 +52,7 @@ class Scaffold(FedAvgActive):
     clients_anywhere = False  # c_i lives on its client's owner: each rank trains the clients it owns
     shared_state = ("c",)  # server control variate, identical on every rank
     derived = ("_next_c",)  # c of the next round, between server_update and after_round
+    uses = ("train.lr_schedule", "train.lr_period", "train.lr_gamma", "train.lr_warmup")  # eta_l of round t
     reads = (Reads("train.lr", "divides each change by the local work eta_l a_i"),
              Reads("train.momentum", "counts the local work a_i of each client's momentum steps"),
              Reads("train.local_steps", "counts each client's own local steps tau_i (engine/steps.py)"))

@@ -50,7 +50,7 @@ from ..schema import opt
 from . import discrete
 from . import factors
 from .aggregation import cohort_of
-from .banded import BandedMF, BandedParams
+from .banded import BandedMF, BandedParams, require_separation
 from .mechanism import Mechanism, register
 
 
@@ -138,12 +138,8 @@ class Distributed(Mechanism):
         return 8 * (params.band - 1) * dim  # the decoded history (rank 0 also holds the rows it re-sends)
 
     def check(self, cfg: Any, sampling: Sampling, amplified: bool) -> None:
-        b, sep = self.params.band, sampling.separation
-        if sep < b:
-            how = f"{sampling.separation_key} >= {b} or " if sampling.separation_key else ""
-            raise InputError(f"privacy.band: {self.params.mechanism} with b = {b} needs participations >= b rounds "
-                             f"apart (each client's rows re-sent over b rounds may not overlap), availability.kind "
-                             f"{cfg.availability.kind!r} guarantees {sep} (set {how}privacy.band <= {sep})")
+        require_separation(cfg, sampling, self.params.mechanism, self.params.band,
+                           " (each client's rows re-sent over b rounds may not overlap)")
 
     # ---------------------------------------------------------------- the scale and what one client moves
     def scale(self, sigma: float, cohort: float) -> float:

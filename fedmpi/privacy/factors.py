@@ -1,45 +1,51 @@
 """The banded factors of ``banded_mf`` (``privacy.factor``) and their errors (docs/PRIVACY.md,
 "The factor"); ``fedmpi dp-factor`` prints them (fedmpi/privacy/dpfactor.py).
 
-A factor is C, n x n lower-triangular, b-banded and Toeplitz, given by its first column
-c_0..c_{b-1} (c_0 > 0): the noise is y = C^{-1} z, solved one round at a time from the last b - 1
-values (``BandedMF.noise``). With A the prefix-sum matrix, the released prefix sums carry the noise
-A C^{-1} z, whose expected total squared error is ||A C^{-1}||_F^2 per unit of noise; one
-participation moves C x by its column, of norm at most max_j ||C[:, j]|| = ||c|| (the sensitivity).
+A factor is C, n x n lower-triangular and b-banded with unit-norm columns: the noise is
+y = C^{-1} z, solved one round at a time from the last b - 1 values (``BandedMF.noise``). With A
+the prefix-sum matrix, the released prefix sums carry the noise A C^{-1} z, whose expected total
+squared error is ||A C^{-1}||_F^2 per unit of noise; one participation moves C x by its column, of
+norm at most max_j ||C[:, j]|| = 1 (the sensitivity).
 
-- ``sqrt``: the square root of A truncated to b bands, scaled to unit norm
+- ``sqrt``: Toeplitz, the square root of A truncated to b bands, scaled to unit norm
   (c_j = binom(2j, j) / 4^j before scaling);
-- ``optimized``: c minimising ||A C^{-1}||_F^2 subject to ||c|| = 1, for the run's n = rounds: L-BFGS
-  (torch, float64) on log ||A C^{-1}||_F^2 over v with c = v / ||v||, started from ``sqrt``. The loss
-  needs only w, the first column of C^{-1} (C^{-1} is Toeplitz too), and its prefix sums s:
-  ||A C^{-1}||_F^2 = sum_k (n - k) s_k^2, O(n b) per evaluation. Computed once per (n, b) and kept in
-  the user's cache folder (``cache_folder``).
+- ``optimized``: Toeplitz, first column c minimising ||A C^{-1}||_F^2 subject to ||c|| = 1, for the
+  run's n = rounds: L-BFGS (torch, float64) on log ||A C^{-1}||_F^2 over v with c = v / ||v||,
+  started from ``sqrt``. The loss needs only w, the first column of C^{-1} (C^{-1} is Toeplitz too),
+  and its prefix sums s: ||A C^{-1}||_F^2 = sum_k (n - k) s_k^2, O(n b) per evaluation;
+- ``banded``: the general b-banded optimum, all n b entries free, each column scaled to unit norm
+  (Choquette-Choo et al.'s and jax_privacy's ``ColumnNormalizedBanded``; fedmpi/privacy/general.py),
+  O(n max(b, 32)^2) per evaluation, started from ``optimized``: 0.2-1.3 % less rmse
+  (docs/REPRODUCTION.md).
 
-We optimise over Toeplitz C (b numbers, the streaming noise of ``sqrt``), not over every banded C
-(n b numbers, Choquette-Choo et al.'s and jax_privacy's ``ColumnNormalizedBanded``): that one costs
-O(n^2 b) per evaluation and measured 1.0-1.6 % lower rmse at n = 50..200 (docs/REPRODUCTION.md).
+A Toeplitz factor is its first column c_0..c_{b-1}; any factor its rows, ``rows[t, o]`` = C[t, t - o].
+The optimised ones are computed once per (n, b) and kept, verified, in the user's cache folder
+(fedmpi/privacy/factor_cache.py).
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
+import json
 import math
 import os
-import tempfile
 from typing import Literal
 
 import numpy as np
 
 from ..engine.threads import one_thread
 from ..errors import InputError
+from . import factor_cache, general
+from .factor_cache import CACHE_ENV  # noqa: F401  (where the cache is)
 
-Factor = Literal["sqrt", "optimized"]
-FACTORS: tuple[str, ...] = ("sqrt", "optimized")
-VERSION = 2  # of the optimisation: a cached factor of another version is not used
-CACHE_ENV = "FEDMPI_CACHE"
-
-log = logging.getLogger(__name__)
+Factor = Literal["sqrt", "optimized", "banded"]
+FACTORS: tuple[str, ...] = ("sqrt", "optimized", "banded")
+TOEPLITZ: tuple[str, ...] = ("sqrt", "optimized")  # the factors given by their first column
+VERSION = {"optimized": 2, "banded": 1}  # of each optimisation: a cached factor of another version is not used
+#: what a factor may take (exit 2 beyond): entries n min(b, n) of any factor, and for ``banded`` the
+#: work of one evaluation n max(b, 32)^2 (about a minute of optimisation per 1e8 on one core)
+MAX_ENTRIES = 10 ** 7
+MAX_BANDED_WORK = 2 * 10 ** 8
+STATIONARY = 1e-4  # a cached optimum's gradient of log ||A C^-1||_F^2 is below this (L-BFGS ends near 1e-7)
 
 
 def sqrt_coefficients(b: int) -> np.ndarray:
@@ -54,13 +60,44 @@ def sqrt_coefficients(b: int) -> np.ndarray:
     return c / np.linalg.norm(c)
 
 
+def check_size(factor: str, rounds: int, band: int, keys: tuple[str, str] = ("rounds", "privacy.band")) -> None:
+    """InputError naming ``keys`` (rounds, band) where ``factor`` for ``rounds`` x ``band`` is beyond
+    ``MAX_ENTRIES`` / ``MAX_BANDED_WORK``, or either is < 1."""
+    if rounds < 1 or band < 1:
+        raise InputError(f"{keys[0]}: the {factor} factor needs {keys[0]} >= 1 and {keys[1]} >= 1 "
+                         f"(got {rounds}, {band})")
+    entries = rounds * min(band, rounds)
+    if factor in TOEPLITZ and band > MAX_ENTRIES:
+        raise InputError(f"{keys[1]}: {band} bands, more than {MAX_ENTRIES:.0e}")
+    if entries > MAX_ENTRIES:
+        raise InputError(f"{keys[0]}, {keys[1]}: the {factor} factor for {rounds} rounds and {band} bands has "
+                         f"rounds x min(band, rounds) = {entries:.3g} entries, more than {MAX_ENTRIES:.0e}")
+    work = rounds * general.Layout(rounds, min(band, rounds)).m ** 2
+    if factor == "banded" and work > MAX_BANDED_WORK:
+        raise InputError(f"{keys[0]}, {keys[1]}: the banded factor for {rounds} rounds and {band} bands takes "
+                         f"rounds x max(band, 32)^2 = {work:.3g} per evaluation, more than {MAX_BANDED_WORK:.0e} "
+                         f"(use privacy.factor: optimized, the Toeplitz one, or fewer bands)")
+
+
 def coefficients(factor: str, rounds: int, band: int) -> np.ndarray:
-    """c_0..c_{band-1} of ``factor`` for a run of ``rounds`` rounds (float64, unit norm)."""
+    """c_0..c_{band-1} of the Toeplitz ``factor`` for a run of ``rounds`` rounds (float64, unit norm)."""
     if factor == "sqrt":
         return sqrt_coefficients(band)
     if factor == "optimized":
         return optimized_coefficients(rounds, band)
-    raise InputError(f"privacy.factor: unknown factor {factor!r} (allowed: {', '.join(FACTORS)})")
+    raise InputError(f"privacy.factor: {factor!r} is not a Toeplitz factor, which this mechanism needs "
+                     f"(allowed: {', '.join(TOEPLITZ)})")
+
+
+def rows_of(columns: np.ndarray) -> np.ndarray:
+    """(n, b): ``rows[t, o]`` = C[t, t - o] (0 above the matrix) of the factor of ``columns`` (``banded_columns``)."""
+    return general.rows(_tensor(columns)).numpy()
+
+
+def _tensor(a: np.ndarray):
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float64))
 
 
 # ----------------------------------------------------------------------------- errors
@@ -148,42 +185,88 @@ def optimize(n: int, b: int) -> np.ndarray:
 
 
 def cache_folder() -> str:
-    """Where optimised factors are kept: ``$FEDMPI_CACHE``, else ``$XDG_CACHE_HOME/fedmpi``, else
-    ``~/.cache/fedmpi``."""
-    if os.environ.get(CACHE_ENV):
-        return os.environ[CACHE_ENV]
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "fedmpi")
+    """Where optimised factors are kept (in its ``factors`` folder): ``$FEDMPI_CACHE``, else
+    ``$XDG_CACHE_HOME/fedmpi``, else ``~/.cache/fedmpi``."""
+    return os.path.dirname(factor_cache.folder())
 
 
 def optimized_coefficients(n: int, b: int) -> np.ndarray:
-    """``optimize(n, b)``, from the cache when it holds a valid one, else computed and stored
-    there (written to a temporary file and renamed: concurrent runs never read half a file)."""
-    if n < 1 or b < 1:
-        raise InputError(f"rounds: the optimized banded factor needs rounds >= 1 and privacy.band >= 1 "
-                         f"(got {n}, {b})")
-    folder = os.path.join(cache_folder(), "factors")
-    path = os.path.join(folder, f"banded-toeplitz-v{VERSION}-n{n}-b{b}.npy")
-    try:
-        c = np.load(path, allow_pickle=False)
-        if c.shape == (b,) and c.dtype == np.float64 and np.all(np.isfinite(c)) and c[0] > 0 \
-                and abs(float(np.linalg.norm(c)) - 1) < 1e-12:
-            return c
-    except (OSError, ValueError):
-        pass
-    c = optimize(n, b)
-    try:
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".banded-", suffix=".npy")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                np.save(fh, c)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-    except OSError as e:
-        log.warning("privacy.factor: cannot keep the optimized factor in %s (%s); it is recomputed each run",
-                    folder, e.strerror or e)
-    return c
+    """``optimize(n, b)``, from the cache when it holds it (verified), else computed and kept there."""
+    check_size("optimized", n, b)
+    inputs = {"factor": "optimized", "version": VERSION["optimized"], "rounds": n, "band": b}
+    return factor_cache.cached(inputs, (b,), lambda: optimize(n, b), lambda c: _toeplitz_optimal(c, n))
+
+
+def banded_columns(n: int, b: int) -> np.ndarray:
+    """The general b-banded optimum for n rounds, its unit-norm columns in jax_privacy's ``params``
+    layout (n, b): ``columns[j, i]`` = C[j + i, j]; from the cache when it holds it (verified), else
+    computed (``general.optimize``, from the optimised Toeplitz factor) and kept there."""
+    check_size("banded", n, b)
+    inputs = {"factor": "banded", "version": VERSION["banded"], "rounds": n, "band": b}
+    return factor_cache.cached(inputs, (n, b), lambda: general.optimize(n, b, optimized_coefficients(n, b)),
+                               lambda a: _banded_optimal(a, n, b))
+
+
+def _toeplitz_optimal(c: np.ndarray, n: int) -> str:
+    """The re-check of a cached ``optimize(n, b)``: "" when ``c`` is a unit-norm factor (c_0 > 0) at
+    which log ||A C^{-1}||_F^2 is stationary on the sphere, or the start ``sqrt`` (where nothing was
+    gained); else why not."""
+    import torch
+
+    bb = min(len(c), n)
+    if not (np.all(np.isfinite(c)) and c[0] > 0 and abs(float(np.linalg.norm(c)) - 1) < 1e-12
+            and not np.any(c[bb:])):
+        return "not a unit-norm factor with c_0 > 0"
+    if np.array_equal(c[:bb], sqrt_coefficients(bb)):
+        return ""
+    v = torch.tensor(c[:bb], requires_grad=True)
+    with _one_cpu_thread():
+        torch.log(_squared_error(v / v.norm(), n)).backward()
+    g = float(v.grad.norm())
+    return "" if g < STATIONARY else f"not the optimum for {n} rounds: its gradient is {g:.2g}"
+
+
+def _banded_optimal(a: np.ndarray, n: int, b: int) -> str:
+    """The re-check of a cached general factor: "" when ``a`` holds unit-norm columns (positive
+    diagonal, 0 outside the matrix) at which log ||A C^{-1}||_F^2 is stationary, or the Toeplitz
+    start; else why not."""
+    bb = min(b, n)
+    inside = general.valid(n, bb).numpy()
+    cols = a[:, :bb]
+    if not (np.all(np.isfinite(a)) and np.all(cols[:, 0] > 0) and not np.any(a[:, bb:])
+            and not np.any(cols[~inside]) and np.all(np.abs(np.linalg.norm(cols, axis=1) - 1) < 1e-12)):
+        return "not unit-norm columns with a positive diagonal"
+    start = general.normalized(_tensor(np.broadcast_to(optimized_coefficients(n, b)[:bb], (n, bb))))
+    if np.array_equal(cols, start.numpy()):
+        return ""
+    with _one_cpu_thread():
+        f, grad = general.loss_and_gradient(_tensor(cols))
+    g = float(grad.norm()) / f
+    return "" if g < STATIONARY else f"not the optimum for {n} rounds: its gradient is {g:.2g}"
+
+
+def _one_cpu_thread():
+    import torch
+
+    return one_thread(torch.device("cpu"))
+
+
+def factor_errors(factor: str, rounds: int, band: int) -> dict[str, float]:
+    """``errors`` of ``factor`` for ``rounds`` rounds and ``band`` bands (any factor)."""
+    if factor != "banded":
+        return errors(coefficients(factor, rounds, band), rounds)
+    return columns_errors(banded_columns(rounds, band))
+
+
+def columns_errors(cols: np.ndarray) -> dict[str, float]:
+    """``errors`` of the factor of unit-norm ``cols`` (``banded_columns``' layout), n = len(cols)."""
+    rounds = len(cols)
+    sq = general.squared_errors(_tensor(cols)).numpy()
+    return {"rmse": math.sqrt(float(sq.sum()) / rounds), "max_error": math.sqrt(float(sq.max())),
+            "sensitivity": float(np.linalg.norm(cols, axis=1).max())}
+
+
+def described(factor: str, rounds: int, band: int, used: np.ndarray) -> str:
+    """The factor a run used, for its result file (JSON): which, for how many rounds and bands, and
+    the SHA-256 of its numbers (``used``: a Toeplitz factor's first column, else its rows)."""
+    return json.dumps({"factor": factor, "rounds": rounds, "band": band, "sha256": factor_cache.digest(used)})

@@ -120,6 +120,10 @@ class Mechanism(Stateful):
         """Its numbers of the last release for the result file (``privacy/<name>``; default none)."""
         return {}
 
+    def notes(self) -> dict[str, str]:
+        """What the result file's attributes name of it beyond its keys (banded_mf: the factor used)."""
+        return {}
+
 
 def standard_normal(seed: int, t: int, dim: int, device: torch.device) -> torch.Tensor:
     """z_t ~ N(0, I_dim), float64, from the keyed stream (seed, "privacy", t): the same on any number

@@ -137,8 +137,9 @@ class Privacy(Stateful):
 
     def notes(self) -> dict[str, str]:
         """Root attributes of the result file (rank 0): ``privacy_amplification``, whether the
-        accountant claimed amplification by sampling and why (``fedmpi info`` shows it)."""
-        return {"privacy_amplification": self.amplification} if self.on else {}
+        accountant claimed amplification by sampling and why (``fedmpi info`` shows it), and the
+        mechanism's own (``Mechanism.notes``: banded_mf's factor, ``privacy_factor``)."""
+        return {"privacy_amplification": self.amplification, **self.mechanism.notes()} if self.on else {}
 
     # ---------------------------------------------------------------- the noise's scale
     @property

@@ -107,6 +107,10 @@ def describe(path: str, show_config: bool = True) -> str:
     private = privacy_line(r)
     if private:
         lines.append(f"privacy:    {private}")
+    used = factor_used(attrs.get("privacy_factor"))
+    if used:
+        lines.append(f"factor:     {used['factor']} for {used['rounds']} rounds and {used['band']} bands, "
+                     f"sha256 {str(used['sha256'])[:16]}")
     n = len(metrics.get("round", []))
     lines.append(f"evaluations: {n}")
     if n:
@@ -136,6 +140,16 @@ def noise_multiplier(r: Result, name: str = "noise_multiplier") -> str:
     return f"{sigma[0]:.6g} .. {sigma[-1]:.6g} (changed at a resume)"
 
 
+def factor_used(text: str) -> dict | None:
+    """banded_mf's factor as the run used it (the ``privacy_factor`` attribute, JSON: factor,
+    rounds, band, sha256); None where it does not read as that."""
+    try:
+        f = json.loads(text)
+        return f if isinstance(f, dict) and {"factor", "rounds", "band", "sha256"} <= set(f) else None
+    except (ValueError, TypeError):
+        return None
+
+
 def privacy_line(r: Result) -> str | None:
     """Mechanism (banded_mf: its factor and band), noise multiplier and how it was set, delta,
     accountant, and whether amplification by sampling was claimed and why; None without privacy."""
@@ -150,7 +164,8 @@ def privacy_line(r: Result) -> str | None:
     if production:
         how += (f"; noise as for a cohort of {production}: applied {noise_multiplier(r, 'applied_noise_multiplier')}, "
                 f"epsilon this run's, epsilon_production that cohort's")
-    factor = (f" (factor {r.attrs.get('privacy_factor') or flat.get('privacy.factor', 'sqrt')}, "
+    used = factor_used(r.attrs.get("privacy_factor"))  # files of an older fedmpi lack it
+    factor = (f" (factor {used['factor'] if used else flat.get('privacy.factor', 'sqrt')}, "
               f"band {flat.get('privacy.band', 1)})" if mechanism == "banded_mf" else "")
     amplification = r.attrs.get("privacy_amplification")  # files of an older fedmpi lack it
     return (f"{mechanism}{factor}, noise multiplier {noise_multiplier(r)} ({how}), "

@@ -56,7 +56,8 @@ KIND = {
 PRIVACY = {"none": None, "gaussian": {"clip": 0.5}, "banded_mf": {"clip": 0.5, "band": 2}}
 #: declared variants of a mechanism, each a value of the privacy axis: name -> (mechanism, its keys)
 VARIANTS = {"banded_opt": ("banded_mf", {"clip": 0.5, "band": 2, "factor": "optimized"}),
-            "dist_banded": ("distributed_skellam", {"clip": 0.5, "band": 2})}  # the distributed matrix mechanism
+            "dist_banded": ("distributed_skellam", {"clip": 0.5, "band": 2}),  # the distributed matrix mechanism
+            "banded_gen": ("banded_mf", {"clip": 0.5, "band": 2, "factor": "banded"})}  # the general optimum (#45)
 #: privacy with the noise of a production cohort (``privacy.noise_cohort_size``), crossed with the clock
 PRODUCTION = {"gaussian_n12": ("gaussian", {"clip": 0.5, "noise_cohort_size": 12})}
 SIGMA = 0.7
@@ -204,7 +205,7 @@ def asynchronous() -> list[str]:
     return [a for a in axes()[0] if issubclass(ALGORITHMS.get(a).obj, AsyncAlgorithm)]
 
 
-def sample(n: int = 83) -> list[Combo]:
+def sample(n: int = 84) -> list[Combo]:
     """A fixed spread of the matrix: every algorithm, kind, mechanism and kind of local work, each
     paired with a rotating choice of the others, plus the combinations issue #32 found wrong and a
     few of each clock setting (issue #33), of the LoRA model (issue #42) and of the clock under privacy
@@ -220,6 +221,7 @@ def sample(n: int = 83) -> list[Combo]:
                Combo("fedavg_active", "trace", "gaussian", "epochs"),
                Combo("dspodfl", "always", "none", "uniform"), Combo("fedprox", "cohort", "gaussian", "lognormal"),
                Combo("fedavg_active", "cyclic", "banded_opt", "fixed"),
+               Combo("fedprox", "cyclic", "banded_gen", "momentum"),
                Combo("fedadam", "cyclic", "banded_mf", "fixed"),
                Combo("fedbuff", "always", "none", "fixed", "lognormal"),
                Combo("fedasync", "always", "none", "fixed", "deadline"),
