@@ -139,6 +139,15 @@ def test_an_unreachable_target_epsilon_is_one_line(tmp_path):
         assert "privacy.epsilon" in err and "smaller target" in err
 
 
+@pytest.mark.parametrize("key, value", [("clip", 1e308), ("noise_multiplier", 1e300)])
+def test_a_clip_or_noise_beyond_any_use_is_one_line(key, value, tmp_path):
+    """The fresh hostile pass of #44: privacy.clip 1e308 ended as exit 4 'diverged ... lower train.lr'
+    (and in a traceback under the distributed mechanisms); both keys are bounded at 1e6."""
+    err = refusal(tmp_path, issue_config({"mechanism": "gaussian", "clip": 1.0, "noise_multiplier": 1.0,
+                                          key: value}, rounds=2))
+    assert f"privacy.{key}: must be <= 1000000.0" in err
+
+
 def test_a_calibration_that_misses_its_target_is_refused(monkeypatch):
     """dp-accounting's search may end at a multiplier whose epsilon is above the target (a target
     below the least epsilon its RDP orders certify): refused, not run with more epsilon."""

@@ -20,9 +20,11 @@ class PrivacyParams:
                 "(each client adds its share of discrete noise to its integers, the sum modulo 2^bits decoded)",
         selects=MECHANISMS, digest=Digest(off="none"))  # the section joined the resume digest with privacy
     clip: Optional[float] = opt(None, "C: each client's update is clipped to this L2 norm; null = no clipping "
-                                      "(only with a zero noise_multiplier)", gt=0)
+                                      "(only with a zero noise_multiplier); at most 1e6 (beyond, the noise overflows "
+                                      "float32)", gt=0, le=1e6)
     noise_multiplier: Optional[float] = opt(
-        None, "sigma: noise of std sigma * C on the sum of updates; null = calibrated from privacy.epsilon", ge=0)
+        None, "sigma: noise of std sigma * C on the sum of updates; null = calibrated from privacy.epsilon; at most "
+              "1e6", ge=0, le=1e6)
     target_quantile: Optional[float] = opt(
         None, "adaptive clipping (Andrew et al. 2021): the share of updates C should leave unclipped, "
               "privacy.clip then being the initial C; null = a fixed C", gt=0, lt=1)
