@@ -40,7 +40,10 @@ ALGORITHM = {
     "gfedavg": {"anchor_period": 2}, "f3ast": {"select": 2}, "power_of_choice": {"select": 2, "candidates": 3},
     "fedswe": {"k": 2, "max_echo": 3}, "fedadam": {"global_lr": 0.03}, "fedyogi": {"global_lr": 0.03},
     "fedadagrad": {"global_lr": 0.03}, "fedprox": {"mu": 0.1},
-    "fedbuff": {"concurrency": 3, "buffer": 2}, "fedasync": {"concurrency": 3},
+    # the asynchronous servers' options of #43 on: a client may train again before the model moves
+    # (once_per_version false), FedAsync's proximal term (rho); their defaults keep the older bits (test_modes)
+    "fedbuff": {"concurrency": 3, "buffer": 2, "once_per_version": False},
+    "fedasync": {"concurrency": 3, "rho": 0.1, "once_per_version": False},
 }
 SECTIONS = {"topology": {"kind": "ring"}}  # the decentralized family's own sections
 _P = {"kind": "uniform", "lo": 0.3, "hi": 0.8}
