@@ -55,6 +55,24 @@ def timed(fn, repeat: int = 3) -> float:
     return best
 
 
+def interleaved(fns: dict, repeat: int, warmup: bool = True) -> dict[str, float]:
+    """Best seconds of each function over ``repeat`` rounds that call them in turn (after one
+    warm-up call each unless ``warmup`` is false), so that a change of machine load hits every side
+    of a ratio alike."""
+    if warmup:
+        for fn in fns.values():
+            fn()
+    best = {name: float("inf") for name in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            sync()
+            t = time.perf_counter()
+            fn()
+            sync()
+            best[name] = min(best[name], time.perf_counter() - t)
+    return best
+
+
 def mpiexec(n: int) -> list[str]:
     """The ``mpiexec -n N`` prefix (with Open MPI's --oversubscribe, and --allow-run-as-root as root)."""
     exe = shutil.which("mpiexec")

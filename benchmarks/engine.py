@@ -18,13 +18,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import image_task, machine, sync  # noqa: E402
+from common import image_task, interleaved, machine  # noqa: E402
 
 from fedmpi import config  # noqa: E402
 from fedmpi.engine.layers import CONV_IMPLS, conv_impl  # noqa: E402
@@ -35,23 +34,6 @@ FMNIST, SVHN = (1, 28, 28), (3, 32, 32)
 CASES = [("logreg", FMNIST, 100), ("logreg", FMNIST, 1000), ("mlp", FMNIST, 100), ("mlp", FMNIST, 1000),
          ("svhn_cnn", SVHN, 10), ("svhn_cnn", SVHN, 50), ("cifar_cnn", SVHN, 10), ("cinic_cnn", SVHN, 10)]
 CONV_MODELS = ("svhn_cnn", "cifar_cnn", "cinic_cnn")
-
-
-def interleaved(fns: dict[str, callable], repeat: int) -> dict[str, float]:
-    """Best seconds of each function over ``repeat`` rounds that call them in turn (after one
-    warm-up call each), so that a change of machine load hits every side of a ratio alike."""
-    best = {}
-    for name, fn in fns.items():
-        fn()
-        best[name] = float("inf")
-    for _ in range(repeat):
-        for name, fn in fns.items():
-            sync()
-            t = time.perf_counter()
-            fn()
-            sync()
-            best[name] = min(best[name], time.perf_counter() - t)
-    return best
 
 
 def trainer_run(task, train, n: int, **trainer_args):

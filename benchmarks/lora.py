@@ -52,7 +52,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,7 +59,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import machine, sync  # noqa: E402
+from common import interleaved, machine, sync  # noqa: E402
 
 from fedmpi import config  # noqa: E402
 from fedmpi.data.arrays import TextInfo  # noqa: E402
@@ -284,19 +283,6 @@ def measure(args: argparse.Namespace, name: str, what: str) -> dict:
 
 
 # ----------------------------------------------------------------------------- speed (this process)
-def interleaved(fns: dict, repeat: int) -> dict[str, float]:
-    """Best seconds of each function over ``repeat`` rounds that call them in turn."""
-    best = {name: float("inf") for name in fns}
-    for _ in range(repeat):
-        for name, fn in fns.items():
-            sync()
-            t = time.perf_counter()
-            fn()
-            sync()
-            best[name] = min(best[name], time.perf_counter() - t)
-    return best
-
-
 def mib(n: float) -> str:
     return f"{n / 2**20:.2f}"
 
@@ -311,7 +297,8 @@ def bench(args: argparse.Namespace, name: str) -> None:
         peft_needs = client_needs(loop.model, logits_loss, loop.x[:BATCH], loop.y[:BATCH])
         for side in (ours, whole, loop):
             side.round(2)  # warm-up: first calls, allocator
-        sec = interleaved({"fedmpi": ours.round, "whole": whole.round, "peft": loop.round}, args.repeat)
+        sec = interleaved({"fedmpi": ours.round, "whole": whole.round, "peft": loop.round}, args.repeat,
+                          warmup=False)
     rate = {k: n / s for k, s in sec.items()}
     two, all_, peft = (measure(args, name, w) for w in ("fedmpi:2", f"fedmpi:{n}", "peft"))
     per_client = (all_["peak"] - two["peak"]) / (n - 2)
