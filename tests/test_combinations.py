@@ -70,12 +70,15 @@ def matrix(combos: list[C.Combo], folder, two_ranks: bool = True) -> dict[str, l
         ran.append(combo.name)
         if cfg.privacy.mechanism != "none":
             quiet = config.from_dict(combo.data(folder, sigma=0.0))
-            neighbours(quiet, 3, client=1)
-            neighbours(quiet, 3, client=C.CHANGED if combo.clock != "none" else 4, change="data")
-            from fedmpi.build import build_components
+            try:
+                neighbours(quiet, 3, client=1)
+                neighbours(quiet, 3, client=C.CHANGED if combo.clock != "none" else 4, change="data")
+                from fedmpi.build import build_components
 
-            if build_components(cfg, world).algorithm.privacy.amplified:
-                C.released_every_round(cfg, world)
+                if build_components(cfg, world).algorithm.privacy.amplified:
+                    C.released_every_round(cfg, world)
+            except AssertionError as e:  # name the combination (one failure stops the matrix)
+                raise AssertionError(f"{combo.name}: {e}") from e
     timed = {n: config.from_dict(C.Combo(*n.split("-")).data(folder)) for n in ran if C.Combo(*n.split("-")).clock
              != "none"}
     for name, params in C.packed(timed, folder, world).items():

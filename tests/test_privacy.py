@@ -339,6 +339,20 @@ def test_fedswe_round_adds_the_noise_once_to_the_echoed_sum():
     torch.testing.assert_close(step1 - step0, 0.5 * 2.0 * 0.05 * 2 * z0 / (n + k), rtol=1e-4, atol=1e-8)
 
 
+def test_fedswe_is_private_between_zero_out_neighbours_from_a_nonzero_start(tmp_path):
+    """FedSWE's rows hold the participants' stored models x_i, so its release shows who took part
+    (``hides_participation=False``): the neighbouring-run check there keeps the client and zeroes its
+    update. From LoRA's start (A random, so x^0 != 0) a removed client would move the sum by ||x_i||
+    too, beyond E C (what the full matrix caught); zeroed, it moves it by at most E C, and does."""
+    from helpers import combinations as C
+    from helpers.neighbours import check
+
+    C.steps_file(str(tmp_path))
+    cfg = config.from_dict(C.Combo("fedswe", "cohort", "gaussian", "fixed", "none", "lora").data(str(tmp_path), 0.0))
+    assert float(build_components(cfg, World()).algorithm.x.norm()) > cfg.privacy.clip * cfg.algorithm.max_echo
+    assert check(cfg, 3, client=1) >= 1  # the client's zeroed update moved the sum, within E C
+
+
 def test_fedswe_clip_bounds_each_clients_echoed_contribution():
     """Every row's private part, x_i^dag - x_i = eta_g e_i Delta_i, has norm <= eta_g E C, and the
     bound is reached (clipped updates echoed by the cap)."""

@@ -17,6 +17,7 @@ import torch
 
 from fedmpi.build import build_components
 from fedmpi.participation import Participation
+from fedmpi.privacy.declaration import declaration
 from fedmpi.runtime import World
 
 
@@ -43,12 +44,16 @@ class Remembered:
         return getattr(self.inner, name)
 
 
-def _spied(algo) -> dict:
-    """Record each client's contribution row and the summed rows ``server_update`` receives."""
+def _spied(algo, zeroed: int = -1) -> dict:
+    """Record each client's contribution row and the summed rows ``server_update`` receives;
+    ``zeroed``: that client's update replaced by zeros (zero-out: its end model is its start)."""
     seen: dict = {"rows": {}, "total": None}
     contribution, server_update = algo.contribution, algo.server_update
 
     def rows(t, active, local, start, end):
+        if zeroed in local:
+            end = end.clone()
+            end[local == zeroed] = start[local == zeroed]
         out = contribution(t, active, local, start, end)
         for i, row in zip(local.tolist(), out):
             seen["rows"][i] = row.clone()
@@ -154,8 +159,11 @@ def check(cfg, rounds: int, client: int, change: str = "toggle", task=None,
           participation: Participation | None = None) -> int:
     """Play ``rounds`` rounds of ``cfg`` (privacy with noise_multiplier 0) on one rank and check every
     round against its neighbour: ``client`` toggled in the available set (``change="toggle"``), or
-    with other training data (``"data"``: sensitivity twice one update's). Returns how many rounds
-    the neighbours' private sums differed in."""
+    with other training data (``"data"``: sensitivity twice one update's). An algorithm whose release
+    does not hide participation (``Private(hides_participation=False)``, FedSWE) is private between
+    zero-out neighbours only, the pattern being public: there ``"toggle"`` keeps the client in the
+    available set and replaces its update by zeros. Returns how many rounds the neighbours' private
+    sums differed in."""
     world = World()
     run = build_components(cfg, world, task=task, participation=participation)
     if run.privacy.ledger.counted:  # an asynchronous server: its releases follow the clock's public schedule
@@ -166,13 +174,14 @@ def check(cfg, rounds: int, client: int, change: str = "toggle", task=None,
     algo = build_components(cfg, world, participation=memory, task=run.task).algorithm
     other_task = _changed(run.task, client) if change == "data" else run.task
     C = float(cfg.privacy.clip) * (2 if change == "data" else 1)
+    zero_out = change == "toggle" and not declaration(type(algo), cfg.algorithm.name).hides_participation
     differed = 0
     for t in range(rounds):
         before = _copy(algo.state_dict())
-        toggled = Remembered(run.participation, memory.drawn, client if change == "toggle" else -1, t)
+        toggled = Remembered(run.participation, memory.drawn, client if change == "toggle" and not zero_out else -1, t)
         other = build_components(cfg, world, participation=toggled, task=other_task).algorithm
         other.load_state_dict(before)
-        mine, theirs = _spied(algo), _spied(other)
+        mine, theirs = _spied(algo), _spied(other, zeroed=client if zero_out else -1)
         algo.round(t), other.round(t)
         del algo.contribution, algo.server_update  # the class's own again
         kept, their_kept = (np.setdiff1d(a.active, [client] if change == "toggle" else []) for a in (algo, other))
