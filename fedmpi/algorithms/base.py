@@ -150,9 +150,15 @@ class ServerParams(AlgorithmParams):
 
 @dataclass
 class Context:
-    """What an algorithm may use: config, world, task, trainer, participation."""
+    """What an algorithm may use: config, world, task, trainer, participation, privacy.
 
-    cfg: Config  # the run's resolved config
+    ``cfg`` is the run's config as the algorithm may read it (``capabilities.scoped``): its
+    ``algorithm`` block, its ``sections`` and the keys of other sections it declares (``reads``,
+    ``uses``); another key raises at its first read, naming the key and the fix. Components that
+    own a section (trainer, participation, privacy, clock) get theirs from the root config;
+    ``build.Components`` (the runner's) holds the root."""
+
+    cfg: Config  # the run's resolved config, scoped to the algorithm (``capabilities.ScopedConfig``)
     world: World  # ranks, devices and the collectives (``fedmpi.runtime``)
     task: Task  # the data on this rank's device, the model, the clients' shares (``fedmpi.task``)
     trainer: LocalTrainer  # local training of many clients at once (``engine.local``)
