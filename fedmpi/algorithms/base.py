@@ -371,8 +371,8 @@ class ServerAlgorithm(Algorithm):
     custom_state = ("clock", "in_time", "privacy")  # saved by ``state_dict``: the virtual time, privacy's
     configuration = ("eta_g",)
     #: the clock's keys (its rounds' durations and cuts), K of a cohort under over-selection, the batch
-    #: a device map's durations are measured at
-    uses = ("clock", "availability.size", "train.batch_size")
+    #: a device map's durations are measured at, the availability kind its refusal names
+    uses = ("clock", "availability.size", "availability.kind", "train.batch_size")
     #: True: ``self.outputs`` holds this round's ``ClientOutputs`` (one small collective a round:
     #: ~1 ms of a 2-rank anchor-task round, so only algorithms that read them pay it)
     client_outputs = False
