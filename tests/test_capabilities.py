@@ -114,6 +114,14 @@ def test_a_plugin_reading_an_undeclared_key_fails_in_one_line(tmp_path, capsys):
         assert view.local_steps is None  # never reached: the read raises
 
 
+def test_a_refusal_reads_only_declared_keys():
+    """ServerAlgorithm's refusal of a kind without p_i^t names availability.kind, which it declares
+    (SETTINGS pairs markov with the clock's slots, which fedknown's check_config refuses first)."""
+    data = synthetic_config(rounds=1, algorithm={"name": "fedknown"}, availability={"kind": "markov"})
+    with pytest.raises(InputError, match="^availability.kind: fedknown needs the true p_i.t, which 'markov'"):
+        build_components(config.from_dict(data), World())
+
+
 def test_capabilities_of_a_few_algorithms():
     fedavg, fedbuff, scaffold, dgd = (capabilities(ALGORITHMS.get(n).obj) for n in
                                       ("fedavg_active", "fedbuff", "scaffold", "dgd"))
