@@ -1,7 +1,10 @@
 """The asynchronous server on the virtual clock, shared by FedBuff and FedAsync.
 
-M = ``algorithm.concurrency`` clients train at once (``fedmpi.clock.flight``). Server step t
-(the runner's round t; ``rounds`` counts server steps) holds the model x^t, version t:
+M = ``algorithm.concurrency`` clients train at once. Who is dispatched, when each task arrives and
+which arrivals a step keeps is the scheduler's asynchronous policy (``self.clock``:
+``fedmpi.clock.scheduler.Steps`` on ``fedmpi.clock.flight``); this class trains the tasks, holds
+their updates and applies the step. Server step t (the runner's round t; ``rounds`` counts server
+steps) holds the model x^t, version t:
 
     repeat until K updates are kept (K = ``buffer_size``):
         the next task to finish (finish time, then client id) arrives; now <- its finish time
@@ -16,8 +19,9 @@ version t are computed in one batch on the engine at step t, from x^t (those dis
 t-1 and those dispatched during step t, known before any update is needed: the queue is
 bookkeeping), each rank training an even share by position; rank 0 holds the updates still in
 flight (``held``, one row per slot) until they arrive, and applies the step. The sums run in
-arrival order on rank 0, so any number of ranks gives the same bits, and the queue, the held
-updates and the clock are the run's state: a resumed run continues them exactly.
+arrival order on rank 0, so any number of ranks gives the same bits, and the queue and the clock
+(the scheduler's declared state) and the held updates (``held``) are the run's state: a resumed
+run continues them exactly.
 
 The hooks of a task's training are the synchronous round's (``HONOURED``): ``lr_scale(t, clients)``
 and ``local_terms(t, clients, start)``, with t the model version the tasks train from and

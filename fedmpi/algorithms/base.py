@@ -54,7 +54,8 @@ and whom the server keeps is its scheduler's (``self.clock``, ``fedmpi.clock.sch
 ``schedule()``): availability asked per round or at virtual times, the clock, the durations and the
 tasks in flight, one component with declared state. Synchronous rounds are one policy of it
 (``Rounds``; untimed without ``clock:``, ``TimedRounds`` with it), asynchronous server steps the
-other (``Steps``, ``algorithms.asynchronous``). Its ``round(t)`` is three phases,
+other (``Steps``, ``algorithms.asynchronous``). Step 1's ``available`` is the scheduler's
+``available(t)`` (round t's set, or the set at the virtual time the round starts). Its ``round(t)`` is three phases,
 which a driver may call itself instead (``fedmpi.packed`` does, to train the clients of several
 runs of a sweep at once), in this order, once per round, with nothing else of the algorithm
 called in between; ``round(t)`` is exactly the three, so either way gives the same bits:
@@ -76,8 +77,8 @@ Inside ``round(t)``:
 
 | step | ranks | what it may do |
 |---|---|---|
-| 1. ``select(t, available)``, ``available`` the scheduler's | every rank, once per round, same input | update replicated per-round state |
-| 1b. who the scheduler keeps (with a clock: ``fedmpi.clock.rounds``); ``failures(t, failed, late)`` | every rank | -- |
+| 1. ``select(t, available)`` | every rank, once per round, same input | update replicated per-round state |
+| 1b. whom the scheduler keeps (``self.clock.keep``); ``failures(t, failed, late)`` | every rank | -- |
 | 2. ``start_models``, ``lr_scale``, ``local_terms`` | every rank, its active clients (``assigned``) | read state |
 | 3. ``local_training(t, local, start)`` (default: ``ctx.trainer`` with ``local_terms``) | every rank | client state |
 | 3b. privacy's release begins: updates bounded (clip), local noise | every rank; adaptive: collective | its C |

@@ -6,13 +6,15 @@ It owns the availability model asked per round or at virtual times (``clock.slot
 flight, and declares their state (``state_dict`` under the names checkpoints have always held:
 ``clock.now``, ``clock.avail_step``/``clock.avail_mask``, ``flight.*``). A server
 (``algorithms.base.ServerAlgorithm``) holds one, as ``self.clock``, and asks it; it never reads
-the clock itself. Two policies:
+the clock itself. Two policies, synchronous rounds (untimed or on the clock) and asynchronous steps:
 
-| policy | the server asks | it answers |
-|---|---|---|
-| ``Rounds`` (synchronous, ``clock.kind: none``) | ``available(t)``, ``keep(t, selected)`` | round t's available set; every selected client, in no time |
-| ``TimedRounds`` (synchronous, a clock) | the same | the set at ``now``; who the clock keeps (``rounds.RoundClock``: deadline, over-selection, dropout); ``now`` moves to the round's end |
-| ``Steps`` (asynchronous) | ``arrivals(t, K, limit)``, ``stepped(t, plan)`` | the arrivals a server step keeps and the tasks to train from x^t (``flight.Flight``); then dispatch from x^{t+1} |
+- ``Rounds`` (synchronous, ``clock.kind: none``): ``available(t)`` is round t's available set;
+  ``keep(t, selected)`` keeps every selected client, in no time;
+- ``TimedRounds`` (synchronous, a clock): ``available(t)`` is the set at ``now`` (with
+  ``clock.slot``); ``keep`` keeps whom the clock keeps (``rounds.RoundClock``: dropout, deadline,
+  over-selection) and moves ``now`` to the round's end;
+- ``Steps`` (asynchronous): ``arrivals(t, K, limit)`` are the arrivals a server step keeps and
+  the tasks to train from x^t (``flight.Flight``); ``stepped(t, plan)`` dispatches from x^{t+1}.
 
 Every policy answers ``virtual_time()`` (None untimed) and ``round_events()`` (``events``; None
 untimed). Everything here is the same on every rank and is pure bookkeeping: no models.
