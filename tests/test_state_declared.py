@@ -134,3 +134,50 @@ def test_every_builtin_and_example_component_declares_every_attribute(tmp_path, 
         checked |= {combo.algorithm, f"availability {combo.kind}"}
     kinds = {f"availability {k}" for k in AVAILABILITY.names(builtin_only=True)}
     assert "my_oort" in ours and checked >= {*ours, *kinds}
+
+
+#: a plug-in declaring ``v`` state, set in __init__ to VALUE; deleted in the second round with DELETE
+DECLARED = '''
+import decimal
+import torch
+from fedmpi.algorithms import register
+from fedmpi.algorithms.base import ServerAlgorithm
+
+
+@register("{name}")
+class Kept(ServerAlgorithm):
+    shared_state = ("v",)
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.v = {value}
+
+    def weights(self, t, active, local):
+        return [1.0 / max(len(active), 1)] * len(local)
+
+    def server_update(self, t, active, total):
+        if {delete} and t == 1:
+            del self.v
+        return self.x.double() + 0.5 * total
+'''
+
+
+@pytest.mark.parametrize("value, delete, says", [
+    ("'abc'", False, "keeps str 'abc' as declared state 'v'"),
+    ("None", False, "keeps NoneType 'None' as declared state 'v'"),
+    ("decimal.Decimal('0.1')", False, "keeps Decimal '0.1' as declared state 'v'"),
+    ("2 ** 100", False, "keeps int '1267650600228229401496703205376' as declared state 'v'"),
+    ("3", True, "Kept declares 'v' state but has no such attribute"),
+])
+def test_declared_state_a_checkpoint_cannot_hold_is_one_line(tmp_path, value, delete, says):
+    """#44's fresh hostile pass: declared state holding a string, None, a Decimal or an int beyond
+    64 bits ended in a TypeError/ValueError traceback at the first checkpoint, and a declared
+    attribute deleted in the second round in an AttributeError traceback. Now one line, exit 2:
+    at set-up for the value, at the checkpoint for the deletion."""
+    plugin = tmp_path / "kept.py"
+    plugin.write_text(DECLARED.format(name="kept", value=value, delete=delete))
+    p = fedmpi(["run", write_config(tmp_path / "c.yaml", small("kept", 4)), "--quiet", "--out",
+                str(tmp_path / "r.h5"), "--plugin", str(plugin)], check=False)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and says in lines[0], (p.returncode, p.stderr[-2000:])
+    assert delete or lines[0].startswith("fedmpi: error: algorithm.name: kept: Kept keeps")
