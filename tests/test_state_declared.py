@@ -181,3 +181,20 @@ def test_declared_state_a_checkpoint_cannot_hold_is_one_line(tmp_path, value, de
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 2 and len(lines) == 1 and says in lines[0], (p.returncode, p.stderr[-2000:])
     assert delete or lines[0].startswith("fedmpi: error: algorithm.name: kept: Kept keeps")
+
+
+def test_an_attribute_a_later_round_makes_is_refused_at_the_next_checkpoint(tmp_path):
+    """#44's fresh hostile pass: the check ran after set-up and after the first round only, so a
+    counter first set in round 3 (after a warm-up, say) ran to the end unnoticed and a resume
+    restarted it. Every checkpoint checks again: one line naming it, exit 2."""
+    plugin = tmp_path / "late.py"
+    plugin.write_text(adam("late", state=', "steps", "beta2_t"', init="self.steps, self.beta2_t = 0, 1.0")
+                      .replace("        self.m1 = 0.9", "        if t >= 2:\n            self.late = t\n"
+                                                         "        self.m1 = 0.9"))
+    cfg = small("late", 6)
+    cfg["runtime"]["checkpoint_every"] = 1
+    p = fedmpi(["run", write_config(tmp_path / "c.yaml", cfg), "--quiet", "--out", str(tmp_path / "r.h5"),
+                "--plugin", str(plugin)], check=False)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1, (p.returncode, p.stderr[-2000:])
+    assert lines[0].startswith("fedmpi: error: algorithm.name: late keeps 'late' (int, CountedAdam)"), lines[0]
