@@ -198,3 +198,55 @@ def test_an_attribute_a_later_round_makes_is_refused_at_the_next_checkpoint(tmp_
     lines = p.stderr.strip().splitlines()
     assert p.returncode == 2 and len(lines) == 1, (p.returncode, p.stderr[-2000:])
     assert lines[0].startswith("fedmpi: error: algorithm.name: late keeps 'late' (int, CountedAdam)"), lines[0]
+
+
+#: a plug-in keeping the best (lowest) update norm so far, ``math.inf`` until a round improves on it,
+#: and stepping only when the round's update beats it by ``SLACK`` (a sentinel kept across checkpoints)
+BEST = '''
+import math
+import torch
+from fedmpi.algorithms import register
+from fedmpi.algorithms.base import ServerAlgorithm
+
+
+@register("{name}")
+class Best(ServerAlgorithm):
+    shared_state = ("best",)
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.best = {value}
+
+    def weights(self, t, active, local):
+        return [1.0 / max(len(active), 1)] * len(local)
+
+    def server_update(self, t, active, total):
+        norm = float(total.norm())
+        step = 1.0 if norm < self.best * 10 else 0.25
+        self.best = min(self.best, norm) if t % 3 else self.best
+        return self.x.double() + step * total
+'''
+
+
+def test_an_infinite_declared_number_is_a_sentinel_that_resumes(tmp_path):
+    """#44's fresh hostile pass: declared state ``math.inf`` (a best-so-far sentinel) ended as exit 4
+    "diverged ... lower train.lr" at the first checkpoint, and a checkpoint holding it would have been
+    refused at load. A number may be infinite (never NaN); 1 round extended to 6 (the sentinel still
+    infinite at the cut) give the bits of a straight 6, and a NaN number still ends as diverged."""
+    plugin = tmp_path / "best.py"
+    plugin.write_text(BEST.format(name="best_inf", value="math.inf"))
+    plugins.load([str(plugin)])
+    cfg = small("best_inf", 6)
+    cfg["runtime"]["checkpoint_every"] = 1
+    straight, extended = str(tmp_path / "straight.h5"), str(tmp_path / "extended.h5")
+    assert Runner(config.from_dict(cfg), World(), straight, quiet=True).run() == 0
+    assert Runner(config.from_dict({**cfg, "rounds": 1}), World(), extended, quiet=True).run() == 0
+    assert Runner(config.from_dict(cfg), World(), extended, quiet=True).run() == 0
+    with h5py.File(straight) as a, h5py.File(extended) as b:
+        assert b.attrs["status"] == "completed" and b.attrs["rounds_done"] == 6
+        np.testing.assert_array_equal(a["final/params"][:], b["final/params"][:])
+    nan = tmp_path / "nan.py"
+    nan.write_text(BEST.format(name="best_nan", value="math.nan"))
+    p = fedmpi(["run", write_config(tmp_path / "c.yaml", {**small("best_nan", 3), "runtime": cfg["runtime"]}),
+                "--quiet", "--out", str(tmp_path / "n.h5"), "--plugin", str(nan)], check=False)
+    assert p.returncode == 4 and "state 'algorithm/shared/best' is not finite" in p.stderr, p.stderr[-2000:]
