@@ -13,7 +13,10 @@ reaches into an object (``table.rows``). Every other attribute is declared too, 
 checkpoint loses can go unnoticed:
 
 - ``custom_state``: state the class saves itself, by extending ``state_dict``/``load_state_dict``
-  (FedSWE's model versions, the server's clock);
+  (FedSWE's model versions, the scheduler's clock);
+- ``components``: ``Stateful`` objects (or None) whose state is saved with this one's, each under the
+  keys it names: its own, prefixed with its class's ``state_prefix`` (the server's scheduler and
+  privacy, privacy's clip, mechanism and ledger) -- nobody merges their state by hand;
 - ``derived``: recomputed from the config, the task or the declared state (caches, scratch
   buffers, the last round's cohort), so a resume that recomputes it loses nothing;
 - ``configuration``: fixed at set-up (from the config, the task, the run's components) and never
@@ -79,12 +82,19 @@ class Stateful:
     shared_state: tuple[str, ...] = ()
     client_state: tuple[str, ...] = ()
     custom_state: tuple[str, ...] = ()  # saved by the class's own ``state_dict`` extension
+    components: tuple[str, ...] = ()  # Stateful objects (or None) saved with it, under their ``state_prefix``
     derived: tuple[str, ...] = ()  # recomputed from the config, the task or the state; not saved
     configuration: tuple[str, ...] = ()  # fixed at set-up, never reassigned; not saved
+    state_prefix: str = ""  # what this object's keys start with when it is another's component
 
     def state_dict(self) -> State:
-        return State(shared={n: state_value(self, n) for n in declared(type(self), "shared_state")},
-                     clients={n: state_value(self, n) for n in declared(type(self), "client_state")})
+        state = State(shared={n: state_value(self, n) for n in declared(type(self), "shared_state")},
+                      clients={n: state_value(self, n) for n in declared(type(self), "client_state")})
+        for part in self._components():
+            for kind, attr in _KINDS.items():
+                getattr(state, attr).update({part.state_prefix + k: v
+                                             for k, v in getattr(part.state_dict(), attr).items()})
+        return state
 
     def load_state_dict(self, state: State) -> None:
         for kind, saved in (("shared_state", state.shared), ("client_state", state.clients)):
@@ -93,6 +103,15 @@ class Stateful:
                     raise InputError(f"checkpoint: no saved state {name!r} for {type(self).__name__} "
                                      f"(was it written by another version?)")
                 _set(self, name, restore_like(_get(self, name), saved[name], name))
+        for part in self._components():
+            p = part.state_prefix
+            part.load_state_dict(state if not p else State(
+                **{attr: {k[len(p):]: v for k, v in getattr(state, attr).items() if k.startswith(p)}
+                   for attr in _KINDS.values()}))
+
+    def _components(self) -> list[Stateful]:
+        """The declared ``components`` that are set (a None one holds no state)."""
+        return [c for c in (_get(self, n) for n in declared(type(self), "components")) if c is not None]
 
 
 def declared(cls: type, kind: str) -> list[str]:
@@ -105,7 +124,7 @@ def declared(cls: type, kind: str) -> list[str]:
 
 #: the declarations of an attribute, weakest first: a subclass may declare state under a name its
 #: base class declared configuration (FedAdam's moment ``m`` over the number of clients)
-DECLARATIONS = ("configuration", "derived", "custom_state", "client_state", "shared_state")
+DECLARATIONS = ("configuration", "derived", "components", "custom_state", "client_state", "shared_state")
 
 
 def declarations(cls: type) -> dict[str, str]:

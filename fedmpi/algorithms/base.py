@@ -19,8 +19,9 @@ An algorithm is a subclass of ``Algorithm`` (or ``ServerAlgorithm``) registered 
   cohort is split evenly over the ranks instead of by shard (``assigned``);
 - ``derived``: attributes recomputed from the config, the task or the declared state (caches,
   scratch buffers, the last round's cohort);
-- ``custom_state``: state its own ``state_dict`` extension saves (FedSWE's versions, the server's
-  scheduler and privacy, each a component that names its own keys);
+- ``custom_state``: state its own ``state_dict`` extension saves (FedSWE's versions);
+- ``components``: ``Stateful`` objects whose state is saved with its own, under the keys each names
+  (the server's scheduler and privacy; ``fedmpi.state``);
 - ``configuration``: attributes set-up fixes and no round reassigns (a rate, a count from the
   config; no arrays). Every attribute, scalars included, is state, derived or configuration: any
   other is refused at start, and again after the first round, because a checkpoint would not save
@@ -127,7 +128,7 @@ from ..privacy.declaration import Private
 from ..privacy.run import Privacy
 from ..registry import ALGORITHMS
 from ..schema import Digest, Reads, opt
-from ..state import State, Stateful, declared, state_tensors
+from ..state import Stateful, declared, state_tensors
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -367,7 +368,7 @@ class ServerAlgorithm(Algorithm):
     needs_participation = True
     shared_state = ("x",)
     derived = ("active", "_sizes", "_outputs", "stats")  # the last round's cohort and outputs; sample counts
-    custom_state = ("clock", "privacy")  # saved by ``state_dict``: the scheduler's state and privacy's
+    components = ("clock", "privacy")  # saved with its state: the scheduler's (clock.*, flight.*), privacy's (privacy.*)
     configuration = ("eta_g",)
     #: the clock's keys (its rounds' durations and cuts), K of a cohort under over-selection, the batch
     #: a device map's durations are measured at, the availability kind its refusal names
@@ -646,24 +647,6 @@ class ServerAlgorithm(Algorithm):
 
     def round_events(self) -> dict[str, np.ndarray] | None:
         return self.clock.round_events()
-
-    # ---------------------------------------------------------------- checkpoints
-    def state_dict(self) -> State:
-        """The declared state, the scheduler's (under the keys it names: ``clock.*``, ``flight.*``)
-        and privacy's (``privacy.<name>``, shared)."""
-        state = super().state_dict()
-        state.shared.update(self.clock.state_dict().shared)  # the clock, availability in time, tasks in flight
-        # privacy's: sigma, C, the mechanism's (banded MF's noise history) and the ledger's (none off)
-        state.shared.update({f"privacy.{k}": v for k, v in self.privacy.state_dict().shared.items()})
-        return state
-
-    def load_state_dict(self, state: State) -> None:
-        """The declared state from a checkpoint (client rows: this rank's shard), the scheduler's and
-        privacy's."""
-        super().load_state_dict(state)
-        self.clock.load_state_dict(state)
-        mine = {k.removeprefix("privacy."): v for k, v in state.shared.items() if k.startswith("privacy.")}
-        self.privacy.load_state_dict(State(shared=mine))
 
 
 def register(name: str) -> Callable[[type[Algorithm]], type[Algorithm]]:

@@ -4,7 +4,7 @@
 keeps where, which hooks of the round it overrides and which keys of other sections it reads.
 Each answer comes from one declaration of the class (or is derived, never declared twice):
 
-- state: ``shared_state`` and ``custom_state`` (the server's, or the same on every rank) and
+- state: ``shared_state``, ``custom_state`` and ``components`` (the server's, or the same on every rank) and
   ``client_state`` (a row per client, on the rank that owns it) -- ``fedmpi.state``;
 - reads: ``reads`` (``fedmpi.schema.Reads``: keys of other sections with the values it supports) and
   ``uses`` (keys of other sections its code reads whatever their value, e.g. the server's
@@ -44,7 +44,7 @@ class Capabilities:
     """What an algorithm class trains and keeps, the hooks it overrides and what it reads."""
 
     trains: str  # "server model": x^t from the clients' updates; "client models": each client its own
-    server_state: tuple[str, ...]  # shared_state and custom_state
+    server_state: tuple[str, ...]  # shared_state, custom_state and components
     client_state: tuple[str, ...]  # one row per client, on its owner's rank
     hooks: tuple[str, ...]  # the round's hooks it overrides and switches it sets
     reads: tuple[str, ...]  # keys (or sections) of other sections it reads
@@ -57,7 +57,7 @@ def capabilities(cls: type) -> Capabilities:
     server = S is not None
     return Capabilities(
         trains="server model" if server else "client models",
-        server_state=tuple(declared(cls, "shared_state") + declared(cls, "custom_state")),
+        server_state=tuple(declared(cls, "shared_state") + declared(cls, "custom_state") + declared(cls, "components")),
         client_state=tuple(declared(cls, "client_state")),
         hooks=tuple(cls._overridden()) if server else (),
         reads=tuple(dict.fromkeys([*(r.key for r in cls.reads), *declared(cls, "uses")])),

@@ -69,7 +69,8 @@ class Privacy(Stateful):
 
     shared_state = ("sigma",)  # a resumed run keeps the noise it was calibrated with
     derived = ("_epsilons",)  # epsilons computed (a cache)
-    own_state = ("clipping", "mechanism", "ledger")  # their state is saved with sigma (``state_dict``)
+    components = ("clipping", "mechanism", "ledger")  # their state is saved with sigma
+    state_prefix = "privacy."  # its keys in the server's checkpoint
     configuration = ("params", "sampling", "seed", "world", "on", "amplified", "amplification", "secure")
 
     def __init__(self, params: PrivacyParams, sampling: Sampling | None, rounds: int, seed: int, dim: int,
@@ -344,22 +345,12 @@ class Privacy(Stateful):
 
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> State:
-        """sigma, C, the mechanism's state and the ledger's counts, under one name each (none off)."""
-        if not self.on:
-            return State()
-        state = super().state_dict()
-        state.shared.update(self.clipping.state_dict().shared)
-        state.shared.update(self.mechanism.state_dict().shared)
-        state.shared.update(self.ledger.state_dict().shared)
-        return state
+        """sigma and its ``components``' state: C, the mechanism's and the ledger's counts (none off)."""
+        return super().state_dict() if self.on else State()
 
     def load_state_dict(self, state: State) -> None:
-        if not self.on:
-            return
-        super().load_state_dict(State(shared={k: state.shared[k] for k in ("sigma",) if k in state.shared}))
-        self.clipping.load_state_dict(State(shared={k: state.shared[k] for k in ("C",) if k in state.shared}))
-        self.mechanism.load_state_dict(state)
-        self.ledger.load_state_dict(state)
+        if self.on:
+            super().load_state_dict(state)
 
 
 def counted_refusals(cfg: Any) -> None:
