@@ -261,3 +261,40 @@ def test_the_memory_check_counts_a_clients_activations(tmp_path):
     assert a.activations >= 8 * 2 * (2 * 12 * 40) and b.activations == 4 * a.activations  # the logits, their softmax
     assert a.parameters == b.parameters == 4 * small.spec.dim
     assert large.chunk_size() == max(1, (64 << 20) // b.total)
+
+
+def test_a_cached_text_dataset_keys_on_the_folders_tokenizer_not_its_weights(tmp_path, monkeypatch):
+    """The data cache of a text dataset tokenized by the model folder's tokenizer.json: other
+    weights in the folder are a hit (the weights are not hashed into the data's key; they are
+    still inputs of the run), another tokenizer.json a miss with other ids."""
+    import shutil
+
+    from fedmpi import provenance
+    from fedmpi.data import jsonl
+    from fedmpi.data.datasets import dataset_arrays
+    from fedmpi.models.hf import load
+
+    path = tiny_folder(tmp_path, "llama", tokenizer=True)
+    lines = [json.dumps({"user_id": f"u{i % 3}", "text": "abcdefghij"[i % 7:] + "cab" * 4}) for i in range(12)]
+    (tmp_path / "d.jsonl").write_text("\n".join(lines) + "\n")
+    cache = tmp_path / "cache"
+    cfg = hf_config(path, "llama", task__dataset="jsonl", task__jsonl={"train": str(tmp_path / "d.jsonl")},
+                    task__cache_dir=str(cache), task__text={"context": 12})
+    del cfg["task"]["synthetic_text"]
+    first = dataset_arrays(config.from_dict(cfg))
+    assert len(os.listdir(cache)) == 1
+    shutil.copy(tiny_folder(tmp_path / "other", "llama", seed=1) + "/model.safetensors", path)
+    read = jsonl.read
+    monkeypatch.setattr(jsonl, "read", lambda *a, **k: pytest.fail("read again despite the cache"))
+    again = dataset_arrays(config.from_dict(cfg))
+    assert np.array_equal(again.x_train, first.x_train) and len(os.listdir(cache)) == 1
+    monkeypatch.setattr(jsonl, "read", read)
+    doc = json.loads((tmp_path / "llama" / "tokenizer.json").read_text())
+    vocab = doc["model"]["vocab"]
+    vocab["a"], vocab["b"] = vocab["b"], vocab["a"]
+    (tmp_path / "llama" / "tokenizer.json").write_text(json.dumps(doc))
+    other = dataset_arrays(config.from_dict(cfg))
+    assert len(os.listdir(cache)) == 2 and not np.array_equal(other.x_train, first.x_train)
+    provenance.reset_inputs()
+    load(path)
+    assert os.path.join(path, "model.safetensors") in provenance.record({})["inputs"]

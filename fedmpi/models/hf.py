@@ -39,6 +39,7 @@ from typing import Iterator, Optional
 import torch
 from torch import nn
 
+from .. import provenance
 from ..errors import InputError
 from ..schema import opt
 from . import ModelParams, register
@@ -176,6 +177,9 @@ def load(path: Optional[str], key: str = "task.path") -> nn.Module:
         if bad:
             raise InputError(f"{key}: {where}: the weights do not fit config.json ({what.replace('_', ' ')}: "
                              f"{', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})")
+    for name in sorted(os.listdir(where)):  # what defines the base: inputs of the run (a resume checks them)
+        if name == "config.json" or name.endswith((".safetensors", ".safetensors.index.json")):
+            provenance.note_input(os.path.join(where, name))
     transposed = _as_linear(lm)
     _no_dropout(lm)
     return CausalLM(lm, transposed)
