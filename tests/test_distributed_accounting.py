@@ -168,6 +168,11 @@ def reference_skellam(scale: float, central_stddev: float, clip: float, beta: fl
     return reference_epsilon(orders, rdp, delta)
 
 
+def padded(dim: int) -> int:
+    """The Hadamard transform's width, the reference's ``padded_dim`` for rotation 'hd'."""
+    return 2 ** math.ceil(math.log2(dim))
+
+
 #: the reference code's orders (``RDP_ORDERS``): fedmpi's are these and a few more
 REFERENCE_ORDERS = [*range(2, 129), 256]
 
@@ -183,6 +188,7 @@ SETTINGS = [
     (2.0, 0.5, 4096, 18, 50, 50, 0.0, 300, 1e-5),
     (1.0, 1.0, 256, 9, 100, 100, 0.0, 10, 1e-5),
     (1.0, 1.0, 256, 9, 50, 500, 0.0, 10, 1e-5),
+    (8.984, 1.0, 7850, 16, 100, 1000, math.exp(-0.5), 50, 1e-6),  # docs/REPRODUCTION.md's 16-bit row
 ]
 
 
@@ -205,7 +211,7 @@ def test_ddg_accountant_equals_the_reference_formulas(sigma, clip, dim, bits, co
     keep = np.isin(orders, REFERENCE_ORDERS)
     ours = discrete.epsilon(orders[keep], rdp[keep], delta)
     gamma = clip / cs
-    want = reference_ddgauss(gamma, sigma * clip / math.sqrt(m), m, clip, beta, dim, rounds, delta,
+    want = reference_ddgauss(gamma, sigma * clip / math.sqrt(m), m, clip, beta, padded(dim), rounds, delta,
                              REFERENCE_ORDERS)
     assert math.isclose(ours, want, rel_tol=1e-9), (ours, want)
     assert discrete.epsilon(orders, rdp, delta) <= ours  # fedmpi's extra orders only lower it
@@ -225,6 +231,22 @@ def test_skellam_accountant_equals_the_reference_formulas(sigma, clip, dim, bits
     orders, rdp = mech.rdp(priv.sampling, sigma, rounds)
     keep = np.isin(orders, REFERENCE_ORDERS)
     ours = discrete.epsilon(orders[keep], rdp[keep], delta)
-    want = reference_skellam(cs / clip, sigma * clip, clip, beta, dim, rounds, delta, REFERENCE_ORDERS)
+    want = reference_skellam(cs / clip, sigma * clip, clip, beta, padded(dim), rounds, delta, REFERENCE_ORDERS)
     assert math.isclose(ours, want, rel_tol=1e-9), (ours, want)
 
+
+
+@pytest.mark.parametrize("mechanism", ["distributed_dgauss", "distributed_skellam"])
+@pytest.mark.parametrize("bits, sigma", [(12, 14.58), (16, 8.984), (20, 8.969)])
+def test_the_reproduction_tables_noise_is_epsilon_4_by_the_reference_formulas(mechanism, bits, sigma):
+    """docs/REPRODUCTION.md "Distributed noise against bits" calibrated sigma to epsilon 4 (Fashion-MNIST:
+    d = 7850, 100 clients a round of 1000, 50 rounds, clip 1, beta exp(-0.5), delta 1e-6) with fedmpi's
+    accountant; at the table's sigmas (4 digits) the reference's formulas give epsilon 4 to 1e-3."""
+    priv = accountant(mechanism, sigma, 1.0, 7850, bits, 100, 1000, math.exp(-0.5))
+    cs = priv.mechanism.scale(sigma, 100)
+    if mechanism == "distributed_dgauss":
+        eps = reference_ddgauss(1 / cs, sigma / math.sqrt(1000), 1000, 1.0, math.exp(-0.5), 8192, 50, 1e-6,
+                                REFERENCE_ORDERS)
+    else:
+        eps = reference_skellam(cs, sigma, 1.0, math.exp(-0.5), 8192, 50, 1e-6, REFERENCE_ORDERS)
+    assert abs(eps - 4) < 1e-3, eps
