@@ -67,8 +67,8 @@ def test_a_fixed_size_cohort_keeps_amplification_under_secure_aggregation():
 
 
 def test_an_aborted_round_is_charged_as_any_round_and_says_so(caplog):
-    """Under Poisson sampling (not amplified) a round of one client aborts (4 clients, q = 0.3); the run's epsilon is the
-    unamplified charge of every round, the same as with the plain sum and amplification off (the
+    """Under Poisson sampling (not amplified) a round of one client aborts (4 clients, q = 0.3); the run's
+    epsilon is the unamplified charge of every round, the same as with the plain sum and amplification off (the
     aborted rounds included: conservative, they released no row), and the log line says so."""
     run = build_components(config.from_dict(run_config("secagg", POISSON, clients=4)), World())
     same = build_components(config.from_dict(run_config("plain", POISSON, clients=4, amplification="off")),
