@@ -33,7 +33,8 @@ HELPERS = ("assigned", "cohort", "outputs", "reads_outputs", "trains_by_default"
 #: tests/test_docs.py checks that this covers every attribute of a built one
 ATTRIBUTES = {
     "ctx": ("the ``Context``: config, world, task, trainer, participation", "rebuilt"),
-    "cfg": ("the run's resolved ``Config`` (``self.cfg.seed``, ``self.cfg.train.batch_size``, ...)", "rebuilt"),
+    "cfg": ("the run's resolved ``Config``, scoped: its own keys and those it declares (``self.cfg.seed``, "
+            "``self.cfg.train.batch_size``, ...)", "rebuilt"),
     "params": ("the ``algorithm`` block: an instance of the class's ``Params``", "rebuilt"),
     "world": ("the ``World``: ``rank``, ``size``, ``is_server``, ``broadcast_`` ...", "rebuilt"),
     "m": ("the number of clients", "rebuilt"),

@@ -25,6 +25,7 @@ import torch
 
 from . import guards, rng
 from .algorithms.base import Algorithm, Context
+from .algorithms.capabilities import scoped
 from .clock.params import asked
 from .config import Config
 from .data.arrays import DataArrays
@@ -74,7 +75,7 @@ def build_components(cfg: Config, world: World, participation: Participation | N
     check_step_inputs(cfg, world, trainer)
     privacy = Privacy.of_run(cfg, participation, cls, trainer.spec.dim, world)  # the releases the server asks for
     components = Components(cfg, world, task, trainer, participation, privacy)
-    components.algorithm = cls(Context(cfg, world, task, trainer, participation, privacy))
+    components.algorithm = cls(Context(scoped(cfg, cls), world, task, trainer, participation, privacy))  # its keys only
     check_state(components)
     return components
 

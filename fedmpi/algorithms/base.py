@@ -150,9 +150,15 @@ class ServerParams(AlgorithmParams):
 
 @dataclass
 class Context:
-    """What an algorithm may use: config, world, task, trainer, participation."""
+    """What an algorithm may use: config, world, task, trainer, participation, privacy.
 
-    cfg: Config  # the run's resolved config
+    ``cfg`` is the run's config as the algorithm may read it (``capabilities.scoped``): its
+    ``algorithm`` block, its ``sections`` and the keys of other sections it declares (``reads``,
+    ``uses``); another key raises at its first read, naming the key and the fix. Components that
+    own a section (trainer, participation, privacy, clock) get theirs from the root config;
+    ``build.Components`` (the runner's) holds the root."""
+
+    cfg: Config  # the run's resolved config, scoped to the algorithm (``capabilities.ScopedConfig``)
     world: World  # ranks, devices and the collectives (``fedmpi.runtime``)
     task: Task  # the data on this rank's device, the model, the clients' shares (``fedmpi.task``)
     trainer: LocalTrainer  # local training of many clients at once (``engine.local``)
@@ -365,8 +371,8 @@ class ServerAlgorithm(Algorithm):
     custom_state = ("clock", "in_time", "privacy")  # saved by ``state_dict``: the virtual time, privacy's
     configuration = ("eta_g",)
     #: the clock's keys (its rounds' durations and cuts), K of a cohort under over-selection, the batch
-    #: a device map's durations are measured at
-    uses = ("clock", "availability.size", "train.batch_size")
+    #: a device map's durations are measured at, the availability kind its refusal names
+    uses = ("clock", "availability.size", "availability.kind", "train.batch_size")
     #: True: ``self.outputs`` holds this round's ``ClientOutputs`` (one small collective a round:
     #: ~1 ms of a 2-rank anchor-task round, so only algorithms that read them pay it)
     client_outputs = False

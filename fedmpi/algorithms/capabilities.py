@@ -20,12 +20,21 @@ Each answer comes from one declaration of the class (or is derived, never declar
 
 ``check(cls)`` validates the declarations at ``register`` (a TypeError naming the class and the
 attribute): each state name declared once, ``uses`` a tuple of dotted keys outside its own block.
+
+``scoped(cfg, cls)`` is the config an algorithm gets (``Context.cfg``, so also ``self.cfg``): its
+own block and sections and the keys it declares (``reads``, ``uses``), nothing else. Reading any
+other key raises ``UndeclaredRead`` (an ``InputError``: exit 2, one line naming the key, the
+algorithm and the fix), at the first read, on every rank alike. ``check_config`` (a classmethod,
+before set-up) still gets the whole config: it refuses combinations, naming each key it reads.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import Any
+
+from ..errors import InputError
 from ..state import DECLARATIONS, declared
 
 
@@ -79,11 +88,55 @@ def check(cls: type, name: str) -> None:
                             f"sections (declare only keys of other sections)")
 
 
+def readable(cls: type) -> tuple[str, ...]:
+    """The dotted keys (a section covers its keys) that ``cls`` may read: its own block and
+    sections, and its declared reads."""
+    return ("algorithm", *cls.sections, *capabilities(cls).reads)
+
+
 def reads_within(cls: type, key: str) -> bool:
-    """Whether ``cls`` may read the dotted ``key``: its own block or sections, or a declared read
-    (a declared section covers its keys)."""
-    parts = key.split(".")
-    if parts[0] in ("algorithm", *cls.sections):
-        return True
-    declared_reads = capabilities(cls).reads
-    return any(key == r or key.startswith(r + ".") for r in declared_reads)
+    """Whether ``cls`` may read the dotted ``key`` (``readable``)."""
+    return _covered(key, readable(cls))
+
+
+def _covered(key: str, allowed: tuple[str, ...]) -> bool:
+    return any(key == r or key.startswith(r + ".") for r in allowed)
+
+
+class UndeclaredRead(InputError):
+    """An algorithm read a config key it did not declare (``ScopedConfig``): a plug-in's mistake,
+    shown as bad input (exit 2, one line) because its author meets it running fedmpi."""
+
+
+class ScopedConfig:
+    """A read-only view of the run's config (or of one of its blocks) for one algorithm: a key it
+    may read (``readable``) is the config's own value (a whole section its own dataclass); a block
+    holding some readable keys is a view of that block; any other key raises ``UndeclaredRead``."""
+
+    def __init__(self, block: Any, path: str, allowed: tuple[str, ...], who: str, uses: str):
+        vars(self).update(_block=block, _path=path, _allowed=allowed, _who=who, _uses=uses, _views={})
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # Python's own protocols (copy, pickle) find nothing here
+            raise AttributeError(name)
+        key = self._path + name
+        if _covered(key, self._allowed):
+            return getattr(self._block, name)
+        if any(r.startswith(key + ".") for r in self._allowed):
+            if name not in self._views:
+                value = getattr(self._block, name)
+                self._views[name] = value if value is None else ScopedConfig(value, key + ".", self._allowed,
+                                                                                 self._who, self._uses)
+            return self._views[name]
+        raise UndeclaredRead(f"{key}: {self._who} reads this key without declaring it (add {key!r} to {self._uses})")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{self._path}{name}: the config is read-only")
+
+    def __repr__(self) -> str:
+        return f"ScopedConfig({self._path.rstrip('.') or 'config'} of {self._who})"
+
+
+def scoped(cfg: Any, cls: type) -> ScopedConfig:
+    """``cfg`` as the algorithm class ``cls`` may read it (``Context.cfg``; module docstring)."""
+    return ScopedConfig(cfg, "", readable(cls), f"algorithm {cfg.algorithm.name!r}", f"{cls.__name__}.uses")
