@@ -146,3 +146,9 @@ def test_contradicting_declarations_are_refused_at_register():
 
     with pytest.raises(TypeError, match="uses names 'algorithm.global_lr', a key of its own block"):
         register("uses_its_own_block")(OwnBlock)
+
+    class Packs(ServerAlgorithm):
+        packs = False
+
+    with pytest.raises(TypeError, match="Packs.packs is derived from its round"):
+        register("declares_packs")(Packs)

@@ -19,7 +19,8 @@ Each answer comes from one declaration of the class (or is derived, never declar
   (``fedmpi.packed``) may train its clients with other runs' (an asynchronous server step is not).
 
 ``check(cls)`` validates the declarations at ``register`` (a TypeError naming the class and the
-attribute): each state name declared once, ``uses`` a tuple of dotted keys outside its own block.
+attribute): each state name declared once, ``uses`` a tuple of dotted keys outside its own block,
+no ``packs``.
 
 ``scoped(cfg, cls)`` is the config an algorithm gets (``Context.cfg``, so also ``self.cfg``): its
 own block and sections and the keys it declares (``reads``, ``uses``), nothing else. Reading any
@@ -71,13 +72,16 @@ def _server_base(cls: type) -> type | None:
 
 def check(cls: type, name: str) -> None:
     """Refuse (TypeError) declarations that contradict each other: a state name declared in two
-    kinds, a ``uses`` that is not a tuple of dotted keys of other sections."""
+    kinds, a ``uses`` that is not a tuple of dotted keys of other sections, a declared ``packs``."""
     seen: dict[str, str] = {}
     for kind in DECLARATIONS:
         for attr in vars(cls).get(kind, ()):
             if attr in seen and seen[attr] != kind:
                 raise TypeError(f"algorithm {name!r}: {cls.__name__} declares {attr!r} in both {seen[attr]} and {kind}")
             seen[attr] = kind
+    if "packs" in vars(cls):
+        raise TypeError(f"algorithm {name!r}: {cls.__name__}.packs is derived from its round (capabilities), "
+                        f"not declared")
     uses = vars(cls).get("uses", ())
     own = ("algorithm", *cls.sections)
     if not isinstance(uses, tuple) or not all(isinstance(k, str) and k for k in uses):

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from fedmpi import config, plugins
+from fedmpi.algorithms.capabilities import UndeclaredRead
 from fedmpi.build import build_components, check_state
 from fedmpi.checkpointer import Checkpointer
 from fedmpi.errors import InputError
@@ -289,6 +290,8 @@ def verdict(combo: Combo, folder: str, world) -> tuple[str, object]:
     try:
         cfg = config.from_dict(combo.data(folder), world.size)
         build_components(cfg, world)
+    except UndeclaredRead:  # an algorithm's bug, never a refusal of the combination
+        raise
     except InputError as e:
         return "refused", str(e)
     return "runs", cfg
