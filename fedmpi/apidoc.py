@@ -46,10 +46,9 @@ ATTRIBUTES = {
     "privacy": ("the run's ``fedmpi.privacy.Privacy`` (``ctx.privacy``): ``on``, ``noisy``, ``cohort``, ``sigma``, "
                 "``C``; ``release`` makes a sum private", "restored (sigma, C, its mechanism's and ledger's state)"),
     "stats": ("this round's ``LocalStats`` (set in ``begin_round``; filled by the training)", "set each round"),
-    "clock": ("the synchronous rounds' ``fedmpi.clock.rounds.RoundClock`` (``now``, ``events``), None without "
-              "``clock:``", "rebuilt; ``now`` restored"),
-    "in_time": ("``fedmpi.clock.availability.InTime``: the availability kind stepped in virtual seconds "
-                "(``clock.slot``), else None", "rebuilt; its step and set restored"),
+    "clock": ("the server's scheduler (``fedmpi.clock.scheduler``): ``available(t)``, ``keep(t, selected)``, "
+              "``virtual_time()``; availability in time, the clock, the tasks in flight",
+              "rebuilt; its state restored (``now``, the availability step, the tasks in flight)"),
 }
 
 

@@ -1,7 +1,10 @@
 """The asynchronous server on the virtual clock, shared by FedBuff and FedAsync.
 
-M = ``algorithm.concurrency`` clients train at once (``fedmpi.clock.flight``). Server step t
-(the runner's round t; ``rounds`` counts server steps) holds the model x^t, version t:
+M = ``algorithm.concurrency`` clients train at once. Who is dispatched, when each task arrives and
+which arrivals a step keeps is the scheduler's asynchronous policy (``self.clock``:
+``fedmpi.clock.scheduler.Steps`` on ``fedmpi.clock.flight``); this class trains the tasks, holds
+their updates and applies the step. Server step t (the runner's round t; ``rounds`` counts server
+steps) holds the model x^t, version t:
 
     repeat until K updates are kept (K = ``buffer_size``):
         the next task to finish (finish time, then client id) arrives; now <- its finish time
@@ -16,8 +19,9 @@ version t are computed in one batch on the engine at step t, from x^t (those dis
 t-1 and those dispatched during step t, known before any update is needed: the queue is
 bookkeeping), each rank training an even share by position; rank 0 holds the updates still in
 flight (``held``, one row per slot) until they arrive, and applies the step. The sums run in
-arrival order on rank 0, so any number of ranks gives the same bits, and the queue, the held
-updates and the clock are the run's state: a resumed run continues them exactly.
+arrival order on rank 0, so any number of ranks gives the same bits, and the queue and the clock
+(the scheduler's declared state) and the held updates (``held``) are the run's state: a resumed
+run continues them exactly.
 
 The hooks of a task's training are the synchronous round's (``HONOURED``): ``lr_scale(t, clients)``
 and ``local_terms(t, clients, start)``, with t the model version the tasks train from and
@@ -39,11 +43,12 @@ from typing import Literal, Optional
 import numpy as np
 import torch
 
+from ..clock import scheduler
 from ..clock.flight import Flight, stream
+from ..clock.scheduler import Steps
 from ..engine.threads import one_thread
-from ..errors import InputError
 from ..schema import Digest, opt
-from ..state import State, as_tensor, declared, restore_like
+from ..state import declared
 from .base import Context, ServerAlgorithm, ServerParams
 
 
@@ -81,13 +86,6 @@ def staleness_weight(kind: str, tau: np.ndarray, a: float, b: int) -> np.ndarray
 #: refused at ``register`` (``AsyncAlgorithm._unhonoured``)
 HONOURED: tuple[str, ...] = ("lr_scale", "local_terms")
 
-#: the flight's arrays of a task's repeats, state only without ``once_per_version`` (``state_dict``)
-REPEATS = ("repeat", "repeats")
-
-#: with availability in time, the most availability steps a server step waits with nothing in flight
-#: before it steps with what arrived (a trace that never brings a client back must not hang the run)
-MAX_IDLE_STEPS = 100_000
-
 
 class AsyncAlgorithm(ServerAlgorithm):
     """Asynchronous FL on the virtual clock (the module docstring); subclasses give ``buffer_size``,
@@ -96,28 +94,12 @@ class AsyncAlgorithm(ServerAlgorithm):
     Params = AsyncParams
     private = ("an asynchronous server whose step is not declared a release of a sum (FedBuff's is: declare "
                "`private = Private(..., counted=True)` on it)")
-    shared_state = ("flight.client", "flight.dispatch", "flight.finish", "flight.version", "flight.steps",
-                    "flight.failed", "flight.trained", "flight.last_version", "flight.dispatched", "flight.now",
-                    "held")
+    shared_state = ("held",)  # the updates of tasks still in flight (the tasks are the scheduler's, ``self.clock``)
 
     @classmethod
     def check_config(cls, cfg) -> None:
         super().check_config(cfg)
-        name, c = cfg.algorithm.name, cfg.clock
-        if not c.on:
-            raise InputError(f"clock.kind: algorithm.name {name} is asynchronous: it runs on the virtual clock "
-                             f"(set clock.kind: constant, lognormal or file)")
-        if cfg.availability.kind != "always" and c.slot is None:
-            raise InputError(f"availability.kind: algorithm.name {name} dispatches at virtual times: set "
-                             f"clock.slot (seconds per step of {cfg.availability.kind!r}) or leave availability.kind: "
-                             f"always")
-        for key, used in (("deadline", c.deadline is not None), ("over_select", c.over_select > 0)):
-            if used:
-                raise InputError(f"clock.{key}: algorithm.name {name} is asynchronous: it has no rounds to cut "
-                                 f"(a deadline and over-selection apply to synchronous rounds)")
-        if cfg.algorithm.concurrency > cfg.task.clients:
-            raise InputError(f"algorithm.concurrency: {cfg.algorithm.concurrency} clients in flight, more than "
-                             f"task.clients ({cfg.task.clients})")
+        Steps.check(cfg)
 
     @classmethod
     def _unhonoured(cls) -> str | None:
@@ -136,29 +118,16 @@ class AsyncAlgorithm(ServerAlgorithm):
 
     def __init__(self, ctx: Context):
         super().__init__(ctx)
-        p = self.params
-        trainer = ctx.trainer
-        self.flight = Flight(p.concurrency, self.m, self.durations(), self.cfg.seed,
-                             trainer.steps_of, None if self.in_time is None else self.in_time.at, p.once_per_version)
-        self.held = torch.zeros(p.concurrency, ctx.spec.dim, device=ctx.device)  # updates in flight (rank 0)
-        self.flight.fill(0)
+        self.held = torch.zeros(self.params.concurrency, ctx.spec.dim, device=ctx.device)  # updates in flight (rank 0)
 
-    def state_dict(self) -> State:
-        """The declared state; without ``once_per_version`` also the tasks' repeats (with it they are
-        all 0, and a checkpoint holds what it held before repeats existed)."""
-        state = super().state_dict()
-        if not self.flight.once_per_version:
-            state.shared.update({f"flight.{n}": as_tensor(getattr(self.flight, n)) for n in REPEATS})
-        return state
+    def schedule(self) -> Steps:
+        """Asynchronous server steps (``fedmpi.clock.scheduler.Steps``): M tasks in flight."""
+        return scheduler.steps(self.ctx, self.params.concurrency, self.params.once_per_version)
 
-    def load_state_dict(self, state: State) -> None:
-        super().load_state_dict(state)
-        if not self.flight.once_per_version:
-            for n in REPEATS:
-                setattr(self.flight, n, restore_like(getattr(self.flight, n), state.shared[f"flight.{n}"], n))
-
-    def make_clock(self) -> None:
-        return None  # the flight is the clock
+    @property
+    def flight(self) -> Flight:
+        """The tasks in flight (the scheduler's)."""
+        return self.clock.flight
 
     @property
     def buffer_size(self) -> int:
@@ -182,66 +151,21 @@ class AsyncAlgorithm(ServerAlgorithm):
 
     # ---------------------------------------------------------------- one server step
     def round(self, t: int) -> int:
-        flight, K, limit = self.flight, self.buffer_size, self.params.max_staleness
-        kept: list[tuple[int, int, int]] = []  # (client, staleness, slot or -1: trained this step)
-        fresh: list[tuple[int, int, int]] = []  # (client, steps, repeat) trained from x^t, in this order
-        source: list[int] = []  # for each kept update: its row in ``fresh`` or -1 - its slot in ``held``
-        idle = 0  # availability steps waited with nothing in flight
-        while len(kept) < K:
-            slot = flight.next_arrival()
-            if self._wait_for_clients(slot, t):  # availability in time: a free slot waits for the next step
-                idle = idle + 1 if slot is None else 0
-                if idle < MAX_IDLE_STEPS:
-                    continue
-                break
-            if slot is None:  # nothing in flight: step with what arrived
-                break
-            tau = t - int(flight.version[slot])
-            outcome = "failed" if flight.failed[slot] else "stale" if limit is not None and tau > limit else "kept"
-            if outcome == "kept":
-                kept.append((int(flight.client[slot]), tau, slot))
-                if flight.trained[slot]:
-                    source.append(-1 - slot)
-                else:
-                    source.append(len(fresh))
-                    fresh.append(flight.task(slot))
-            flight.arrive(slot, t, outcome)
-            if len(kept) < K:
-                flight.fill(t)
-        in_flight = flight.untrained(t)
-        fresh += [flight.task(s) for s in in_flight]
+        plan = self.clock.arrivals(t, self.buffer_size, self.params.max_staleness)
+        fresh, in_flight = plan.fresh, plan.in_flight
         rows = self._train(t, fresh)  # rank 0: (len(fresh), d); elsewhere None
+        self.active = plan.active  # the step's contributors
         if self.world.is_server:
-            picked = [rows[j] if j >= 0 else self.held[-1 - j] for j in source]
+            picked = [rows[j] if j >= 0 else self.held[-1 - j] for j in plan.source]
             update = torch.stack(picked) if picked else self.held[:0]
-            tau = np.array([k[1] for k in kept], dtype=np.int64)
-            self.active = np.sort(np.array([k[0] for k in kept], dtype=np.int64))  # the step's contributors
-            self.x = self.step(t, update, tau).float() if len(kept) else self.x.clone()
+            self.x = self.step(t, update, plan.staleness).float() if len(plan.kept) else self.x.clone()
             for i, s in enumerate(in_flight):  # the updates still in flight, until they arrive
                 self.held[s] = rows[len(fresh) - len(in_flight) + i]
         else:
             self.x = torch.empty_like(self.x)
         self.world.broadcast_(self.x)
-        flight.trained[in_flight] = 1
-        self.active = np.sort(np.array([k[0] for k in kept], dtype=np.int64))
-        flight.fill(t + 1)
-        return len(kept)
-
-    def _wait_for_clients(self, slot: int | None, t: int) -> bool:
-        """With availability in time, when a task slot is free and the kind's next step comes before
-        the next arrival (or nothing is in flight but some idle client may become available): move
-        ``now`` there and dispatch who is available; True when it did."""
-        flight = self.flight
-        if self.in_time is None or flight.busy.all():
-            return False
-        boundary = self.in_time.next_change(flight.now)
-        if slot is not None and boundary >= flight.finish[slot]:
-            return False
-        if slot is None and not flight.idle(t).any():  # nobody could be dispatched from x^t at any time
-            return False
-        flight.now = boundary
-        flight.fill(t)
-        return True
+        self.clock.stepped(t, plan)
+        return len(plan.kept)
 
     def _train(self, t: int, work: list[tuple[int, int, int]]) -> torch.Tensor | None:
         """The ``keep`` rows of ``work`` (client, steps, repeat) trained from x^t on the engine, each
@@ -282,10 +206,3 @@ class AsyncAlgorithm(ServerAlgorithm):
     @property
     def device(self) -> torch.device:
         return self.ctx.device
-
-    # ---------------------------------------------------------------- outputs
-    def virtual_time(self) -> float:
-        return self.flight.now
-
-    def round_events(self) -> dict[str, np.ndarray]:
-        return self.flight.events.take()

@@ -19,7 +19,8 @@ An algorithm is a subclass of ``Algorithm`` (or ``ServerAlgorithm``) registered 
   cohort is split evenly over the ranks instead of by shard (``assigned``);
 - ``derived``: attributes recomputed from the config, the task or the declared state (caches,
   scratch buffers, the last round's cohort);
-- ``custom_state``: state its own ``state_dict`` extension saves (FedSWE's versions, the clock);
+- ``custom_state``: state its own ``state_dict`` extension saves (FedSWE's versions, the server's
+  scheduler and privacy, each a component that names its own keys);
 - ``configuration``: attributes set-up fixes and no round reassigns (a rate, a count from the
   config; no arrays). Every attribute, scalars included, is state, derived or configuration: any
   other is refused at start, and again after the first round, because a checkpoint would not save
@@ -45,10 +46,16 @@ The runner calls (every "collective" method must be called on every rank, in the
 | ``static_groups()`` once, fresh runs only | rank 0 | no | nothing |
 | ``virtual_time()`` at each evaluation (with a clock) | every rank | no | nothing |
 | ``round_events()`` after each round (with a clock) | every rank | no | hands its events over |
-| ``make_clock()`` / ``durations()`` once, in ``__init__`` (with a clock) | every rank | no | nothing |
+| ``schedule()`` once, in ``__init__`` | every rank | no | nothing |
 | ``state_dict()`` / ``load_state_dict(state)`` | every rank | no | load: its state |
 
-``ServerAlgorithm`` is the centralized round (docs/DESIGN.md). Its ``round(t)`` is three phases,
+``ServerAlgorithm`` is the centralized round (docs/DESIGN.md). Who is asked when, how long they take
+and whom the server keeps is its scheduler's (``self.clock``, ``fedmpi.clock.scheduler``, made by
+``schedule()``): availability asked per round or at virtual times, the clock, the durations and the
+tasks in flight, one component with declared state. Synchronous rounds are one policy of it
+(``Rounds``; untimed without ``clock:``, ``TimedRounds`` with it), asynchronous server steps the
+other (``Steps``, ``algorithms.asynchronous``). Step 1's ``available`` is the scheduler's
+``available(t)`` (round t's set, or the set at the virtual time the round starts). Its ``round(t)`` is three phases,
 which a driver may call itself instead (``fedmpi.packed`` does, to train the clients of several
 runs of a sweep at once), in this order, once per round, with nothing else of the algorithm
 called in between; ``round(t)`` is exactly the three, so either way gives the same bits:
@@ -71,7 +78,7 @@ Inside ``round(t)``:
 | step | ranks | what it may do |
 |---|---|---|
 | 1. ``select(t, available)`` | every rank, once per round, same input | update replicated per-round state |
-| 1b. with a clock: who the clock keeps (``fedmpi.clock.rounds``); ``failures(t, failed, late)`` | every rank | -- |
+| 1b. whom the scheduler keeps (``self.clock.keep``); ``failures(t, failed, late)`` | every rank | -- |
 | 2. ``start_models``, ``lr_scale``, ``local_terms`` | every rank, its active clients (``assigned``) | read state |
 | 3. ``local_training(t, local, start)`` (default: ``ctx.trainer`` with ``local_terms``) | every rank | client state |
 | 3b. privacy's release begins: updates bounded (clip), local noise | every rank; adaptive: collective | its C |
@@ -109,9 +116,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import torch
 
-from ..clock.availability import InTime
-from ..clock.durations import Durations
-from ..clock.rounds import RoundClock
+from ..clock import scheduler
 from ..engine.local_step import StepTerm
 from ..engine.local import LocalStats, Training
 from ..engine.quantities import ClientQuantity, check_quantities
@@ -308,12 +313,6 @@ class Algorithm(Stateful):
         if cfg.clock.on and not issubclass(cls, ServerAlgorithm):
             raise InputError(f"clock.kind: algorithm.name {cfg.algorithm.name} is decentralized (its delays are "
                              f"sporadicity's); the clock times a server's rounds (leave clock.kind: none)")
-        c = cfg.clock
-        if (c.drops or c.slot is not None) and getattr(cls, "needs_probabilities", False):
-            key = next(k for k, on in (("slot", c.slot is not None), ("deadline", c.deadline is not None),
-                                       ("over_select", c.over_select > 0), ("dropout", True)) if on)
-            raise InputError(f"clock.{key}: algorithm.name {cfg.algorithm.name} weights clients by their true "
-                             f"availability p_i^t in round t, which the clock changes")
 
     def round(self, t: int) -> int:
         """Run round (iteration) t; return the number of clients that trained (the same on every rank)."""
@@ -368,7 +367,7 @@ class ServerAlgorithm(Algorithm):
     needs_participation = True
     shared_state = ("x",)
     derived = ("active", "_sizes", "_outputs", "stats")  # the last round's cohort and outputs; sample counts
-    custom_state = ("clock", "in_time", "privacy")  # saved by ``state_dict``: the virtual time, privacy's
+    custom_state = ("clock", "privacy")  # saved by ``state_dict``: the scheduler's state and privacy's
     configuration = ("eta_g",)
     #: the clock's keys (its rounds' durations and cuts), K of a cohort under over-selection, the batch
     #: a device map's durations are measured at, the availability kind its refusal names
@@ -409,25 +408,17 @@ class ServerAlgorithm(Algorithm):
         self._outputs: ClientOutputs | None = None  # this round's (from step 3c), else the last round's
         self._sizes = np.asarray(ctx.task.sizes, dtype=np.float64)
         self.privacy = ctx.privacy  # a sum the server releases goes through it (``finish_round``)
-        self.clock = self.make_clock()  # None without ``clock:``
-        slot = self.cfg.clock.slot  # availability asked at virtual times (``fedmpi.clock.availability``)
-        self.in_time = InTime(ctx.participation, slot, self.m) if slot is not None and ctx.participation else None
+        self.clock = self.schedule()  # who is asked when and whom the server keeps
 
-    def make_clock(self) -> RoundClock | None:
-        """The synchronous rounds' clock (``fedmpi.clock.rounds``) when ``clock.kind`` is not none:
-        a cohort of K = ``availability.size`` keeps K under ``clock.over_select``."""
-        c = self.cfg.clock
-        if not c.on:
-            return None
-        keep = self.cfg.availability.size if c.over_select > 0 else None
-        durations = self.durations()
-        durations.check_deadline(self.ctx.trainer.least_steps())  # a deadline nobody can meet: exit 2
-        return RoundClock(durations, keep)
+    @classmethod
+    def check_config(cls, cfg: Config) -> None:
+        super().check_config(cfg)
+        scheduler.check(cfg, cls)
 
-    def durations(self) -> Durations:
-        """The clients' task durations (``fedmpi.clock.durations``; a device map needs the batch and
-        the model size)."""
-        return Durations(self.cfg.clock, self.m, self.cfg.seed, self.cfg.train.batch_size, self.ctx.spec.dim)
+    def schedule(self) -> scheduler.Scheduler:
+        """The server's scheduler (``fedmpi.clock.scheduler``): synchronous rounds, untimed without
+        ``clock:`` (``Rounds``), else on the clock (``TimedRounds``)."""
+        return scheduler.rounds(self.ctx)
 
     # ---------------------------------------------------------------- the round
     def round(self, t: int) -> int:
@@ -440,17 +431,11 @@ class ServerAlgorithm(Algorithm):
     def begin_round(self, t: int) -> TrainingRequest:
         """Steps 1-2 of round t (every rank): who trains, from which models and, with the default
         training (``trains_by_default``), with which step sizes, terms and stats to fill."""
-        timed = self.in_time is not None
-        available = self.in_time.at(self.clock.now) if timed else self.ctx.participation.available(t)
-        active = self.select(t, available)
-        if self.clock is not None:  # 1b: the clients the clock keeps (deadline, over-selection, dropout)
-            cohort = self.clock.round(t, active, self.ctx.trainer.steps_of(active, t))
-            if len(cohort.failed) or len(cohort.late):
-                self.failures(t, cohort.failed, cohort.late)
-            if timed and not len(active):  # nobody to ask: the round waits for the next availability step
-                self.clock.now = self.in_time.next_change(self.clock.now)
-            active = cohort.kept
-        self.active = active
+        selected = self.select(t, self.clock.available(t))
+        cohort = self.clock.keep(t, selected)  # 1b: whom the clock keeps (deadline, over-selection, dropout)
+        if len(cohort.failed) or len(cohort.late):
+            self.failures(t, cohort.failed, cohort.late)
+        self.active = active = cohort.kept
         local = self.assigned(active)
         start = self.start_models(local)
         self.stats = LocalStats(quantities=self.client_quantities)  # filled by the local training
@@ -657,32 +642,26 @@ class ServerAlgorithm(Algorithm):
         return self.active
 
     def virtual_time(self) -> float | None:
-        return None if self.clock is None else self.clock.now
+        return self.clock.virtual_time()
 
     def round_events(self) -> dict[str, np.ndarray] | None:
-        return None if self.clock is None else self.clock.events.take()
+        return self.clock.round_events()
 
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> State:
-        """The declared state, plus under privacy the mechanism's (``privacy.<name>``, shared)."""
+        """The declared state, the scheduler's (under the keys it names: ``clock.*``, ``flight.*``)
+        and privacy's (``privacy.<name>``, shared)."""
         state = super().state_dict()
-        if self.clock is not None:  # the virtual time the next round starts at
-            state.shared["clock.now"] = torch.tensor(self.clock.now, dtype=torch.float64)
-        if self.in_time is not None:  # the availability step reached and who is available in it
-            state.shared.update(self.in_time.state_dict().shared)
+        state.shared.update(self.clock.state_dict().shared)  # the clock, availability in time, tasks in flight
         # privacy's: sigma, C, the mechanism's (banded MF's noise history) and the ledger's (none off)
         state.shared.update({f"privacy.{k}": v for k, v in self.privacy.state_dict().shared.items()})
         return state
 
     def load_state_dict(self, state: State) -> None:
-        """The declared state from a checkpoint (client rows: this rank's shard), and privacy's."""
+        """The declared state from a checkpoint (client rows: this rank's shard), the scheduler's and
+        privacy's."""
         super().load_state_dict(state)
-        if self.clock is not None:
-            if "clock.now" not in state.shared:
-                raise InputError("checkpoint: no saved clock.now (written by another version?)")
-            self.clock.now = float(state.shared["clock.now"].item())
-        if self.in_time is not None:
-            self.in_time.load_state_dict(state.shared)
+        self.clock.load_state_dict(state)
         mine = {k.removeprefix("privacy."): v for k, v in state.shared.items() if k.startswith("privacy.")}
         self.privacy.load_state_dict(State(shared=mine))
 
