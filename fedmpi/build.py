@@ -44,7 +44,7 @@ from .participation import build as build_participation
 from .privacy.run import Privacy
 from .registry import ALGORITHMS, MECHANISMS
 from .runtime import World
-from .state import changed_settings, settings, undeclared
+from .state import changed_settings, declared, settings, state_value, undeclared
 from .task import Task
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,8 @@ def check_state(run: Components) -> None:
     derived nor configuration, or a configuration attribute holding an array or tensor
     (``fedmpi.state.undeclared``), or, after the first call, one whose configuration attribute
     changed since (``fedmpi.state.changed_settings``): a checkpoint would not save it, and a resumed
-    run would silently differ. Called after set-up and after the first round."""
+    run would silently differ; and declared state a checkpoint cannot hold (``fedmpi.state.state_value``:
+    a string, None, an int beyond 64 bits). Called after set-up and after the first round."""
     for key, name, component in (("algorithm.name", run.cfg.algorithm.name, run.algorithm),
                                   ("availability.kind", run.cfg.availability.kind, run.participation)):
         if component is None:
@@ -106,6 +107,12 @@ def check_state(run: Components) -> None:
                              f"{type(component).__name__}), "
                              f"{what}, so a checkpoint would lose it: list it in shared_state or client_state, in "
                              f"derived if it is recomputed, or in configuration if set-up fixes it (docs/PLUGINS.md)")
+        for kind in ("shared_state", "client_state"):  # each value one a checkpoint can hold
+            for state in declared(type(component), kind):
+                try:
+                    state_value(component, state)
+                except InputError as e:
+                    raise InputError(f"{key}: {name}: {e}") from None
         before = run.settings.setdefault(key, settings(component))
         changed = changed_settings(component, before)
         if changed:

@@ -19,8 +19,9 @@ from typing import Callable
 import torch
 
 from . import checkpoint, guards, signals
-from .build import Components
+from .build import Components, check_state
 from .errors import InputError, Interrupted
+from .runtime.launcher import agree_on_error
 from .state import State
 
 
@@ -56,7 +57,14 @@ class Checkpointer:
 
     def save(self, rounds_done: int, wall_time: float) -> None:
         """Write a checkpoint after ``rounds_done`` rounds (every rank calls it); a state that is
-        not finite raises ``Diverged`` on every rank instead of replacing the last good one."""
+        not finite raises ``Diverged`` on every rank instead of replacing the last good one, and state
+        it would lose (an attribute a later round made undeclared, ``build.check_state``) InputError."""
+        err = None
+        try:
+            check_state(self.run)  # after set-up and round 1 (the runner), again at every save: round 3's too
+        except InputError as e:
+            err = e
+        agree_on_error(self.run.world.allgather_obj, err)
         self.flush()
         parts = self._parts(wall_time)
         bad = guards.nonfinite({f"{component}/{key}": t for component, state in parts.items()

@@ -76,9 +76,13 @@ def step_inputs_bytes(steps: int, clients: int, batch: int, augment: bool, full_
 # ----------------------------------------------------------------------------- divergence
 
 def nonfinite(tensors: dict[str, torch.Tensor]) -> str | None:
-    """The name of the first floating-point tensor holding a NaN or an infinity, or None."""
+    """The name of the first floating-point tensor holding a NaN or an infinity, or None. A number
+    (a 0-d tensor: a plug-in's declared float) may be infinite, the usual sentinel of a best loss so
+    far; NaN never. A diverged model shows in its arrays, which must be finite."""
     for name, t in tensors.items():
-        if torch.is_tensor(t) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        if not (torch.is_tensor(t) and t.is_floating_point()):
+            continue
+        if bool(torch.isnan(t).any()) if t.dim() == 0 else not bool(torch.isfinite(t).all()):
             return name
     return None
 

@@ -83,8 +83,8 @@ class Stateful:
     configuration: tuple[str, ...] = ()  # fixed at set-up, never reassigned; not saved
 
     def state_dict(self) -> State:
-        return State(shared={n: as_tensor(_get(self, n)) for n in declared(type(self), "shared_state")},
-                     clients={n: as_tensor(_get(self, n)) for n in declared(type(self), "client_state")})
+        return State(shared={n: state_value(self, n) for n in declared(type(self), "shared_state")},
+                     clients={n: state_value(self, n) for n in declared(type(self), "client_state")})
 
     def load_state_dict(self, state: State) -> None:
         for kind, saved in (("shared_state", state.shared), ("client_state", state.clients)):
@@ -172,7 +172,8 @@ def _holds_arrays(value: Any) -> bool:
 def state_tensors(obj: Any) -> list[torch.Tensor]:
     """The declared state values of ``obj`` that are tensors (the live objects, not copies)."""
     names = declared(type(obj), "shared_state") + declared(type(obj), "client_state")
-    return [v for v in (_get(obj, n) for n in names) if isinstance(v, torch.Tensor)]
+    values = (operator.attrgetter(n)(obj) if _has(obj, n) else None for n in names)  # a missing one: state_value's
+    return [v for v in values if isinstance(v, torch.Tensor)]
 
 
 def as_tensor(value: Any) -> torch.Tensor:
@@ -188,6 +189,23 @@ def as_tensor(value: Any) -> torch.Tensor:
     raise TypeError(f"state values must be arrays, tensors or numbers, got {type(value).__name__}")
 
 
+def state_value(obj: Any, name: str) -> torch.Tensor:
+    """The declared state ``name`` of ``obj`` as a tensor (``as_tensor``); InputError naming it when
+    ``obj`` has no such attribute or its value is no array, tensor or number a checkpoint can hold
+    (a string, None, a Decimal, an int beyond 64 bits)."""
+    try:
+        value = _get(obj, name)
+    except AttributeError:
+        raise InputError(f"{type(obj).__name__} declares {name!r} state but has no such attribute (set it in "
+                         f"__init__ and keep it; a checkpoint saves every declared name)") from None
+    try:
+        return as_tensor(value)
+    except (TypeError, ValueError, OverflowError, RuntimeError):  # ValueError/RuntimeError: an int beyond int64
+        raise InputError(f"{type(obj).__name__} keeps {type(value).__name__} {str(value)[:40]!r} as declared state "
+                         f"{name!r}: a checkpoint holds arrays, tensors and numbers (bool, int of 64 bits, float) "
+                         f"only") from None
+
+
 def restore_like(current: Any, saved: torch.Tensor, name: str) -> Any:
     """``saved`` as a fresh copy of the type, dtype, device and shape of ``current``."""
     shape = tuple(np.shape(current)) if not isinstance(current, torch.Tensor) else tuple(current.shape)
@@ -198,6 +216,14 @@ def restore_like(current: Any, saved: torch.Tensor, name: str) -> Any:
     if isinstance(current, np.ndarray):
         return saved.cpu().numpy().astype(current.dtype, copy=True)
     return type(current)(saved.item())
+
+
+def _has(obj: Any, name: str) -> bool:
+    try:
+        _get(obj, name)
+    except AttributeError:
+        return False
+    return True
 
 
 def _get(obj: Any, name: str) -> Any:

@@ -96,6 +96,7 @@ def _spec(c: float) -> dict:
     ("digits.csv", "client,step_time,comm_time\n\u0661,1,0\n0,1,0\n", "not a client id and two numbers"),
     ("true.json", json.dumps({"1": {"computation": True, "communication": 1}, "2": _spec(1)}),
      "expected numbers 'computation'"),
+    ("bigint.pkl", pickle.dumps({1: _spec(10**400), 2: _spec(1)}), "expected numbers 'computation'"),  # a traceback
 ])
 def test_device_maps_with_one_device_twice_or_beyond_time_are_one_line(tmp_path, name, data, says):
     """Issue #44 (3): 1 and '1', "01" and "1", a repeated JSON key were accepted and shifted later

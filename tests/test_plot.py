@@ -297,12 +297,13 @@ def test_ylabel_count_must_match(tmp_path, capsys):
     (["--logy", "--metric", "shifted"], "--logy: shifted has no positive values to draw on a log axis"),
     (["--logx", "--xlim", "0,4"], "--xlim: a log axis (--logx) needs positive limits"),
     (["--xlim", "1e300,1e308"], "--xlim: finite limits (|limit| <= 1e+200) with LOW < HIGH"),
+    (["--title", "x" * 100000], "--title: a text of 100000 characters, more than the 1000 a figure has room for"),
 ])
 def test_what_matplotlib_cannot_draw_is_one_line(tmp_path, extra, needle):
     """#44 (12): '$x^$' printed four lines (a pyparsing error), and matplotlib's own warnings
     (a missing glyph, collapsed axes, no positive values on a log axis, a non-positive log
     limit, ticks that overflow) reached stderr beside exit 0. Each is now one line, exit 2, and
-    no figure is written."""
+    no figure is written. #44's fresh hostile pass: a title of 100,000 characters ran for minutes."""
     from conftest import cli
 
     path = _sweep(tmp_path)

@@ -239,6 +239,25 @@ def test_a_cache_path_that_is_no_factor_file_is_ignored_in_one_line(what, tmp_pa
     assert len(lines) <= 2 and "ignoring the cached factor" in lines[0] and path in lines[0], p.stderr
 
 
+def test_a_cached_factor_is_rechecked_without_a_word_on_stderr(tmp_path):
+    """#44's fresh hostile pass: dp-factor --rounds 1 --band 2 printed torch's UserWarning on a
+    read-only array when it re-checked its cached banded factor (exit 0); a cached factor crafted
+    at 1e300 printed numpy's RuntimeWarning (overflow) beside the one warning that ignores it."""
+    args = ["--rounds", "1", "--band", "2", "--factor", "banded", "--json"]
+    first = dp_factor(args)
+    again = dp_factor(args)  # from the cache, re-checked
+    assert first.returncode == again.returncode == 0 and again.stdout == first.stdout
+    assert first.stderr == again.stderr == "", again.stderr
+    args = ["--rounds", "6", "--band", "2", "--factor", "optimized", "--json"]
+    first = dp_factor(args)
+    inputs = {"factor": "optimized", "version": factors.VERSION["optimized"], "rounds": 6, "band": 2}
+    factor_cache.write(inputs, factors.optimize(6, 2) * 1e300)  # its digest right
+    p = dp_factor(args)
+    assert p.returncode == 0 and p.stdout == first.stdout, p.stderr
+    [line] = p.stderr.strip().splitlines()
+    assert "ignoring the cached factor" in line and "not a unit-norm factor" in line, p.stderr
+
+
 @pytest.mark.parametrize("args", [["--rounds", "1000000000", "--band", "4"], ["--rounds", "100", "--band", "10" * 5],
                                   ["--rounds", "60", "--band", "1000000000", "--factor", "sqrt"],
                                   ["--rounds", "100000", "--band", "100", "--factor", "banded"]])

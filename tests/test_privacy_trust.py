@@ -139,6 +139,33 @@ def test_an_unreachable_target_epsilon_is_one_line(tmp_path):
         assert "privacy.epsilon" in err and "smaller target" in err
 
 
+@pytest.mark.parametrize("mechanism, accountant", [("distributed_dgauss", "rdp"), ("distributed_skellam", "rdp"),
+                                                   ("local_gaussian", "rdp"), ("local_gaussian", "pld")])
+def test_a_noise_multiplier_whose_variance_underflows_is_one_line(mechanism, accountant, tmp_path):
+    """The fresh hostile pass of #44: privacy.noise_multiplier 1e-300 under the distributed mechanisms (and
+    local_gaussian) printed numpy's RuntimeWarning (the noise's variance, sigma^2, underflows to 0 and the
+    accountant divides by it) and ran with exit 0, or refused after the warning. The accountant's floating-
+    point warnings are its failure to bound epsilon: one line naming the key, nothing else on stderr."""
+    err = refusal(tmp_path, issue_config({"mechanism": mechanism, "clip": 1.0, "noise_multiplier": 1e-300,
+                                          "accountant": accountant}, rounds=2))
+    assert err.startswith("fedmpi: error: privacy.noise_multiplier: the noise applied (multiplier 1e-300) is too "
+                          f"small for privacy.accountant {accountant}") and "Warning" not in err
+
+
+@pytest.mark.parametrize("mechanism, accountant", [("gaussian", "rdp"), ("banded_mf", "pld")])
+def test_a_target_epsilon_beyond_calibrations_reach_is_refused_at_once(mechanism, accountant, tmp_path):
+    """The fresh hostile pass of #44: privacy.epsilon 1e-300 searched for minutes (gaussian rdp ~45 s,
+    banded_mf pld > 120 s) and ran at sigma ~7e5, where the RDP accountant's epsilon, flat at ~0.006 from
+    1e4 on, drops to 0 as delta alone covers the release. Calibration stops at accounting.MOST_NOISE."""
+    from helpers.deadline import deadline
+
+    with deadline(25):
+        err = refusal(tmp_path, issue_config({"mechanism": mechanism, "clip": 1.0, "epsilon": 1e-300,
+                                              "accountant": accountant}, rounds=2))
+    assert err.startswith("fedmpi: error: privacy.epsilon: 1e-300 at delta 1e-06 over 2 rounds needs a noise "
+                          "multiplier above 10000, the most calibration gives (epsilon 0.00")
+
+
 @pytest.mark.parametrize("key, value", [("clip", 1e308), ("noise_multiplier", 1e300)])
 def test_a_clip_or_noise_beyond_any_use_is_one_line(key, value, tmp_path):
     """The fresh hostile pass of #44: privacy.clip 1e308 ended as exit 4 'diverged ... lower train.lr'

@@ -134,3 +134,119 @@ def test_every_builtin_and_example_component_declares_every_attribute(tmp_path, 
         checked |= {combo.algorithm, f"availability {combo.kind}"}
     kinds = {f"availability {k}" for k in AVAILABILITY.names(builtin_only=True)}
     assert "my_oort" in ours and checked >= {*ours, *kinds}
+
+
+#: a plug-in declaring ``v`` state, set in __init__ to VALUE; deleted in the second round with DELETE
+DECLARED = '''
+import decimal
+import torch
+from fedmpi.algorithms import register
+from fedmpi.algorithms.base import ServerAlgorithm
+
+
+@register("{name}")
+class Kept(ServerAlgorithm):
+    shared_state = ("v",)
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.v = {value}
+
+    def weights(self, t, active, local):
+        return [1.0 / max(len(active), 1)] * len(local)
+
+    def server_update(self, t, active, total):
+        if {delete} and t == 1:
+            del self.v
+        return self.x.double() + 0.5 * total
+'''
+
+
+@pytest.mark.parametrize("value, delete, says", [
+    ("'abc'", False, "keeps str 'abc' as declared state 'v'"),
+    ("None", False, "keeps NoneType 'None' as declared state 'v'"),
+    ("decimal.Decimal('0.1')", False, "keeps Decimal '0.1' as declared state 'v'"),
+    ("2 ** 100", False, "keeps int '1267650600228229401496703205376' as declared state 'v'"),
+    ("3", True, "Kept declares 'v' state but has no such attribute"),
+])
+def test_declared_state_a_checkpoint_cannot_hold_is_one_line(tmp_path, value, delete, says):
+    """#44's fresh hostile pass: declared state holding a string, None, a Decimal or an int beyond
+    64 bits ended in a TypeError/ValueError traceback at the first checkpoint, and a declared
+    attribute deleted in the second round in an AttributeError traceback. Now one line, exit 2:
+    at set-up for the value, at the checkpoint for the deletion."""
+    plugin = tmp_path / "kept.py"
+    plugin.write_text(DECLARED.format(name="kept", value=value, delete=delete))
+    p = fedmpi(["run", write_config(tmp_path / "c.yaml", small("kept", 4)), "--quiet", "--out",
+                str(tmp_path / "r.h5"), "--plugin", str(plugin)], check=False)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and says in lines[0], (p.returncode, p.stderr[-2000:])
+    assert delete or lines[0].startswith("fedmpi: error: algorithm.name: kept: Kept keeps")
+
+
+def test_an_attribute_a_later_round_makes_is_refused_at_the_next_checkpoint(tmp_path):
+    """#44's fresh hostile pass: the check ran after set-up and after the first round only, so a
+    counter first set in round 3 (after a warm-up, say) ran to the end unnoticed and a resume
+    restarted it. Every checkpoint checks again: one line naming it, exit 2."""
+    plugin = tmp_path / "late.py"
+    plugin.write_text(adam("late", state=', "steps", "beta2_t"', init="self.steps, self.beta2_t = 0, 1.0")
+                      .replace("        self.m1 = 0.9", "        if t >= 2:\n            self.late = t\n"
+                                                         "        self.m1 = 0.9"))
+    cfg = small("late", 6)
+    cfg["runtime"]["checkpoint_every"] = 1
+    p = fedmpi(["run", write_config(tmp_path / "c.yaml", cfg), "--quiet", "--out", str(tmp_path / "r.h5"),
+                "--plugin", str(plugin)], check=False)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1, (p.returncode, p.stderr[-2000:])
+    assert lines[0].startswith("fedmpi: error: algorithm.name: late keeps 'late' (int, CountedAdam)"), lines[0]
+
+
+#: a plug-in keeping the best (lowest) update norm so far, ``math.inf`` until a round improves on it,
+#: and stepping only when the round's update beats it by ``SLACK`` (a sentinel kept across checkpoints)
+BEST = '''
+import math
+import torch
+from fedmpi.algorithms import register
+from fedmpi.algorithms.base import ServerAlgorithm
+
+
+@register("{name}")
+class Best(ServerAlgorithm):
+    shared_state = ("best",)
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.best = {value}
+
+    def weights(self, t, active, local):
+        return [1.0 / max(len(active), 1)] * len(local)
+
+    def server_update(self, t, active, total):
+        norm = float(total.norm())
+        step = 1.0 if norm < self.best * 10 else 0.25
+        self.best = min(self.best, norm) if t % 3 else self.best
+        return self.x.double() + step * total
+'''
+
+
+def test_an_infinite_declared_number_is_a_sentinel_that_resumes(tmp_path):
+    """#44's fresh hostile pass: declared state ``math.inf`` (a best-so-far sentinel) ended as exit 4
+    "diverged ... lower train.lr" at the first checkpoint, and a checkpoint holding it would have been
+    refused at load. A number may be infinite (never NaN); 1 round extended to 6 (the sentinel still
+    infinite at the cut) give the bits of a straight 6, and a NaN number still ends as diverged."""
+    plugin = tmp_path / "best.py"
+    plugin.write_text(BEST.format(name="best_inf", value="math.inf"))
+    plugins.load([str(plugin)])
+    cfg = small("best_inf", 6)
+    cfg["runtime"]["checkpoint_every"] = 1
+    straight, extended = str(tmp_path / "straight.h5"), str(tmp_path / "extended.h5")
+    assert Runner(config.from_dict(cfg), World(), straight, quiet=True).run() == 0
+    assert Runner(config.from_dict({**cfg, "rounds": 1}), World(), extended, quiet=True).run() == 0
+    assert Runner(config.from_dict(cfg), World(), extended, quiet=True).run() == 0
+    with h5py.File(straight) as a, h5py.File(extended) as b:
+        assert b.attrs["status"] == "completed" and b.attrs["rounds_done"] == 6
+        np.testing.assert_array_equal(a["final/params"][:], b["final/params"][:])
+    nan = tmp_path / "nan.py"
+    nan.write_text(BEST.format(name="best_nan", value="math.nan"))
+    p = fedmpi(["run", write_config(tmp_path / "c.yaml", {**small("best_nan", 3), "runtime": cfg["runtime"]}),
+                "--quiet", "--out", str(tmp_path / "n.h5"), "--plugin", str(nan)], check=False)
+    assert p.returncode == 4 and "state 'algorithm/shared/best' is not finite" in p.stderr, p.stderr[-2000:]

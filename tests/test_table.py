@@ -342,6 +342,34 @@ def test_time_to_targets_are_finite_numbers(tmp_path, target, needle):
             p.stderr
 
 
+@pytest.mark.parametrize("option, value, needle", [
+    ("--last", "0", "--last: must be an integer >= 1, got 0"),
+    ("--digits", "-1", "--digits: must be an integer in 0..17, got -1"),
+    ("--scale", "nan", "--scale: must be a finite number, got nan"),
+    ("--at", "inf", "--at: must be a finite number, got inf"),
+])
+@pytest.mark.parametrize("metric", [[], ["--metric", "test_acc"], ["--rounds-to", "test_acc=0.5"]])
+def test_bad_command_line_values_name_their_option(tmp_path, option, value, needle, metric):
+    """#44's fresh hostile pass: `fedmpi table r.h5 --last 0` answered with the sweep table's key,
+    'table.metrics[0].last: must be ...' (with --metric: '--metric test_acc.last'), not --last."""
+    from conftest import cli
+
+    path = _runs(tmp_path, {("mifa", 0): [0.1] * 4})[0]
+    p = cli(["table", path, option, value, *metric])
+    assert p.returncode == 2 and p.stderr.strip() == f"fedmpi: error: {needle}", p.stderr
+
+
+def test_an_export_path_with_a_nul_byte_is_one_line(tmp_path):
+    """#44's fresh hostile pass: `fedmpi export r.h5 --out $'\\0'` ended in a ValueError traceback
+    (os.path.samefile on a NUL byte)."""
+    from conftest import cli
+
+    path = _runs(tmp_path, {("mifa", 0): [0.1] * 4})[0]
+    p = cli(["export", path, "--out", "a\0b.csv"])
+    assert p.returncode == 2 and p.stderr.strip() == "fedmpi: error: --out: 'a\\x00b.csv': not a usable path " \
+        "(a NUL byte in it)", p.stderr
+
+
 @pytest.mark.parametrize("entry, needle", [
     ({"rounds_to": float("nan")}, "t.rounds_to: must be a finite number, got nan"),
     ({"time_to": "inf"}, "t.time_to: must be a finite number, got 'inf'"),

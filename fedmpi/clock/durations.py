@@ -162,7 +162,7 @@ def _fedscale(path: str, data: bytes, m: int, batch_size: int, dim: int) -> tupl
             if any(isinstance(spec[k], (bool, str)) for k in ("computation", "communication")):
                 raise TypeError  # numbers, not true or "1"
             c, kbps = float(spec["computation"]), float(spec["communication"])
-        except (TypeError, KeyError, ValueError):
+        except (TypeError, KeyError, ValueError, OverflowError):  # OverflowError: a pickled int beyond float
             raise InputError(f"{_KEY}: {path}: device {str(key)[:20]}: expected numbers 'computation' (ms per "
                              f"sample) and 'communication' (kbit/s)") from None
         if not (math.isfinite(c) and c > 0 and math.isfinite(kbps) and kbps > 0):

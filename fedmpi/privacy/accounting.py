@@ -27,7 +27,11 @@ logging.getLogger("absl").setLevel(logging.ERROR)  # the RDP orders it drops are
 PLD_STEP = 1e-4  # dp-accounting's default discretisation of the privacy loss
 PLD_POINTS = 2**19  # at most this many grid points (~90 MB, ~3 s per epsilon)
 LEAST_NOISE = 1e-3  # the smallest noise multiplier calibration tries (dp-accounting's search from there up)
-MOST_NOISE = 1e4  # the largest a mechanism with its own RDP curve is calibrated to
+#: the largest noise multiplier calibration gives (every mechanism). Beyond it the RDP accountant's epsilon
+#: is flat (its finite orders: 0.00575 from 1e4 to 4e5 at delta 1e-6 over 2 rounds) until delta alone covers
+#: the release (epsilon 0 near 7e5), so a smaller target is met only there, after a search of minutes
+#: (dp-accounting doubles sigma from 1 and bisects to 1e-4 absolute: 50 evaluations, PLD's seconds each)
+MOST_NOISE = 1e4
 
 
 def _relation(name: str) -> Any:
@@ -108,6 +112,11 @@ def calibrate(mechanism: Mechanism, sampling: Sampling, amplified: bool, target:
             raise InputError(f"privacy.epsilon: {target:g} is more than the epsilon of the least noise calibration "
                              f"tries (noise multiplier {LEAST_NOISE:g}: epsilon {most:.3g} over {rounds} rounds); "
                              f"give a smaller target, or privacy.noise_multiplier")
+        least = epsilon(mechanism, sampling, amplified, MOST_NOISE, rounds, delta)
+        if not least <= target:
+            raise InputError(f"privacy.epsilon: {target:g} at delta {delta:g} over {rounds} rounds needs a noise "
+                             f"multiplier above {MOST_NOISE:g}, the most calibration gives (epsilon {least:.3g} "
+                             f"there); give a larger target, or privacy.noise_multiplier")
     relation = mechanism.relation(sampling, amplified)
 
     def event(s: float) -> Any:

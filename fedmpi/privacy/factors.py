@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -97,7 +97,7 @@ def rows_of(columns: np.ndarray) -> np.ndarray:
 def _tensor(a: np.ndarray):
     import torch
 
-    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float64))
+    return torch.from_numpy(np.require(a, np.float64, ["C", "W"]))  # a read-only view (broadcast_to): copied
 
 
 # ----------------------------------------------------------------------------- errors
@@ -214,8 +214,7 @@ def _toeplitz_optimal(c: np.ndarray, n: int) -> str:
     import torch
 
     bb = min(len(c), n)
-    if not (np.all(np.isfinite(c)) and c[0] > 0 and abs(float(np.linalg.norm(c)) - 1) < 1e-12
-            and not np.any(c[bb:])):
+    if not (np.all(np.isfinite(c)) and c[0] > 0 and abs(_norm(c) - 1) < 1e-12 and not np.any(c[bb:])):
         return "not a unit-norm factor with c_0 > 0"
     if np.array_equal(c[:bb], sqrt_coefficients(bb)):
         return ""
@@ -226,6 +225,12 @@ def _toeplitz_optimal(c: np.ndarray, n: int) -> str:
     return "" if g < STATIONARY else f"not the optimum for {n} rounds: its gradient is {g:.2g}"
 
 
+def _norm(a: np.ndarray, axis: int | None = None) -> Any:
+    """The L2 norm of a cached file's numbers, inf where they overflow it (a crafted 1e300: no warning)."""
+    with np.errstate(over="ignore"):
+        return np.linalg.norm(a, axis=axis) if axis is not None else float(np.linalg.norm(a))
+
+
 def _banded_optimal(a: np.ndarray, n: int, b: int) -> str:
     """The re-check of a cached general factor: "" when ``a`` holds unit-norm columns (positive
     diagonal, 0 outside the matrix) at which log ||A C^{-1}||_F^2 is stationary, or the Toeplitz
@@ -234,7 +239,7 @@ def _banded_optimal(a: np.ndarray, n: int, b: int) -> str:
     inside = general.valid(n, bb).numpy()
     cols = a[:, :bb]
     if not (np.all(np.isfinite(a)) and np.all(cols[:, 0] > 0) and not np.any(a[:, bb:])
-            and not np.any(cols[~inside]) and np.all(np.abs(np.linalg.norm(cols, axis=1) - 1) < 1e-12)):
+            and not np.any(cols[~inside]) and np.all(np.abs(_norm(cols, axis=1) - 1) < 1e-12)):
         return "not unit-norm columns with a positive diagonal"
     start = general.normalized(_tensor(np.broadcast_to(optimized_coefficients(n, b)[:bb], (n, bb))))
     if np.array_equal(cols, start.numpy()):

@@ -42,7 +42,8 @@ class PrivacyParams:
               "(multiplier sigma n~ / noise_cohort_size)", ge=1)
     delta: float = opt(1e-6, "delta of the (epsilon, delta) guarantee reported as the metric epsilon", gt=0, lt=1)
     epsilon: Optional[float] = opt(None, "target epsilon after all rounds: calibrates noise_multiplier "
-                                         "(then leave it null)", gt=0)
+                                         "(then leave it null) in [1e-3, 1e4]; a target that needs more noise is "
+                                         "refused", gt=0)
     amplification: Literal["auto", "required", "off"] = opt(
         "auto", "amplification by sampling in the accountant: auto = claimed where the availability kind samples "
                 "at random, the algorithm's release hides who took part and the mechanism has the analysis "

@@ -29,6 +29,7 @@ declared state (checkpointed by rank 0, restored on every rank).
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Callable
 
 import numpy as np
@@ -318,22 +319,29 @@ class Privacy(Stateful):
 
     def _check_accountant(self, rounds: int) -> None:
         """Epsilon after the run's rounds can be computed (kept for the last evaluation): else one line
-        naming the key that set the noise, and what to change. Counted releases: as many as rounds."""
+        naming the key that set the noise, and what to change. Counted releases: as many as rounds.
+
+        A floating-point warning of the accountant (a division by zero, an overflow: the multiplier's
+        square or the lattice's variance underflowing to 0, e.g. 1e-300) is such a failure too: the
+        epsilon it yields is no bound, and the warning would reach stderr."""
         try:
-            for production in (False, True) if self.production else (False,):
-                sigma = float(self.sigma) if production else self.applied
-                if self.ledger.counted:
-                    self._epsilon(sigma, rounds, True)
-                else:
-                    self.epsilon(rounds, production)
-        except (ArithmeticError, ValueError, MemoryError) as e:  # dp-accounting overflows at a tiny multiplier
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", RuntimeWarning)
+                for production in (False, True) if self.production else (False,):
+                    sigma = float(self.sigma) if production else self.applied
+                    if self.ledger.counted:
+                        self._epsilon(sigma, rounds, True)
+                    else:
+                        self.epsilon(rounds, production)
+        except (ArithmeticError, ValueError, MemoryError, RuntimeWarning) as e:  # overflows at a tiny multiplier
             p = self.params
             key = ("privacy.noise_cohort_size" if self.production else "privacy.epsilon" if p.epsilon is not None
                    else "privacy.noise_multiplier")
+            other = "use privacy.accountant: rdp, or more noise" if p.accountant != "rdp" else "give more noise"
+            what = "floating point" if isinstance(e, RuntimeWarning) else type(e).__name__
             raise InputError(f"{key}: the noise applied (multiplier {self.applied:.3g}) is too small for "
                              f"privacy.accountant {p.accountant} to compose over {rounds} rounds "
-                             f"({type(e).__name__}: {str(e)[:60]}); use privacy.accountant: rdp, or more noise") \
-                from None
+                             f"({what}: {str(e)[:60]}); {other}") from None
 
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> State:

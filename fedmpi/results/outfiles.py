@@ -69,6 +69,8 @@ def check_target(path: str, key: str, inputs: Iterable[str] = (), overwrite: boo
     ``replaceable(path)`` allows replacing."""
     if not path or not path.strip():
         raise InputError(f"{key}: empty path")
+    if "\0" in path:  # os.stat and os.path.samefile raise ValueError on it
+        raise InputError(f"{key}: {path!r}: not a usable path (a NUL byte in it)")
     for inp in inputs:
         if inp and os.path.exists(inp) and same_file(path, inp):
             raise InputError(f"{key}: {path} is an input of this command ({inp}); choose another path")

@@ -65,6 +65,7 @@ STYLES = ("-", "--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)))
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 _BARE = ("variant", "algorithm.name", "name")  # shown as their value alone
 MAX_LIMIT = 1e200  # |axis limit|: matplotlib's tick arithmetic overflows near 1e300
+MAX_TEXT = 1000  # characters of a title, axis label or legend entry
 log = logging.getLogger(__name__)
 
 
@@ -537,10 +538,14 @@ def plot(paths: list[str], metric: str | list[str], out: str, x: str = "round", 
 
 def check_text(text: str, where: str) -> None:
     """Refuse a text that matplotlib cannot typeset: a ``$...$`` that is not valid mathtext
-    (matplotlib's subset of TeX) would fail only when the figure is saved, in several lines."""
+    (matplotlib's subset of TeX) would fail only when the figure is saved, in several lines; a
+    text longer than ``MAX_TEXT`` characters."""
     from matplotlib import cbook
     from matplotlib.mathtext import MathTextParser
 
+    if len(text) > MAX_TEXT:  # matplotlib lays out 100,000 characters for minutes before finding no room
+        raise InputError(f"{where}: a text of {len(text)} characters, more than the {MAX_TEXT} a figure has room "
+                         f"for")
     if not cbook.is_math_text(text):
         return
     try:

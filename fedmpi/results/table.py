@@ -131,8 +131,9 @@ def _finite(value: Any) -> float:
     return x
 
 
-def metric_spec(data: Any, where: str) -> MetricSpec:
-    """A MetricSpec from a sweep's table entry (a metric name or a mapping)."""
+def metric_spec(data: Any, where: str, options: dict[str, str] | None = None) -> MetricSpec:
+    """A MetricSpec from a sweep's table entry (a metric name or a mapping); ``options`` names the
+    keys that came from the command line as written there (``{"last": "--last"}``) for messages."""
     if isinstance(data, str):
         data = {"metric": data}
     if not isinstance(data, dict) or not isinstance(data.get("metric"), str):
@@ -147,9 +148,10 @@ def metric_spec(data: Any, where: str) -> MetricSpec:
             raise InputError(f"{where}.x: time_to counts virtual seconds (x: time), got x: {data['x']!r}; "
                              f"use rounds_to with x: {data['x']}")
         data = {**{k: v for k, v in data.items() if k != "time_to"}, "rounds_to": data["time_to"], "x": "time"}
-        said = {"rounds_to": "time_to"}  # messages name the key the user wrote
+        said = {"rounds_to": f"{where}.time_to"}  # messages name the key the user wrote
     else:
         said = {}
+    said = {**{k: f"{where}.{k}" for k in data}, **said, **(options or {})}
     s = MetricSpec(data["metric"])
     for k, what in (("last", "an integer >= 1"), ("at", "a finite number"), ("rounds_to", "a finite number"),
                     ("window", "[LOW, HIGH], finite numbers with LOW <= HIGH"), ("scale", "a finite number"),
@@ -174,13 +176,13 @@ def metric_spec(data: Any, where: str) -> MetricSpec:
             else:
                 setattr(s, k, _finite(v))
         except (TypeError, ValueError, OverflowError):
-            raise InputError(f"{where}.{said.get(k, k)}: must be {what}, got {data[k]!r}") from None
+            raise InputError(f"{said[k]}: must be {what}, got {data[k]!r}") from None
     if data.get("digits") is None:
         s.digits = 1 if s.rounds_to is not None else 4
     for k, allowed in (("best", ("max", "min")), ("bold", ("max", "min")), ("goal", ("at_least", "at_most"))):
         v = data.get(k)
         if v is not None and v not in allowed:
-            raise InputError(f"{where}.{k}: must be {' or '.join(allowed)}, got {v!r}")
+            raise InputError(f"{said[k]}: must be {' or '.join(allowed)}, got {v!r}")
     s.best, s.bold, s.goal = data.get("best"), data.get("bold"), data.get("goal", "at_least")
     if sum(v is not None for v in (s.last, s.at, s.best, s.rounds_to)) > 1:
         raise InputError(f"{where}: give one of last, at, best, rounds_to")
@@ -530,10 +532,13 @@ def _specs(args: argparse.Namespace, spec: dict, runs: list[Run]) -> list[Metric
     window = None if args.window is None else _window(args.window)
     cli = {k: v for k, v in (("last", args.last), ("at", args.at), ("best", args.best), ("x", args.x),
                              ("window", window), ("scale", args.scale), ("digits", args.digits)) if v is not None}
+    options = {k: f"--{k}" for k in cli}  # a bad value names the option that gave it
+    for k, v in cli.items():  # each checked, also where it does not apply (--last beside --rounds-to only)
+        metric_spec({"metric": "", k: v}, options[k], options)
     targets = [_target(t, cli) for t in args.rounds_to or ()]  # columns after the others
     targets += [_target(t, {**cli, "x": "time"}, "--time-to") for t in args.time_to or ()]
     if args.metric:
-        return [metric_spec({"metric": m, **cli}, f"--metric {m}") for m in args.metric] + targets
+        return [metric_spec({"metric": m, **cli}, f"--metric {m}", options) for m in args.metric] + targets
     if targets and spec.get("metrics") is None:
         return targets
     entries = spec.get("metrics")
@@ -550,7 +555,7 @@ def _specs(args: argparse.Namespace, spec: dict, runs: list[Run]) -> list[Metric
                 for k in ("last", "at", "best", "rounds_to", "time_to", "goal"):
                     e.pop(k, None)
             e.update({k: v for k, v in cli.items() if not (k == "x" and e.get("time_to") is not None)})
-        out.append(metric_spec(e, f"table.metrics[{i}]"))
+        out.append(metric_spec(e, f"table.metrics[{i}]", options))
     return out + targets
 
 
@@ -580,7 +585,7 @@ def _target(text: str, cli: dict, option: str = "--rounds-to") -> MetricSpec:
                     from None
             keep = {k: v for k, v in cli.items() if k not in ("last", "at", "best", "window")}
             entry = {"metric": name.strip(), "rounds_to": target, "goal": goal, **keep}
-            return metric_spec(entry, f"{option} {text}")
+            return metric_spec(entry, f"{option} {text}", {k: f"--{k}" for k in keep})
     raise InputError(f"{option} {text}: must be METRIC=V, METRIC>=V or METRIC<=V (e.g. test_acc=0.8)")
 
 
