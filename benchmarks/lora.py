@@ -2,7 +2,7 @@
 loop (issue 42 item 8), measured in one run.
 
     python benchmarks/lora.py [--sizes tiny small] [--device cpu|cuda] [--repeat 2] [--memory-gib 24]
-                              [--clients 32] [--threads 1] [--builtin] [--quick]
+                              [--clients 32] [--threads 1] [--builtin] [--vmap] [--quick]
 
 The same Hugging Face Llama (``transformers``' ``LlamaForCausalLM``, random weights from a seed,
 saved to a temporary folder) with the same LoRA (r 8, alpha 16, no dropout, on ``q_proj`` and
@@ -17,8 +17,9 @@ MLP ratio (intermediate 2.6875 x width), tied embeddings.
   The model is the Llama folder read by ``task.model: hf`` when this fedmpi has it, else the
   built-in transformer (``task.model: transformer``) at the same layers, width, heads and context
   (GPT-2's block: LayerNorm, GELU MLP of 4 x width, learned positions; also with ``--builtin``):
-  the line says which. ``hf`` trains through ``vmap`` (``models.hf``), the built-in transformer
-  through the stacked rules (``engine.sequence_layers``).
+  the line says which. ``hf`` trains through the Llama's stacked rules (``engine.llama_layers``;
+  ``vmap`` before them, ``models.hf``), the built-in transformer through its own
+  (``engine.sequence_layers``).
 - **peft loop**: one ``peft.PeftModel`` over the base, the clients one after another as FlowerTune
   and OpenFedLLM run them: load the global adapters (``set_peft_model_state_dict``), a fresh
   optimizer, 4 steps, read the adapters back.
@@ -26,13 +27,16 @@ MLP ratio (intermediate 2.6875 x width), tied embeddings.
 Speed: clients per second of one round of the cohort (every client from the same global adapters,
 no server step), each side timed in alternating rounds (best of ``--repeat``), so that a change of
 machine load hits both alike; one process, ``torch.set_num_threads(--threads)`` for both.
+``--vmap`` adds fedmpi through ``vmap`` on the same model (``LocalTrainer(stacked=False)``: the path
+``hf`` took before the Llama's stacked rules) to the timed rounds and the memory measurements.
 
 Memory, each number from a fresh child process (``--child``) so that one side's allocations do not
 hide the other's: the peak during one round above the memory held before it (after a warm-up
 round; on CPU Linux's VmHWM, reset through /proc/self/clear_refs, with glibc's mmap threshold fixed
 so that freed tensors go back to the system; on CUDA ``max_memory_allocated``). fedmpi is measured
 with blocks of 2 and of ``--clients`` clients: the difference over ``clients - 2`` is the memory of
-each additional client (2, not 1: the vmap path computes a block of one client as a pair). It is
+each additional client (2, not 1: the vmap path, for architectures without stacked rules,
+computes a block of one client as a pair). It is
 compared with what a client needs: its adapters, their gradients, the optimizer state (0 for SGD)
 and the activations its step keeps for the backward pass (the tensors autograd saves in the
 model's own per-client forward of one batch, parameters excluded; printed for fedmpi's model and
@@ -124,7 +128,8 @@ def hf_model_key() -> str | None:
 class Fedmpi:
     """The cohort through fedmpi's engine: one round = ``LocalTrainer.train`` of every client."""
 
-    def __init__(self, size: Size, folder: str, clients: int, device: torch.device, block: int | None = None):
+    def __init__(self, size: Size, folder: str, clients: int, device: torch.device, block: int | None = None,
+                 stacked: bool = True):
         key = hf_model_key()
         shape = {"path": folder} if key else {"layers": size.layers, "width": size.width, "heads": HEADS,
                                               "context": size.context}
@@ -140,7 +145,7 @@ class Fedmpi:
                          test_y=y[:per], order=torch.arange(len(x), device=device),
                          offsets=np.arange(clients + 1) * per, classes=VOCAB, label_hist=None, groups=None,
                          text=TextInfo(VOCAB, 256, "bytes", 257, 258))
-        self.trainer = LocalTrainer(self.task, cfg.train, seed=0)
+        self.trainer = LocalTrainer(self.task, cfg.train, seed=0, stacked=stacked)  # False: vmap
         self.block = self.trainer.chunk_size()
         if block is not None:
             self.trainer.chunk_size = lambda: block
@@ -260,11 +265,12 @@ def child(args: argparse.Namespace) -> None:
     dev = torch.device(args.device)
     size = SIZES[args.sizes[0]]
     side, _, block = args.child.partition(":")
+    block, _, path = block.partition(":")
     with tempfile.TemporaryDirectory() as tmp:
         folder = llama_folder(size, tmp)
         if side == "fedmpi":
             k = int(block)
-            run = Fedmpi(size, folder, k, dev, block=k)
+            run = Fedmpi(size, folder, k, dev, block=k, stacked=path != "vmap")
             peak = round_peak(run.round, dev)
             extra = {"engine_client_bytes": run.trainer.memory().total, "model": run.model_name}
         else:
@@ -293,12 +299,14 @@ def bench(args: argparse.Namespace, name: str) -> None:
         folder = llama_folder(size, tmp)
         ours, loop = Fedmpi(size, folder, n, dev), PeftLoop(size, folder, n, dev)
         whole = Fedmpi(size, folder, n, dev, block=n)
+        sides = {"fedmpi": ours.round, "whole": whole.round, "peft": loop.round}
+        if args.vmap:  # the vmap path on the same model (before the Llama's stacked rules)
+            sides["vmap"] = Fedmpi(size, folder, n, dev, block=n, stacked=False).round
         needs = client_needs(ours.task.model, logits_loss, ours.task.train_x[:BATCH], ours.task.train_y[:BATCH])
         peft_needs = client_needs(loop.model, logits_loss, loop.x[:BATCH], loop.y[:BATCH])
-        for side in (ours, whole, loop):
-            side.round(2)  # warm-up: first calls, allocator
-        sec = interleaved({"fedmpi": ours.round, "whole": whole.round, "peft": loop.round}, args.repeat,
-                          warmup=False)
+        for run in sides.values():
+            run(2)  # warm-up: first calls, allocator
+        sec = interleaved(sides, args.repeat, warmup=False)
     rate = {k: n / s for k, s in sec.items()}
     two, all_, peft = (measure(args, name, w) for w in ("fedmpi:2", f"fedmpi:{n}", "peft"))
     per_client = (all_["peak"] - two["peak"]) / (n - 2)
@@ -314,6 +322,10 @@ def bench(args: argparse.Namespace, name: str) -> None:
           f"{'':>15}")
     print(f"{f'fedmpi (block {n})':<24} {rate['whole']:>10.2f} {rate['whole'] / rate['peft']:>7.2f}x "
           f"{mib(all_['peak']):>15}")
+    if args.vmap:
+        v2, vall = (measure(args, name, w) for w in ("fedmpi:2:vmap", f"fedmpi:{n}:vmap"))
+        print(f"{f'fedmpi vmap (block {n})':<24} {rate['vmap']:>10.2f} {rate['vmap'] / rate['peft']:>7.2f}x "
+              f"{mib(vall['peak']):>15}")
     print(f"{'peft loop':<24} {rate['peft']:>10.2f} {1:>7.2f}x {mib(peft['peak']):>15}")
     print(f"base: fedmpi {mib(two['base'])} MiB, peft {mib(peft['base'])} MiB; a client of fedmpi's model needs "
           f"{mib(need)} MiB (adapters {mib(needs['adapters'])}, gradients {mib(needs['gradients'])}, optimizer "
@@ -321,6 +333,9 @@ def bench(args: argparse.Namespace, name: str) -> None:
           f"{mib(two['engine_client_bytes'])}); of peft's {mib(sum(peft_needs.values()))} MiB")
     print(f"memory per additional client (fedmpi, blocks of 2 and {n}): {mib(per_client)} MiB = "
           f"{per_client / need:.2f}x what a client needs; block of 2: {mib(two['peak'])} MiB")
+    if args.vmap:
+        vper = (vall["peak"] - v2["peak"]) / (n - 2)
+        print(f"the same through vmap: {mib(vper)} MiB = {vper / need:.2f}x; block of 2: {mib(v2['peak'])} MiB")
     print(f"clients at once in {args.memory_gib:g} GiB: fedmpi {fit_ours}, a whole model per client "
           f"{fit_flower} (base + the loop's round peak = {mib(peft['base'] + peft['peak'])} MiB each): "
           f"{fit_ours / max(fit_flower, 1):.1f}x", flush=True)
@@ -335,6 +350,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads, both sides")
     ap.add_argument("--memory-gib", type=float, default=24.0, help="the memory the 'fit' line packs clients into")
     ap.add_argument("--builtin", action="store_true", help="fedmpi's side on the built-in transformer")
+    ap.add_argument("--vmap", action="store_true", help="also fedmpi through vmap (stacked=False) on the same model")
     ap.add_argument("--quick", action="store_true", help="8 clients, one timed round (smoke test)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -1,8 +1,9 @@
 """A Hugging Face causal LM from a local folder (models.hf, the extra [llm]): tiny random Llama and
 GPT-2 folders built here (no download). Its forward is the transformers model's; LoRA on it is
-PEFT's LoRA on the same weights; a block of clients trains as one vmap over the stacked adapters
-and the expanded base, a client's bits independent of its block, the base never changing; a run
-from the command line; the one-line refusals."""
+PEFT's LoRA on the same weights; a block of clients trains as batched ops over the stacked
+adapters and the expanded base (a Llama through its stacked rules, ``engine.llama_layers``, GPT-2
+through one vmap), a client's bits independent of its block, the base never changing; a run from
+the command line; the one-line refusals."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def test_the_model_is_the_folders(tmp_path, arch):
         want = theirs(input_ids=x).logits
         got = tr.task.model.eval()(x)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    assert tr.path == "batched" and tr.net is None  # vmap over the clients
+    assert tr.path == "batched" and (tr.net is None) == (arch != "llama")  # stacked rules (Llama) or vmap
     assert all(".lora_" in n for n in tr.spec.names) and frozen(tr.task.model)
     assert {n.split(".")[-3] for n in tr.spec.names} == set(TARGETS[arch])
 
@@ -97,6 +98,41 @@ def test_a_clients_bits_do_not_depend_on_its_block(tmp_path, arch, lora):
         for j, c in enumerate(block):
             assert torch.equal(got[j], together[c]), (block, c)
     assert all(torch.equal(v, base[k]) for k, v in frozen(tr.task.model).items())
+
+
+@pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
+def test_the_llama_rules_are_the_models_forward_and_vmaps_gradients(tmp_path, lora):
+    """The stacked Llama (``engine.llama_layers``; grouped-query heads, a padding id) gives each
+    client the logits of the model's own forward at its parameters, bit for bit, and the
+    gradients of the vmap path (to float tolerance)."""
+    from torch.func import functional_call
+
+    from fedmpi.engine.threads import one_thread
+
+    path = tiny_folder(tmp_path, "llama")
+    cfg = json.loads((tmp_path / "llama" / "config.json").read_text())
+    (tmp_path / "llama" / "config.json").write_text(json.dumps({**cfg, "pad_token_id": 3}))
+    tr = _trainer(path, "llama", lora, task__adapter__dropout=0.0)
+    ref = LocalTrainer(tr.task, tr.cfg, tr.seed, stacked=False)
+    assert tr.net is not None and ref.net is None
+    gen = torch.Generator().manual_seed(5)
+    x0 = tr.spec.flatten(tr.task.model)
+    x = x0 + 0.05 * torch.randn(3, x0.shape[0], generator=gen)
+    xb = torch.randint(0, 40, (3, 2, 12), generator=gen)
+    xb[:, :, -3:] = 3  # right-padded
+    yb = torch.randint(0, 40, (3, 2, 12), generator=gen)
+    with one_thread(CPU), torch.no_grad():
+        out = tr.net.forward(tr.spec.views(x), xb)
+        for i in range(3):
+            assert torch.equal(out[i], functional_call(tr.task.model.eval(), tr.spec.views(x[i]), (xb[i],)))
+    loss, got = tr.value_and_gradients(x, xb, yb, None, {})
+    want_loss, want = ref.value_and_gradients(x, xb, yb, None, {})
+    torch.testing.assert_close(loss, want_loss, rtol=1e-6, atol=1e-7)
+    assert set(got) == set(want) and any(v.abs().max() > 0 for v in got.values())
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-7)
+    if not lora:  # the padding id's row gets no gradient, as nn.Embedding's padding_idx gives
+        assert not got["lm.model.embed_tokens.weight"][:, 3].any()
 
 
 def test_the_sequential_reference_trains_alike(tmp_path):
@@ -225,3 +261,40 @@ def test_the_memory_check_counts_a_clients_activations(tmp_path):
     assert a.activations >= 8 * 2 * (2 * 12 * 40) and b.activations == 4 * a.activations  # the logits, their softmax
     assert a.parameters == b.parameters == 4 * small.spec.dim
     assert large.chunk_size() == max(1, (64 << 20) // b.total)
+
+
+def test_a_cached_text_dataset_keys_on_the_folders_tokenizer_not_its_weights(tmp_path, monkeypatch):
+    """The data cache of a text dataset tokenized by the model folder's tokenizer.json: other
+    weights in the folder are a hit (the weights are not hashed into the data's key; they are
+    still inputs of the run), another tokenizer.json a miss with other ids."""
+    import shutil
+
+    from fedmpi import provenance
+    from fedmpi.data import jsonl
+    from fedmpi.data.datasets import dataset_arrays
+    from fedmpi.models.hf import load
+
+    path = tiny_folder(tmp_path, "llama", tokenizer=True)
+    lines = [json.dumps({"user_id": f"u{i % 3}", "text": "abcdefghij"[i % 7:] + "cab" * 4}) for i in range(12)]
+    (tmp_path / "d.jsonl").write_text("\n".join(lines) + "\n")
+    cache = tmp_path / "cache"
+    cfg = hf_config(path, "llama", task__dataset="jsonl", task__jsonl={"train": str(tmp_path / "d.jsonl")},
+                    task__cache_dir=str(cache), task__text={"context": 12})
+    del cfg["task"]["synthetic_text"]
+    first = dataset_arrays(config.from_dict(cfg))
+    assert len(os.listdir(cache)) == 1
+    shutil.copy(tiny_folder(tmp_path / "other", "llama", seed=1) + "/model.safetensors", path)
+    read = jsonl.read
+    monkeypatch.setattr(jsonl, "read", lambda *a, **k: pytest.fail("read again despite the cache"))
+    again = dataset_arrays(config.from_dict(cfg))
+    assert np.array_equal(again.x_train, first.x_train) and len(os.listdir(cache)) == 1
+    monkeypatch.setattr(jsonl, "read", read)
+    doc = json.loads((tmp_path / "llama" / "tokenizer.json").read_text())
+    vocab = doc["model"]["vocab"]
+    vocab["a"], vocab["b"] = vocab["b"], vocab["a"]
+    (tmp_path / "llama" / "tokenizer.json").write_text(json.dumps(doc))
+    other = dataset_arrays(config.from_dict(cfg))
+    assert len(os.listdir(cache)) == 2 and not np.array_equal(other.x_train, first.x_train)
+    provenance.reset_inputs()
+    load(path)
+    assert os.path.join(path, "model.safetensors") in provenance.record({})["inputs"]

@@ -109,3 +109,48 @@ def test_a_mismatch_names_the_file_and_the_parameter(tmp_path, pretrained):
     p = cli(["run", cfg, "--out", str(tmp_path / "bad.h5")])
     errors = [line for line in p.stderr.strip().splitlines() if not line.startswith("notice:")]
     assert p.returncode == 2 and len(errors) == 1 and "parameter 'embed.tok.weight'" in errors[0], p.stderr
+
+
+def test_a_chain_of_inits_that_comes_back_is_refused(tmp_path, pretrained):
+    """Result files whose task.init lead back to themselves (a -> b -> a): one line naming the
+    chain, where building each model from the other's would recurse without end."""
+    import shutil
+
+    import yaml
+
+    a, b = str(tmp_path / "a.h5"), str(tmp_path / "b.h5")
+    for this, other in ((a, b), (b, a)):
+        shutil.copy(pretrained, this)
+        with h5py.File(this, "r+") as f:
+            stored = yaml.safe_load(f.attrs["config"])
+            stored["task"]["init"] = other
+            f.attrs["config"] = yaml.safe_dump(stored)
+    with pytest.raises(InputError, match=rf"^task\.init: {a}: its chain of task\.init leads back to it "
+                                         rf"\({a} -> {b} -> {a}\)$"):
+        build_task(config.from_dict(text_config(True, task__init=a)), CPU)
+    p = cli(["run", write_config(tmp_path / "loop.yaml", text_config(True, task__init=b)), "--out",
+             str(tmp_path / "loop.h5")])
+    errors = [line for line in p.stderr.strip().splitlines() if not line.startswith("notice:")]
+    assert p.returncode == 2 and len(errors) == 1 and "leads back to it" in errors[0], p.stderr
+
+
+def test_a_resume_after_the_init_file_changed_is_refused(tmp_path, pretrained):
+    """The resume digest holds task.init's path; its content is a recorded input of the run
+    (``provenance``): the same path holding another model refuses to continue, naming the key."""
+    import shutil
+
+    import fault_plugin
+    from fedmpi.errors import Interrupted
+    from fedmpi.runner import Runner
+    from fedmpi.runtime import World
+
+    init, out = str(tmp_path / "init.h5"), str(tmp_path / "r.h5")
+    shutil.copy(pretrained, init)
+    cfg = config.from_dict(text_config(True, rounds=4, eval_every=2, task__init=init,
+                                       runtime={"checkpoint_every": 1, "progress": False}))
+    with pytest.raises(Interrupted):
+        Runner(cfg, World(), out, quiet=True, callbacks=[fault_plugin.inject("0:1:usr1")]).run()
+    with h5py.File(init, "r+") as f:
+        f["final/params"][0] += 1.0  # another pretrained model at the same path
+    with pytest.raises(InputError, match=rf"^task\.init: {init}: changed since this run started"):
+        Runner(cfg, World(), out, quiet=True)

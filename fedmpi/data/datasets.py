@@ -280,16 +280,20 @@ def dataset_arrays(cfg: Config) -> "DataArrays | Task":
     entry = DATASETS.get(cfg.task.dataset)
     if not entry.options.get("cache"):
         return entry.obj(cfg)
-    from . import readers
+    from . import readers, text
 
+    # the dataset's own keys; not the model's (a model folder's weights would be hashed every run)
+    declared = {f.name for f in dataclasses.fields(entry.params)} if entry.params else set()
     own = {k: v for k, v in dataclasses.asdict(cfg.task).items()
-           if k not in {f.name for f in dataclasses.fields(TaskConfig)} or k in ("dataset", "root")}
+           if k in declared - {f.name for f in dataclasses.fields(TaskConfig)} or k in ("dataset", "root")}
     src = inspect.getsourcefile(entry.obj) or ""
     code = provenance.source_hash(src) if src and os.path.exists(src) else None
     code = provenance.fedmpi_source() if entry.builtin else code  # a built-in's reader may live elsewhere
-    # the files its keys name are inputs of the run, read from the cache or not; their content
-    # is in the key, so a regenerated file is a miss
-    files = {p: provenance.note_input(p)["sha256"] for p in provenance.named_files(own, folders=True)}
+    # the files its keys name, and a text dataset's tokenizer (the model folder's, by default), are
+    # inputs of the run, read from the cache or not; their content is in the key, so a
+    # regenerated file is a miss
+    named = provenance.named_files(own, folders=True) + (text.tokenizer_files(cfg) if "text" in own else [])
+    files = {p: provenance.note_input(p)["sha256"] for p in named}
     key = yaml.safe_dump({"params": own, "seed": cfg.seed, "source": src, "code": code, "files": files},
                          sort_keys=True)
     fingerprint = hashlib.sha256(key.encode()).hexdigest()

@@ -67,6 +67,19 @@ def _tokenizer(cfg: Config) -> str:
     return spec
 
 
+def tokenizer_files(cfg: Config) -> list[str]:
+    """The files the tokenizer of ``cfg`` reads (``tokenizer.json`` and the
+    ``tokenizer_config.json`` beside it, when there is one; none for ``bytes``): what of a model
+    folder a text dataset depends on (``datasets.dataset_arrays``' cache key)."""
+    spec = _tokenizer(cfg)
+    if spec == tokenize.BYTES:
+        return []
+    path = os.path.abspath(os.path.expanduser(spec))
+    path = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+    beside = os.path.join(os.path.dirname(path), "tokenizer_config.json")
+    return [p for p in (path, beside) if os.path.isfile(p)]
+
+
 def shakespeare_arrays(cfg: Config) -> DataArrays:
     """Shakespeare's plays by speaking role (``plays``), or synthetic text when they are missing
     at the standard location (``fallback_synthetic``)."""

@@ -34,6 +34,28 @@ def _per_client(v: Tensor, like: Tensor) -> Tensor:
     return v.view(v.shape[0], *[1] * (like.dim() - 2), v.shape[-1])
 
 
+def embed(w: Tensor, x: Tensor, frozen: bool, padding: int | None = None) -> Tensor:
+    """Token ids x (n, ...) -> each client's rows of its table w (n, vocab, width); a frozen table
+    (expanded over the clients) as one ``F.embedding``; ``padding``: the id whose row gets no
+    gradient (``nn.Embedding``'s ``padding_idx``)."""
+    if frozen:
+        return F.embedding(x, w[0])
+    n = x.shape[0]
+    e = w[torch.arange(n, device=x.device).view(n, *[1] * (x.dim() - 1)), x]
+    return e if padding is None else torch.where((x == padding).unsqueeze(-1), e.detach(), e)
+
+
+class _Embedding(_Layer):
+    """An ``nn.Embedding`` (its weight named ``name``) on token ids (n, b, T)."""
+
+    def __init__(self, name: str, padding: int | None, frozen: bool):
+        self.w, self.padding, self.frozen = name, padding, frozen
+        self.params = (name,)
+
+    def forward(self, p: Params, x: Tensor, keys: Params | None) -> Tensor:
+        return embed(p[self.w], x, self.frozen, self.padding)
+
+
 class _Embeddings(_Layer):
     def __init__(self, prefix: str, frozen: bool):
         self.tok, self.pos = prefix + "tok.weight", prefix + "pos.weight"
@@ -42,10 +64,7 @@ class _Embeddings(_Layer):
     def forward(self, p: Params, x: Tensor, keys: Params | None) -> Tensor:
         w, pos = p[self.tok], p[self.pos]  # (n, vocab, width), (n, context, width)
         n, t = x.shape[0], x.shape[-1]
-        if self.frozen:  # one table (expanded over the clients)
-            e = F.embedding(x, w[0])
-        else:
-            e = w[torch.arange(n, device=x.device).view(n, *[1] * (x.dim() - 1)), x]
+        e = embed(w, x, self.frozen)
         return e + pos[:, :t].reshape(n, *[1] * (x.dim() - 2), t, pos.shape[-1])
 
 

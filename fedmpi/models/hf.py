@@ -11,7 +11,8 @@ architectures). The folder's ``tokenizer.json``, when it has one, tokenizes a te
 The loaded model is the frozen base of an adapter (``task.adapter``, e.g. LoRA on ``q_proj`` and
 ``v_proj``; ``target_modules`` has no default here, since module names differ between
 architectures), held once per rank; with ``adapter.kind: none`` every weight is trained. The engine
-trains a block of clients as one batched program through ``torch.func``: ``vmap`` of
+trains a block of clients as one batched program: a Llama through its stacked rules
+(``engine.llama_layers``), another architecture through ``torch.func``: ``vmap`` of
 ``functional_call`` over the clients' stacked adapters and the base expanded over the block (a
 stride-0 view; ``engine.params.expanded``), so that each client's products are its own batched
 products and its bits do not depend on its block.
@@ -38,6 +39,7 @@ from typing import Iterator, Optional
 import torch
 from torch import nn
 
+from .. import provenance
 from ..errors import InputError
 from ..schema import opt
 from . import ModelParams, register
@@ -175,6 +177,9 @@ def load(path: Optional[str], key: str = "task.path") -> nn.Module:
         if bad:
             raise InputError(f"{key}: {where}: the weights do not fit config.json ({what.replace('_', ' ')}: "
                              f"{', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})")
+    for name in sorted(os.listdir(where)):  # what defines the base: inputs of the run (a resume checks them)
+        if name == "config.json" or name.endswith((".safetensors", ".safetensors.index.json")):
+            provenance.note_input(os.path.join(where, name))
     transposed = _as_linear(lm)
     _no_dropout(lm)
     return CausalLM(lm, transposed)

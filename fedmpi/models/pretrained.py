@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import h5py
 import numpy as np
@@ -100,7 +100,7 @@ def initialise(model: nn.Module, init: str, name: str, build: Build, key: str = 
         if hasattr(model, "from_saved"):  # names and layouts of the model's own saved form (models.hf)
             state = model.from_saved(state)
     else:
-        with _quiet_logs():
+        with _quiet_logs(), _link(where, key):
             state = merged_state(final_model(where, key, build)[1])
     own = dict(model.named_parameters())
     for n, p in own.items():
@@ -113,6 +113,23 @@ def initialise(model: nn.Module, init: str, name: str, build: Build, key: str = 
     if extra:
         raise InputError(f"{key}: {where}: holds parameter {extra[0]!r}, which task.model {name} has not")
     load_trainable(model, state)
+
+
+_CHAIN: list[str] = []  # the result files whose models are being built, outermost first (this process)
+
+
+@contextlib.contextmanager
+def _link(where: str, key: str) -> Iterator[None]:
+    """One link of a chain of ``task.init`` result files (a result file's model is built from its
+    own ``task.init``): InputError when the chain comes back to ``where``."""
+    if where in _CHAIN:
+        chain = " -> ".join(_CHAIN[_CHAIN.index(where):] + [where])
+        raise InputError(f"{key}: {where}: its chain of task.init leads back to it ({chain})")
+    _CHAIN.append(where)
+    try:
+        yield
+    finally:
+        _CHAIN.pop()
 
 
 def merged_state(model: nn.Module) -> dict[str, torch.Tensor]:

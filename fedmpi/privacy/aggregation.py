@@ -155,6 +155,18 @@ def distributed(cfg: Any) -> bool:
     return p.mechanism != "none" and MECHANISMS.get(p.mechanism).obj.noise_at == "distributed"
 
 
+def participation_decides_aborts(params: AggregationParams | None, sampling: Any) -> bool:
+    """Whether one client's taking part can decide whether a round of secure aggregation aborts: a
+    cohort too small aborts (a lone client always: no neighbour holds its shares), so under Poisson
+    sampling, where a client's presence changes the cohort's size, it can. Then the releases of two
+    add-or-remove neighbours differ by the other clients' rows too, which amplification by sampling
+    does not cover (the accountant then charges every participation, ``Privacy``). With a cohort of
+    fixed size, or a schedule taken as public (no amplification: zero-out neighbours), an abort is the
+    same in both runs and releases no row: its round costs nothing, and charging its participants,
+    as the accountant does, is conservative."""
+    return params is not None and params.on and getattr(sampling, "kind", "none") == "poisson"
+
+
 def algorithm_refusal(cls: type) -> str | None:
     """Why the algorithm class ``cls`` cannot sum under secure aggregation (a phrase), or None. Read
     from where its hooks are defined (no import of the algorithms, a higher layer): a server's round
@@ -321,7 +333,8 @@ class SecureAggregation:
         if p.aborted:
             if self.world.is_server:
                 log.info("round %d: secure aggregation aborted (%s); the round's sum is empty%s", t, p.aborted,
-                         " (under privacy the accountant does not cover an abort: docs/PRIVACY.md)" if private else "")
+                         " (no client's row is released; the accountant still charges the round's participants:"
+                         " conservative, docs/PRIVACY.md)" if private else "")
             return None
         device = self.world.device
 

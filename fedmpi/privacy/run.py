@@ -41,7 +41,7 @@ from ..registry import MECHANISMS
 from ..runtime import World
 from ..state import State, Stateful
 from . import accounting
-from .aggregation import AggregationParams, SecureAggregation, cohort_of, margin
+from .aggregation import AggregationParams, SecureAggregation, cohort_of, margin, participation_decides_aborts
 from .clipping import Clip
 from .declaration import Private, declaration
 from .ledger import Ledger
@@ -87,7 +87,8 @@ class Privacy(Stateful):
             self.mechanism = MECHANISMS.get(params.mechanism).obj(params, dim, seed, world.device, rounds)
             self.mechanism.population = max(m, 1)
             self.amplified = (amplified and not counted and params.amplification != "off"
-                              and sampling.kind != "none" and self.mechanism.amplifies(sampling))
+                              and sampling.kind != "none" and self.mechanism.amplifies(sampling)
+                              and not participation_decides_aborts(aggregation, sampling))
             self._check_mechanism(rounds)
             accounting.check(self.mechanism, sampling, self.amplified, params.accountant)
             self.sigma = np.float64(params.noise_multiplier if params.epsilon is None else
@@ -398,5 +399,9 @@ def not_amplified(cfg: Any, sampling: Sampling, declared: Private) -> str:
                 f"so every participation is charged in full")
     if sampling.kind == "none":
         return f"availability.kind {kind!r} picks clients with nothing random to amplify"
+    if participation_decides_aborts(cfg.aggregation, sampling):
+        return (f"aggregation.kind: secagg aborts a round whose cohort is too small, and under availability.kind "
+                f"{kind!r} (Poisson sampling) whether a client took part can decide it, dropping the other "
+                f"clients' rows: the amplified analysis does not cover that, so every participation is charged")
     return (f"privacy.mechanism {mechanism!r} has no amplified analysis for availability.kind {kind!r} "
             f"({sampling.kind.replace('_', '-')} sampling)")

@@ -1,8 +1,8 @@
 """The combination matrix (issue #32): every algorithm x availability kind x privacy mechanism x
 local work (and, with no privacy and fixed work, x each ``CLOCK`` setting: issue #33; and, for
-the model axis ``MODEL``, LoRA adapters of a tiny transformer over its frozen base instead of
-logistic regression: issue #42; and the clock crossed with privacy, a production noise cohort
-``PRODUCTION``, the local work whose durations matter ``CLOCK_WORK`` and packing:
+the model axis ``MODEL``, LoRA adapters of a tiny transformer, or of a tiny Hugging Face Llama,
+over its frozen base instead of logistic regression: issue #42; and the clock crossed with
+privacy, a production noise cohort ``PRODUCTION``, the local work whose durations matter ``CLOCK_WORK`` and packing:
 ``clock_privacy``, issue #44), on a tiny task, either refused with one line naming the keys that
 conflict, or run and held to every invariant that applies (tests/test_combinations.py says which).
 
@@ -13,6 +13,7 @@ component needs to run on the tiny task, ``WORK`` the kinds of local work, ``CLO
 from __future__ import annotations
 
 import copy
+import importlib.util
 import itertools
 import os
 from dataclasses import dataclass
@@ -101,7 +102,15 @@ MODEL = {
              "width": 8, "heads": 2, "layers": 1,
              "adapter": {"kind": "lora", "r": 2, "alpha": 4.0, "dropout": 0.1,
                          "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"]}},
+    # LoRA on q_proj and v_proj (keyed dropout) of a tiny random Hugging Face Llama (helpers.hf: 2 layers,
+    # width 16, grouped-query heads; its folder made under the matrix's folder, ``Combo.data``), trained
+    # through the Llama's stacked rules. It assumes the [llm] extra: its combinations join the matrix only
+    # where transformers is installed (``HF``)
+    "hf": {"dataset": "synthetic_text", "clients": M, "model": "hf", "partition": {"kind": "natural"},
+           "synthetic_text": {"samples": 72, "test_samples": 18, "vocab": 12, "length": 8, "users": M},
+           "adapter": {"kind": "lora", "r": 2, "alpha": 4.0, "dropout": 0.1, "target_modules": ["q_proj", "v_proj"]}},
 }
+HF = importlib.util.find_spec("transformers") is not None and importlib.util.find_spec("safetensors") is not None
 
 
 #: how the server sums (issue #45): plain, or secure aggregation on a ring of 2 neighbours, threshold 1;
@@ -135,6 +144,8 @@ class Combo:
         cfg = copy.deepcopy(BASE)
         if MODEL[self.model] is not None:
             cfg["task"] = copy.deepcopy(MODEL[self.model])
+        if self.model == "hf":
+            cfg["task"]["path"] = llama_folder(folder)
         cfg["algorithm"] = {"name": self.algorithm, **ALGORITHM.get(self.algorithm, {})}
         cfg.update(copy.deepcopy(SECTIONS))
         cfg["availability"] = {"kind": self.kind, **copy.deepcopy(KIND.get(self.kind, {}))}
@@ -149,6 +160,16 @@ class Combo:
         if AGGREGATION[self.aggregation] is not None:
             cfg["aggregation"] = {**AGGREGATION[self.aggregation], **(SECURE_ALONE if keys is None else {})}
         return cfg
+
+
+def llama_folder(folder: str) -> str:
+    """The tiny Llama of the ``hf`` model axis under ``folder`` (made on first use)."""
+    path = os.path.join(folder, "llama")
+    if not os.path.isdir(path):
+        from helpers.hf import tiny_folder
+
+        tiny_folder(folder, "llama")
+    return path
 
 
 def steps_file(folder: str) -> None:
@@ -177,6 +198,9 @@ def every() -> list[Combo]:
             for a, k, p in itertools.product(algorithms, LORA_KINDS, mechanisms)]
     lora += [Combo(a, "cohort", "none", "momentum", "none", "lora") for a in algorithms]
     lora += [Combo(a, "always", "none", "fixed", "lognormal", "lora") for a in algorithms]
+    # the Hugging Face Llama: every algorithm on a cohort, without and with central DP (the model axis is
+    # about what trains; the transformer's LoRA crosses the rest)
+    lora += [Combo(a, "cohort", p, "fixed", "none", "hf") for a in algorithms for p in ("none", "gaussian") if HF]
     secure = [Combo(a, k, p, "fixed", "none", "logreg", "secagg")
               for a, k, p in itertools.product(algorithms, SECURE_KINDS, mechanisms)]
     return secure + [Combo(*c) for c in itertools.product(*axes())] + [
@@ -209,11 +233,11 @@ def asynchronous() -> list[str]:
     return [a for a in axes()[0] if issubclass(ALGORITHMS.get(a).obj, AsyncAlgorithm)]
 
 
-def sample(n: int = 84) -> list[Combo]:
+def sample(n: int | None = None) -> list[Combo]:
     """A fixed spread of the matrix: every algorithm, kind, mechanism and kind of local work, each
     paired with a rotating choice of the others, plus the combinations issue #32 found wrong and a
-    few of each clock setting (issue #33), of the LoRA model (issue #42) and of the clock under privacy
-    (issue #44)."""
+    few of each clock setting (issue #33), of the LoRA models (issue #42: the transformer's and a
+    Hugging Face Llama's, where transformers is installed) and of the clock under privacy (issue #44)."""
     algorithms, kinds, mechanisms, works = axes()
     picked = [Combo(a, kinds[(3 * i) % len(kinds)], mechanisms[i % len(mechanisms)], works[(5 * i) % len(works)])
               for i, a in enumerate(algorithms)]
@@ -268,6 +292,10 @@ def sample(n: int = 84) -> list[Combo]:
                Combo("mifa", "stationary", "none", "fixed", "none", "lora"),
                Combo("fedbuff", "always", "none", "fixed", "lognormal", "lora"),
                Combo("dspodfl", "always", "none", "fixed", "none", "lora")]
+    if HF:  # the Hugging Face Llama (issue #42): plain, a per-client table, DP on its adapters
+        picked += [Combo("fedavg_active", "cohort", "none", "fixed", "none", "hf"),
+                   Combo("scaffold", "cohort", "none", "fixed", "none", "hf"),
+                   Combo("fedadam", "cohort", "gaussian", "fixed", "none", "hf")]
     # secure aggregation (issue #45): alone, under central DP, and what it refuses
     picked += [Combo("fedavg_active", "cohort", "none", "fixed", "none", "logreg", "secagg"),
                Combo("fedavg_active", "always", "gaussian", "fixed", "none", "logreg", "secagg"),
@@ -277,7 +305,7 @@ def sample(n: int = 84) -> list[Combo]:
                Combo("scaffold", "always", "none", "fixed", "none", "logreg", "secagg"),
                Combo("fedavg_active", "cohort", "local_gaussian", "fixed", "none", "logreg", "secagg"),
                Combo("dgd", "always", "none", "fixed", "none", "logreg", "secagg")]
-    return list(dict.fromkeys(picked))[:n]
+    return list(dict.fromkeys(picked))[:n]  # n None: all
 
 
 KEYS = {"algorithm": "algorithm", "kind": "availability", "privacy": "privacy", "work": "train.", "clock": "clock.",

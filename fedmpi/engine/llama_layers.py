@@ -1,0 +1,161 @@
+"""Stacked rules of a Hugging Face Llama (``task.model: hf`` over ``transformers``'
+``LlamaForCausalLM``): a block of clients as batched ops over the one frozen base, instead of
+``vmap`` (which kept about 2.5x the activations of the model's own forward, benchmarks/RESULTS.md).
+
+The rule is the wrapper's (``models.hf.CausalLM``): for a Llama it compiles the model into a
+chain, token embedding -> decoder layers -> final RMSNorm -> head, each on activations
+(n, b, T, ...) of n clients, with ops that never mix clients' rows (``engine.layers``' bit contract):
+
+- the token embedding: one ``F.embedding`` on the frozen table, or a gather of each client's rows
+  of its own (``engine.sequence_layers.embed``, the padding row's gradient zero as
+  ``nn.Embedding``'s);
+- RMSNorm: the module's own arithmetic (float32 x * rsqrt(mean(x^2) + eps), then the weight) on
+  every row; the frozen weight once, a trained one per client;
+- a decoder layer: ``engine.sequence_layers``' pre-norm block, h + attn(norm(h)), then
+  + mlp(norm(h));
+- self-attention: the q/k/v/o projections are the Linear or LoRA rules of its children (one
+  ``bmm`` of each client's rows against the expanded frozen weight, plus the client's own
+  low-rank ``bmm``, ``engine.adapter_layers``); rotary positions from the model's own rotary
+  module and ``apply_rotary_pos_emb``; the grouped-query heads and the causal softmax are
+  transformers' own ``eager_attention_forward`` with the n clients' b sequences as its batch
+  (batched products over (n b, heads), a row-wise softmax);
+- the gated MLP: down(act(gate(x)) * up(x)), each projection the Linear or LoRA rule;
+- the head: a Linear over the last hidden state, or, tied to the token embedding, a read of the
+  embedding's weight (``engine.sequence_layers``' tied head).
+
+Other architectures (GPT-2, ...) have no rule here and train through ``vmap`` (``models.hf``);
+so does a Llama whose layout the rule does not know (``_llama_lm`` returns None).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..models.hf import CausalLM
+from .layers import Compiler, Params, Tensor, _Chain, _Layer, stacked_rule
+from .sequence_layers import _Block, _Embedding, _TiedHead, _per_client
+
+
+class _RMSNorm(_Layer):
+    def __init__(self, prefix: str, mod: nn.Module, frozen: bool):
+        self.w, self.eps, self.frozen = prefix + "weight", mod.variance_epsilon, frozen
+        self.params = (self.w,)
+
+    def forward(self, p: Params, x: Tensor, keys: Params | None) -> Tensor:
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)).to(dtype)
+        w = p[self.w]
+        return w[0] * h if self.frozen else _per_client(w, h) * h
+
+    def activations(self, p: Params, x: Tensor) -> tuple[Tensor, int]:
+        out = self.forward(p, x, None)
+        return out, x.numel() + out.numel()  # its input (for x^2 and x * r) and the normalised rows
+
+
+class _GatedMLP(_Layer):
+    """down(act(gate(x)) * up(x))."""
+
+    def __init__(self, gate: _Layer, up: _Layer, down: _Layer, act: nn.Module):
+        self.proj, self.act = (gate, up, down), act
+        self.params = tuple(name for layer in self.proj for name in layer.params)
+        self.reads = tuple(name for layer in self.proj for name in layer.reads)
+
+    def forward(self, p: Params, x: Tensor, keys: Params | None) -> Tensor:
+        gate, up, down = self.proj
+        return down.forward(p, self.act(gate.forward(p, x, keys)) * up.forward(p, x, keys), keys)
+
+    def activations(self, p: Params, x: Tensor) -> tuple[Tensor, int]:
+        gate, up, down = self.proj
+        (g, a), (u, b) = gate.activations(p, x), up.activations(p, x)
+        mid = self.act(g) * u
+        out, c = down.activations(p, mid)
+        return out, a + b + c + 2 * mid.numel()  # act(gate) and the product
+
+
+class _Attention(_Layer):
+    """Llama's self-attention over (n, b, T, width); see the module docstring."""
+
+    def __init__(self, mod: nn.Module, rotary: nn.Module, q: _Layer, k: _Layer, v: _Layer, o: _Layer):
+        self.mod, self.rotary, self.proj = mod, rotary, (q, k, v, o)
+        self.params = tuple(name for layer in self.proj for name in layer.params)
+        self.reads = tuple(name for layer in self.proj for name in layer.reads)
+
+    def _mixed(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """The attention of the projections (n, b, T, heads x head_dim) -> (n, b, T, heads x head_dim)."""
+        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, eager_attention_forward
+
+        lead, t, hd = q.shape[:-2], q.shape[-2], self.mod.head_dim
+
+        def heads(z: Tensor) -> Tensor:  # (n, b, T, h hd) -> (n b, h, T, hd): the module's layout, batch n b
+            return z.reshape(-1, t, z.shape[-1] // hd, hd).transpose(1, 2)
+
+        positions = torch.arange(t, device=q.device).unsqueeze(0)
+        cos, sin = self.rotary(q, positions)
+        qh, kh = apply_rotary_pos_emb(heads(q), heads(k), cos, sin)
+        mask = torch.full((t, t), torch.finfo(q.dtype).min, dtype=q.dtype, device=q.device).triu_(1)
+        out, _ = eager_attention_forward(self.mod, qh, kh, heads(v), mask, scaling=self.mod.scaling, dropout=0.0)
+        return out.reshape(*lead, t, -1)
+
+    def forward(self, p: Params, x: Tensor, keys: Params | None) -> Tensor:
+        q, k, v, o = self.proj
+        return o.forward(p, self._mixed(q.forward(p, x, keys), k.forward(p, x, keys), v.forward(p, x, keys)), keys)
+
+    def activations(self, p: Params, x: Tensor) -> tuple[Tensor, int]:
+        q, k, v, o = self.proj
+        (qx, a), (kx, b), (vx, c) = (layer.activations(p, x) for layer in (q, k, v))
+        mixed = self._mixed(qx, kx, vx)
+        out, d = o.activations(p, mixed)
+        heads = self.mod.config.num_attention_heads
+        scores = mixed.numel() // mixed.shape[-1] * heads * x.shape[-2]  # heads x T per position
+        return out, a + b + c + d + 2 * qx.numel() + mixed.numel() + 2 * scores  # rotated q, k; scores, softmax
+
+
+def _llama_lm(mod: CausalLM, compiler: Compiler) -> _Layer | None:
+    """The chain of a wrapped ``LlamaForCausalLM`` (parameter names under ``lm.``), None for
+    another architecture or a layout the rules do not know."""
+    try:
+        from transformers.models.llama.modeling_llama import LlamaForCausalLM
+    except ImportError:
+        return None
+    lm = mod.lm
+    if type(lm) is not LlamaForCausalLM or lm.config._attn_implementation != "eager":
+        return None
+    body = lm.model
+    table = body.embed_tokens
+    name = compiler.name_of(table.weight)
+    if not isinstance(table, nn.Embedding) or name is None:
+        return None
+    layers: list[_Layer] = [_Embedding(name, table.padding_idx, compiler.frozen(name))]
+    for i, layer in enumerate(body.layers):
+        at = f"lm.model.layers.{i}."
+        attn, mlp = layer.self_attn, layer.mlp
+        proj = [compiler.layer(getattr(attn, n), f"{at}self_attn.{n}.") for n in ("q_proj", "k_proj", "v_proj",
+                                                                                     "o_proj")]
+        ffn = [compiler.layer(getattr(mlp, n), f"{at}mlp.{n}.") for n in ("gate_proj", "up_proj", "down_proj")]
+        if any(part is None for part in proj + ffn):
+            return None
+        layers.append(_Block(_norm(layer.input_layernorm, at + "input_layernorm.", compiler),
+                             _Attention(attn, body.rotary_emb, *proj),
+                             _norm(layer.post_attention_layernorm, at + "post_attention_layernorm.", compiler),
+                             _GatedMLP(*ffn, mlp.act_fn)))
+    layers.append(_norm(body.norm, "lm.model.norm.", compiler))
+    head = lm.lm_head
+    if isinstance(head, nn.Linear) and head.weight is table.weight and head.bias is None:
+        layers.append(_TiedHead(name))
+    else:
+        compiled = compiler.layer(head, "lm.lm_head.")
+        if compiled is None:
+            return None
+        layers.append(compiled)
+    return _Chain(layers)
+
+
+def _norm(mod: nn.Module, prefix: str, compiler: Compiler) -> _RMSNorm:
+    return _RMSNorm(prefix, mod, compiler.frozen(prefix + "weight"))
+
+
+@stacked_rule(CausalLM)
+def _causal_lm(mod: CausalLM, prefix: str, compiler: Compiler) -> _Layer | None:
+    return _llama_lm(mod, compiler) if prefix == "" else None
