@@ -91,9 +91,9 @@ class Stateful:
         state = State(shared={n: state_value(self, n) for n in declared(type(self), "shared_state")},
                       clients={n: state_value(self, n) for n in declared(type(self), "client_state")})
         for part in self._components():
-            for kind, attr in _KINDS.items():
-                getattr(state, attr).update({part.state_prefix + k: v
-                                             for k, v in getattr(part.state_dict(), attr).items()})
+            theirs = part.state_dict()
+            for attr in _KINDS.values():
+                getattr(state, attr).update({part.state_prefix + k: v for k, v in getattr(theirs, attr).items()})
         return state
 
     def load_state_dict(self, state: State) -> None:

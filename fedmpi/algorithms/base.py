@@ -368,7 +368,7 @@ class ServerAlgorithm(Algorithm):
     needs_participation = True
     shared_state = ("x",)
     derived = ("active", "_sizes", "_outputs", "stats")  # the last round's cohort and outputs; sample counts
-    components = ("clock", "privacy")  # saved with its state: the scheduler's (clock.*, flight.*), privacy's (privacy.*)
+    components = ("clock", "privacy")  # saved with its state: the scheduler (clock.*, flight.*), privacy (privacy.*)
     configuration = ("eta_g",)
     #: the clock's keys (its rounds' durations and cuts), K of a cohort under over-selection, the batch
     #: a device map's durations are measured at, the availability kind its refusal names
