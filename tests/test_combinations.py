@@ -20,10 +20,12 @@ counts, is refused under privacy.
 Secure aggregation (issue #45, ``aggregation.kind: secagg``) crosses every algorithm and mechanism
 on the kinds whose cohorts stay at 2 or more when a client is toggled (a lone client aborts a
 round); there the decoded sums hold the neighbouring-run check. The model axis (issue #42) runs
-LoRA adapters of a tiny transformer over its frozen base with every algorithm and mechanism. The
-default suite runs a spread of about 83 combinations (``sample``); the whole matrix (~19000
-combinations, about 400 of them the LoRA axis, about 670 secure aggregation, about 2500 the clock
-under privacy) is marked ``combinations`` and runs as its own step of .ci/run (``FEDMPI_MATRIX=full``)."""
+LoRA adapters of a tiny transformer over its frozen base with every algorithm and mechanism, and
+of a tiny Hugging Face Llama where transformers is installed. Where a release shows who took part
+(FedSWE: ``hides_participation=False``) the check's neighbours are zero-out ones, as its privacy
+claim is. The default suite runs a spread of about 87 combinations (``sample``); the whole matrix
+(~23500 combinations, about 810 of them the LoRA axis and 56 the Llama, about 760 secure
+aggregation, about 2500 the clock under privacy; ~40 min on CI's 2 cores) is marked ``combinations`` and runs as its own step of .ci/run (``FEDMPI_MATRIX=full``)."""
 
 from __future__ import annotations
 
