@@ -25,7 +25,8 @@ of a tiny Hugging Face Llama where transformers is installed. Where a release sh
 (FedSWE: ``hides_participation=False``) the check's neighbours are zero-out ones, as its privacy
 claim is. The default suite runs a spread of about 87 combinations (``sample``); the whole matrix
 (~23500 combinations, about 810 of them the LoRA axis and 56 the Llama, about 760 secure
-aggregation, about 2500 the clock under privacy; ~40 min on CI's 2 cores) is marked ``combinations`` and runs as its own step of .ci/run (``FEDMPI_MATRIX=full``)."""
+aggregation, about 2500 the clock under privacy; ~40 min on CI's 2 cores) is marked
+``combinations`` and runs as its own step of .ci/run (``FEDMPI_MATRIX=full``)."""
 
 from __future__ import annotations
 
