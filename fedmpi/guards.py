@@ -18,6 +18,7 @@ import math
 
 import torch
 
+from .engine.saved import kept
 from .errors import Diverged
 from .runtime import World
 
@@ -29,16 +30,7 @@ STEP_CLIENTS = 8
 
 def _saved_bytes(task, n: int) -> int:
     """Bytes autograd keeps for the backward pass of the training loss on ``n`` samples."""
-    total = 0
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        nonlocal total
-        total += t.numel() * t.element_size()
-        return t
-
-    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        task.loss(task.model(task.inputs(task.train_x[:n])), task.train_y[:n])
-    return total
+    return kept(lambda: task.loss(task.model(task.inputs(task.train_x[:n])), task.train_y[:n])).total
 
 
 def step_bytes(task, batch: int, local_clients: int, path: str = "batched", client_state: int = 0) -> int:

@@ -43,11 +43,12 @@ from .. import rng
 from ..data.augment import augment, require_images
 from ..models import has_conv
 from ..models.dropout import KeyedDropout
-from ..models.losses import per_sample
+from ..models.losses import per_client, per_sample
 from .graphs import StepGraphs
 from .layers import Deferred, Samples, StackedNet, conv_impl, minibatch_losses, sample_losses
 from .local_step import LocalStep, StepTerm, TrainConfig, lr_at  # noqa: F401 (lr_at: re-exported)
 from .params import ParamSpec, expanded
+from . import saved
 from .quantities import ClientQuantity, SampleLosses
 from .shapes import MAX_FIXED_BLOCK, fixed_shapes, pad_rows
 from .steps import StepCounts
@@ -93,7 +94,7 @@ class ClientMemory:
     gradients: int  # their gradient and the step's update
     optimizer: int  # the momentum buffer (train.momentum > 0), else 0
     minibatch: int  # its samples
-    activations: int  # layer outputs kept for the backward pass, and their gradients (stacked layers)
+    activations: int  # what autograd keeps for the backward pass, and the gradient in flight
 
     @property
     def total(self) -> int:
@@ -366,59 +367,63 @@ class LocalTrainer:
         return lr if lr_scale is None else lr * lr_scale.to(self.device, torch.float32)
 
     def chunk_size(self) -> int:
-        """Clients per batched call. Each client's step touches its parameters, gradients,
-        minibatch and layer outputs (kept for the backward pass, and their gradients). On CPU,
-        blocks of about 64 MB of those stay cache- and memory-friendly (benchmarks/engine.py:
-        1000 logreg clients in one call ran 1.5x slower than in blocks; 10 SVHN-CNN clients,
-        whose layer outputs take 24 MB each, 18% slower in one call than in blocks of 2). On
-        CUDA, blocks of up to 512 MB and 256 clients (and at most the run's m) keep the GPU
-        busy; every block there has this many rows (``engine.shapes``), so the caps bound the
-        padding of a small cohort.
+        """Clients per batched call. On CPU, blocks of about 64 MB of what each client's step
+        touches (``client_bytes``) stay cache- and memory-friendly (benchmarks/engine.py: 1000
+        logreg clients in one call ran 1.5x slower than in blocks; 10 SVHN-CNN clients, whose
+        layer outputs take 24 MB each, 18% slower in one call than in blocks of 2). On CUDA,
+        blocks of up to 512 MB of what each client holds at its step's peak (``memory``) and 256
+        clients (and at most the run's m) keep the GPU busy; every block there has this many rows
+        (``engine.shapes``), so the caps bound the padding of a small cohort.
         A function of the model, data shape and config only: the same on every rank."""
-        per_client = self.client_bytes()
         if self.device.type == "cuda":  # never more rows than the run has clients
-            return max(1, min(MAX_FIXED_BLOCK, self.task.m, (512 << 20) // per_client))
-        return max(1, (64 << 20) // per_client)
+            return max(1, min(MAX_FIXED_BLOCK, self.task.m, (512 << 20) // self.memory().total))
+        return max(1, (64 << 20) // self.client_bytes())
 
     def client_bytes(self) -> int:
-        """Bytes one client's local step touches (``chunk_size``; ``memory`` itemises them)."""
-        return self.memory().total
+        """Bytes one client's local step touches, the CPU blocks' measure (``chunk_size``): what
+        it holds (``memory``), with every stacked layer's output and its gradient in place of the
+        activations autograd keeps (the vmap path: what it keeps)."""
+        mem = self.memory()
+        if self.net is None:
+            return mem.total
+        touched = 8 * self.net.activation_numel(dict(zip(self.spec.names, self.spec.shapes)),
+                                                self.task.train_x.shape[1:], self.cfg.batch_size, self._input_dtype)
+        return mem.total - mem.activations + touched
 
     def memory(self) -> ClientMemory:
-        """What one client's local step touches: its trainable parameters (an adapter's only: the
-        frozen base is the rank's, held once), their gradient and update, the momentum buffer, its
-        minibatch, its layer outputs and their gradients."""
+        """What one client's local step holds at its peak: its trainable parameters (an adapter's
+        only: the frozen base is the rank's, held once), their gradient and update, the momentum
+        buffer, its minibatch, and the activations autograd keeps for the backward pass, with the
+        gradient in flight (``_activations``)."""
         b, d = self.cfg.batch_size, self.spec.dim
-        if self.net is not None:
-            shapes = dict(zip(self.spec.names, self.spec.shapes))
-            activations = 8 * self.net.activation_numel(shapes, self.task.train_x.shape[1:], b, self._input_dtype)
-        else:
-            activations = 8 * self._saved_numel() * b
         return ClientMemory(parameters=4 * d, gradients=8 * d, optimizer=4 * d if self.cfg.momentum > 0 else 0,
-                            minibatch=4 * b * self.task.train_x[0].numel(), activations=activations)
+                            minibatch=4 * b * self.task.train_x[0].numel(), activations=self._activations() * b)
 
-    def _saved_numel(self) -> int:
-        """Elements the autograd graph keeps for one sample's forward pass and loss through
-        ``functional_call`` (the vmap path, whose layers fedmpi does not know: a Hugging Face model),
-        counted once with saved-tensor hooks; the model's parameters (the base) are not a client's."""
-        if getattr(self, "_saved", None) is None:
+    def _activations(self) -> int:
+        """Activation bytes of one client's step per minibatch sample, from what autograd keeps for
+        one sample's forward pass and loss (``engine.saved``, counted once; the model's parameters,
+        the frozen base and the client's own are not activations). On the stacked layers: what
+        they keep, plus the gradient in flight, twice the largest kept tensor (the output gradient
+        of the op being differentiated and its input gradient; benchmarks/RESULTS.md: within 3% of
+        the measured memory per additional LoRA client). Through vmap (a model without stacked
+        rules): twice what the model's own forward keeps (``vmap`` of the gradient kept about 2.5x
+        as much on a Llama)."""
+        if getattr(self, "_per_sample", None) is None:
             model = self.task.model
-            held = {p.untyped_storage().data_ptr() for p in model.parameters()}
-            total = 0
-
-            def pack(t: torch.Tensor) -> torch.Tensor:
-                nonlocal total
-                if t.device.type == "meta" or t.untyped_storage().data_ptr() not in held:
-                    total += t.numel()
-                return t
-
             params = {n: v.clone().requires_grad_(True) for n, v in self.spec.views(self.spec.flatten(model)).items()}
             x, y = self.task.inputs(self.task.train_x[:1]), self.task.train_y[:1]
-            hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
-            with one_thread(self.device), torch.enable_grad(), hooks:
-                self._loss_of(params, {}, x, y, None)
-            self._saved = total
-        return self._saved
+            held = [*model.parameters(), *params.values()]
+            with one_thread(self.device):
+                if self.net is None:
+                    k = saved.kept(lambda: self._loss_of(params, {}, x, y, None), held)
+                    self._per_sample = 2 * k.total
+                else:
+                    stacked = {n: v.unsqueeze(0) for n, v in params.items()}
+                    keys = self.dropout_keys(np.zeros(1, dtype=np.int64), 0, 0)  # dropout keeps its mask
+                    loss = per_client(self.task.loss)
+                    k = saved.kept(lambda: loss(self.net.forward(stacked, x[None], keys), y[None]), held)
+                    self._per_sample = k.total + 2 * k.largest
+        return self._per_sample
 
     def _train_block(self, x: torch.Tensor, clients: np.ndarray, t: int, lr: torch.Tensor,
                      steps: np.ndarray, rule: LocalStep, record: bool = False,
