@@ -1,7 +1,7 @@
 """A Hugging Face causal LM from a local folder (models.hf, the extra [llm]): tiny random Llama and
 GPT-2 folders built here (no download). Its forward is the transformers model's; LoRA on it is
 PEFT's LoRA on the same weights; a block of clients trains as batched ops over the stacked
-adapters and the expanded base (a Llama through its stacked rules, ``engine.llama_layers``, GPT-2
+adapters and the expanded base (a Llama, Mistral or Qwen2 through their stacked rules, ``engine.llama_layers``, GPT-2
 through one vmap), a client's bits independent of its block, the base never changing; a run from
 the command line; the one-line refusals."""
 
@@ -29,6 +29,7 @@ from fedmpi.errors import InputError  # noqa: E402
 
 CPU = torch.device("cpu")
 ARCHS = ["llama", "gpt2"]
+LLAMAS = ["llama", "mistral", "qwen2"]  # the Llama family: stacked rules (engine.llama_layers)
 
 
 def _trainer(path: str, arch: str, lora: bool = True, **over) -> LocalTrainer:
@@ -37,7 +38,7 @@ def _trainer(path: str, arch: str, lora: bool = True, **over) -> LocalTrainer:
     return LocalTrainer(task, cfg.train, cfg.seed)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ARCHS + LLAMAS[1:])
 def test_the_model_is_the_folders(tmp_path, arch):
     """Logits of the wrapped model equal transformers' own model loaded from the folder (GPT-2's
     Conv1D layers as Linear: to float tolerance); the adapter starts as its base (B zero)."""
@@ -51,7 +52,7 @@ def test_the_model_is_the_folders(tmp_path, arch):
         want = theirs(input_ids=x).logits
         got = tr.task.model.eval()(x)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    assert tr.path == "batched" and (tr.net is None) == (arch != "llama")  # stacked rules (Llama) or vmap
+    assert tr.path == "batched" and (tr.net is None) == (arch not in LLAMAS)  # stacked rules (Llama family) or vmap
     assert all(".lora_" in n for n in tr.spec.names) and frozen(tr.task.model)
     assert {n.split(".")[-3] for n in tr.spec.names} == set(TARGETS[arch])
 
@@ -83,7 +84,7 @@ def test_lora_on_the_folder_is_peft_lora(tmp_path, arch):
         torch.testing.assert_close(model(x), theirs(input_ids=x).logits, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ARCHS + ["qwen2"])
 @pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
 def test_a_clients_bits_do_not_depend_on_its_block(tmp_path, arch, lora):
     """A client trained alone and in blocks of 2, 3, 5 and 8 (LoRA with keyed dropout; or every
@@ -100,19 +101,21 @@ def test_a_clients_bits_do_not_depend_on_its_block(tmp_path, arch, lora):
     assert all(torch.equal(v, base[k]) for k, v in frozen(tr.task.model).items())
 
 
+@pytest.mark.parametrize("arch", LLAMAS)
 @pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
-def test_the_llama_rules_are_the_models_forward_and_vmaps_gradients(tmp_path, lora):
-    """The stacked Llama (``engine.llama_layers``; grouped-query heads, a padding id) gives each
-    client the logits of the model's own forward at its parameters, bit for bit, and the
-    gradients of the vmap path (to float tolerance)."""
+def test_the_llama_rules_are_the_models_forward_and_vmaps_gradients(tmp_path, arch, lora):
+    """The stacked Llama family (``engine.llama_layers``; grouped-query heads, a padding id;
+    Mistral's sliding window and Qwen2's on one layer, shorter than the sequences, and its biased
+    projections) gives each client the logits of the model's own forward at its parameters, bit
+    for bit, and the gradients of the vmap path (to float tolerance)."""
     from torch.func import functional_call
 
     from fedmpi.engine.threads import one_thread
 
-    path = tiny_folder(tmp_path, "llama")
-    cfg = json.loads((tmp_path / "llama" / "config.json").read_text())
-    (tmp_path / "llama" / "config.json").write_text(json.dumps({**cfg, "pad_token_id": 3}))
-    tr = _trainer(path, "llama", lora, task__adapter__dropout=0.0)
+    path = tiny_folder(tmp_path, arch)
+    cfg = json.loads((tmp_path / arch / "config.json").read_text())
+    (tmp_path / arch / "config.json").write_text(json.dumps({**cfg, "pad_token_id": 3}))
+    tr = _trainer(path, arch, lora, task__adapter__dropout=0.0)
     ref = LocalTrainer(tr.task, tr.cfg, tr.seed, stacked=False)
     assert tr.net is not None and ref.net is None
     gen = torch.Generator().manual_seed(5)

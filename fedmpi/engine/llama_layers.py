@@ -1,6 +1,7 @@
-"""Stacked rules of a Hugging Face Llama (``task.model: hf`` over ``transformers``'
-``LlamaForCausalLM``): a block of clients as batched ops over the one frozen base, instead of
-``vmap`` (which kept about 2.5x the activations of the model's own forward, benchmarks/RESULTS.md).
+"""Stacked rules of a Hugging Face Llama and its family (``task.model: hf`` over ``transformers``'
+``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM``: ``FAMILY``): a block of clients
+as batched ops over the one frozen base, instead of ``vmap`` (which kept about 2.5x the
+activations of the model's own forward, benchmarks/RESULTS.md).
 
 The rule is the wrapper's (``models.hf.CausalLM``): for a Llama it compiles the model into a
 chain, token embedding -> decoder layers -> final RMSNorm -> head, each on activations
@@ -16,18 +17,24 @@ chain, token embedding -> decoder layers -> final RMSNorm -> head, each on activ
 - self-attention: the q/k/v/o projections are the Linear or LoRA rules of its children (one
   ``bmm`` of each client's rows against the expanded frozen weight, plus the client's own
   low-rank ``bmm``, ``engine.adapter_layers``); rotary positions from the model's own rotary
-  module and ``apply_rotary_pos_emb``; the grouped-query heads and the causal softmax are
-  transformers' own ``eager_attention_forward`` with the n clients' b sequences as its batch
-  (batched products over (n b, heads), a row-wise softmax);
+  module and the architecture's ``apply_rotary_pos_emb``; the grouped-query heads and the causal
+  softmax are the architecture's own ``eager_attention_forward`` with the n clients' b sequences
+  as its batch (batched products over (n b, heads), a row-wise softmax), under the mask the model
+  builds for it (causal; Mistral's sliding window, Qwen2's on the layers that have one);
 - the gated MLP: down(act(gate(x)) * up(x)), each projection the Linear or LoRA rule;
 - the head: a Linear over the last hidden state, or, tied to the token embedding, a read of the
   embedding's weight (``engine.sequence_layers``' tied head).
 
-Other architectures (GPT-2, ...) have no rule here and train through ``vmap`` (``models.hf``);
-so does a Llama whose layout the rule does not know (``_llama_lm`` returns None).
+Mistral is a Llama with a sliding window; Qwen2 adds biases to the q/k/v projections (the Linear
+rule's) and a window on some layers. Other architectures (GPT-2, ...) have no rule here and train
+through ``vmap`` (``models.hf``); so does a model of the family whose layout the rule does not know
+(``_llama_lm`` returns None).
 """
 
 from __future__ import annotations
+
+import importlib
+import sys
 
 import torch
 from torch import nn
@@ -74,18 +81,29 @@ class _GatedMLP(_Layer):
         return out, a + b + c + 2 * mid.numel()  # act(gate) and the product
 
 
+def _mask(t: int, window: int | None, like: Tensor) -> Tensor:
+    """The additive (T, T) mask of causal attention as the model's eager attention gets it: 0 where
+    query i may attend to key j (j <= i, and i - j < ``window`` under a sliding window), the
+    dtype's lowest value elsewhere."""
+    i = torch.arange(t, device=like.device)
+    apart = i[:, None] - i[None, :]  # query minus key position
+    allowed = (apart >= 0) if window is None else (apart >= 0) & (apart < window)
+    return torch.zeros((t, t), dtype=like.dtype, device=like.device).masked_fill_(~allowed, torch.finfo(like.dtype).min)
+
+
 class _Attention(_Layer):
     """Llama's self-attention over (n, b, T, width); see the module docstring."""
 
     def __init__(self, mod: nn.Module, rotary: nn.Module, q: _Layer, k: _Layer, v: _Layer, o: _Layer):
         self.mod, self.rotary, self.proj = mod, rotary, (q, k, v, o)
+        # a sliding window: the layer's own (Qwen2: None on its full-attention layers), else the model's (Mistral)
+        self.window = getattr(mod, "sliding_window", getattr(mod.config, "sliding_window", None))
         self.params = tuple(name for layer in self.proj for name in layer.params)
         self.reads = tuple(name for layer in self.proj for name in layer.reads)
 
     def _mixed(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """The attention of the projections (n, b, T, heads x head_dim) -> (n, b, T, heads x head_dim)."""
-        from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, eager_attention_forward
-
+        own = sys.modules[type(self.mod).__module__]  # the architecture's own rotary and attention functions
         lead, t, hd = q.shape[:-2], q.shape[-2], self.mod.head_dim
 
         def heads(z: Tensor) -> Tensor:  # (n, b, T, h hd) -> (n b, h, T, hd): the module's layout, batch n b
@@ -93,9 +111,9 @@ class _Attention(_Layer):
 
         positions = torch.arange(t, device=q.device).unsqueeze(0)
         cos, sin = self.rotary(q, positions)
-        qh, kh = apply_rotary_pos_emb(heads(q), heads(k), cos, sin)
-        mask = torch.full((t, t), torch.finfo(q.dtype).min, dtype=q.dtype, device=q.device).triu_(1)
-        out, _ = eager_attention_forward(self.mod, qh, kh, heads(v), mask, scaling=self.mod.scaling, dropout=0.0)
+        qh, kh = own.apply_rotary_pos_emb(heads(q), heads(k), cos, sin)
+        out, _ = own.eager_attention_forward(self.mod, qh, kh, heads(v), _mask(t, self.window, q),
+                                             scaling=self.mod.scaling, dropout=0.0)
         return out.reshape(*lead, t, -1)
 
     def forward(self, p: Params, x: Tensor, keys: Params | None) -> Tensor:
@@ -112,15 +130,26 @@ class _Attention(_Layer):
         return out, a + b + c + d + 2 * qx.numel() + mixed.numel() + 2 * scores  # rotated q, k; scores, softmax
 
 
+#: the Llama family: the same modules, module names and forward (Mistral: a sliding window;
+#: Qwen2: q/k/v projections with biases, a sliding window on some layers), by transformers' module
+FAMILY = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+
+
+def _family() -> tuple[type, ...]:
+    found = []
+    for name, cls in FAMILY.items():
+        try:
+            found.append(getattr(importlib.import_module(f"transformers.models.{name}.modeling_{name}"), cls))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
+
+
 def _llama_lm(mod: CausalLM, compiler: Compiler) -> _Layer | None:
-    """The chain of a wrapped ``LlamaForCausalLM`` (parameter names under ``lm.``), None for
-    another architecture or a layout the rules do not know."""
-    try:
-        from transformers.models.llama.modeling_llama import LlamaForCausalLM
-    except ImportError:
-        return None
+    """The chain of a wrapped causal LM of the Llama family (``FAMILY``; parameter names under
+    ``lm.``), None for another architecture or a layout the rules do not know."""
     lm = mod.lm
-    if type(lm) is not LlamaForCausalLM or lm.config._attn_implementation != "eager":
+    if type(lm) not in _family() or lm.config._attn_implementation != "eager":
         return None
     body = lm.model
     table = body.embed_tokens

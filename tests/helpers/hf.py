@@ -9,7 +9,8 @@ import os
 from helpers.text import text_config
 
 #: LoRA on the attention projections of each architecture
-TARGETS = {"llama": ["q_proj", "v_proj"], "gpt2": ["c_attn"]}
+TARGETS = {"llama": ["q_proj", "v_proj"], "mistral": ["q_proj", "v_proj"], "qwen2": ["q_proj", "v_proj"],
+           "gpt2": ["c_attn"]}
 
 
 def tiny_folder(root: str, arch: str = "llama", vocab: int = 40, seed: int = 0, tokenizer: bool = False) -> str:
@@ -18,10 +19,15 @@ def tiny_folder(root: str, arch: str = "llama", vocab: int = 40, seed: int = 0, 
     import torch
     import transformers
 
+    llama = dict(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=32, bos_token_id=None, eos_token_id=None,
+                 pad_token_id=None)
     if arch == "llama":
-        config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-                                          bos_token_id=None, eos_token_id=None, pad_token_id=None)
+        config = transformers.LlamaConfig(**llama)
+    elif arch == "mistral":  # a sliding window of 5 positions, shorter than the tests' sequences
+        config = transformers.MistralConfig(**llama, sliding_window=5)
+    elif arch == "qwen2":  # biased q/k/v; the second layer with a sliding window of 4
+        config = transformers.Qwen2Config(**llama, use_sliding_window=True, sliding_window=4, max_window_layers=1)
     else:
         config = transformers.GPT2Config(vocab_size=vocab, n_embd=16, n_layer=2, n_head=2, n_positions=32,
                                          bos_token_id=None, eos_token_id=None)
