@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from .engine.saved import kept
+from .saved import kept
 from .errors import Diverged
 from .runtime import World
 

@@ -1,10 +1,10 @@
-"""engine.saved: what autograd keeps for a backward pass, counted by storage."""
+"""fedmpi.saved: what autograd keeps for a backward pass, counted by storage."""
 
 from __future__ import annotations
 
 import torch
 
-from fedmpi.engine.saved import kept
+from fedmpi.saved import kept
 
 
 def test_a_storage_saved_by_two_ops_is_counted_once():

@@ -48,7 +48,7 @@ from .graphs import StepGraphs
 from .layers import Deferred, Samples, StackedNet, conv_impl, minibatch_losses, sample_losses
 from .local_step import LocalStep, StepTerm, TrainConfig, lr_at  # noqa: F401 (lr_at: re-exported)
 from .params import ParamSpec, expanded
-from . import saved
+from .. import saved
 from .quantities import ClientQuantity, SampleLosses
 from .shapes import MAX_FIXED_BLOCK, fixed_shapes, pad_rows
 from .steps import StepCounts
@@ -401,7 +401,7 @@ class LocalTrainer:
 
     def _activations(self) -> int:
         """Activation bytes of one client's step per minibatch sample, from what autograd keeps for
-        one sample's forward pass and loss (``engine.saved``, counted once; the model's parameters,
+        one sample's forward pass and loss (``fedmpi.saved``, counted once; the model's parameters,
         the frozen base and the client's own are not activations). On the stacked layers: what
         they keep, plus the gradient in flight, twice the largest kept tensor (the output gradient
         of the op being differentiated and its input gradient; benchmarks/RESULTS.md: within 3% of
