@@ -26,9 +26,9 @@ chain, token embedding -> decoder layers -> final RMSNorm -> head, each on activ
   embedding's weight (``engine.sequence_layers``' tied head).
 
 Mistral is a Llama with a sliding window; Qwen2 adds biases to the q/k/v projections (the Linear
-rule's) and a window on some layers. Other architectures (GPT-2, ...) have no rule here and train
-through ``vmap`` (``models.hf``); so does a model of the family whose layout the rule does not know
-(``_llama_lm`` returns None).
+rule's) and a window on some layers. ``engine.hf_layers`` tries this chain first, then GPT-2's
+(``engine.gpt2_layers``); another architecture, or a model of the family whose layout the rule does
+not know (``llama_lm`` returns None), trains through ``vmap`` (``models.hf``).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from ..models.hf import CausalLM
-from .layers import Compiler, Params, Tensor, _Chain, _Layer, stacked_rule
+from .layers import Compiler, Params, Tensor, _Chain, _Layer
 from .sequence_layers import _Block, _Embedding, _TiedHead, _per_client
 
 
@@ -81,7 +81,7 @@ class _GatedMLP(_Layer):
         return out, a + b + c + 2 * mid.numel()  # act(gate) and the product
 
 
-def _mask(t: int, window: int | None, like: Tensor) -> Tensor:
+def causal_mask(t: int, window: int | None, like: Tensor) -> Tensor:
     """The additive (T, T) mask of causal attention as the model's eager attention gets it: 0 where
     query i may attend to key j (j <= i, and i - j < ``window`` under a sliding window), the
     dtype's lowest value elsewhere."""
@@ -112,7 +112,7 @@ class _Attention(_Layer):
         positions = torch.arange(t, device=q.device).unsqueeze(0)
         cos, sin = self.rotary(q, positions)
         qh, kh = own.apply_rotary_pos_emb(heads(q), heads(k), cos, sin)
-        out, _ = own.eager_attention_forward(self.mod, qh, kh, heads(v), _mask(t, self.window, q),
+        out, _ = own.eager_attention_forward(self.mod, qh, kh, heads(v), causal_mask(t, self.window, q),
                                              scaling=self.mod.scaling, dropout=0.0)
         return out.reshape(*lead, t, -1)
 
@@ -145,7 +145,7 @@ def _family() -> tuple[type, ...]:
     return tuple(found)
 
 
-def _llama_lm(mod: CausalLM, compiler: Compiler) -> _Layer | None:
+def llama_lm(mod: CausalLM, compiler: Compiler) -> _Layer | None:
     """The chain of a wrapped causal LM of the Llama family (``FAMILY``; parameter names under
     ``lm.``), None for another architecture or a layout the rules do not know."""
     lm = mod.lm
@@ -183,8 +183,3 @@ def _llama_lm(mod: CausalLM, compiler: Compiler) -> _Layer | None:
 
 def _norm(mod: nn.Module, prefix: str, compiler: Compiler) -> _RMSNorm:
     return _RMSNorm(prefix, mod, compiler.frozen(prefix + "weight"))
-
-
-@stacked_rule(CausalLM)
-def _causal_lm(mod: CausalLM, prefix: str, compiler: Compiler) -> _Layer | None:
-    return _llama_lm(mod, compiler) if prefix == "" else None

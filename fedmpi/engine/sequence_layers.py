@@ -57,8 +57,10 @@ class _Embedding(_Layer):
 
 
 class _Embeddings(_Layer):
-    def __init__(self, prefix: str, frozen: bool):
-        self.tok, self.pos = prefix + "tok.weight", prefix + "pos.weight"
+    """Token + learned position embeddings (the tables named ``tok`` and ``pos``) on token ids (n, b, T)."""
+
+    def __init__(self, tok: str, pos: str, frozen: bool):
+        self.tok, self.pos = tok, pos
         self.params, self.frozen = (self.tok, self.pos), frozen
 
     def forward(self, p: Params, x: Tensor, keys: Params | None) -> Tensor:
@@ -133,7 +135,7 @@ class _TiedHead(_Linear):
 
 @stacked_rule(Embeddings)
 def _embeddings(mod: Embeddings, prefix: str, compiler: Compiler) -> _Layer:
-    return _Embeddings(prefix, compiler.frozen(prefix + "tok.weight"))
+    return _Embeddings(prefix + "tok.weight", prefix + "pos.weight", compiler.frozen(prefix + "tok.weight"))
 
 
 @stacked_rule(nn.LayerNorm)

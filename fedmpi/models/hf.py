@@ -11,8 +11,8 @@ architectures). The folder's ``tokenizer.json``, when it has one, tokenizes a te
 The loaded model is the frozen base of an adapter (``task.adapter``, e.g. LoRA on ``q_proj`` and
 ``v_proj``; ``target_modules`` has no default here, since module names differ between
 architectures), held once per rank; with ``adapter.kind: none`` every weight is trained. The engine
-trains a block of clients as one batched program: a Llama (Mistral, Qwen2) through its stacked rules
-(``engine.llama_layers``), another architecture through ``torch.func``: ``vmap`` of
+trains a block of clients as one batched program: a Llama, Mistral, Qwen2 or GPT-2 through its
+stacked rules (``engine.hf_layers``), another architecture through ``torch.func``: ``vmap`` of
 ``functional_call`` over the clients' stacked adapters and the base expanded over the block (a
 stride-0 view; ``engine.params.expanded``), so that each client's products are its own batched
 products and its bits do not depend on its block.
