@@ -2,14 +2,16 @@
 loop (issue 42 item 8), measured in one run.
 
     python benchmarks/lora.py [--sizes tiny small] [--device cpu|cuda] [--repeat 2] [--memory-gib 24]
-                              [--clients 32] [--threads 1] [--builtin] [--vmap] [--quick]
+                              [--clients 32] [--threads 1] [--arch llama|gpt2] [--builtin] [--vmap] [--quick]
 
 The same Hugging Face Llama (``transformers``' ``LlamaForCausalLM``, random weights from a seed,
 saved to a temporary folder) with the same LoRA (r 8, alpha 16, no dropout, on ``q_proj`` and
 ``v_proj``), a cohort of ``--clients`` clients x 4 local steps x batch 4 of random token sequences
 (vocabulary 259, fedmpi's byte tokenizer's), plain SGD at lr 0.01, at two sizes: ``tiny`` (2 layers,
 width 64, 64-token sequences) and ``small`` (4 layers, width 256, 128 tokens); 4 heads, Llama-2's
-MLP ratio (intermediate 2.6875 x width), tied embeddings.
+MLP ratio (intermediate 2.6875 x width), tied embeddings. ``--arch gpt2``: a GPT-2 of the same
+layers, width, heads and context instead (its MLP 4 x width, learned positions), LoRA on its
+fused ``c_attn`` (PEFT with ``fan_in_fan_out``, GPT-2's Conv1D).
 
 - **fedmpi**: the cohort as one batched program (``engine.local.LocalTrainer``: each block of
   clients over the one frozen base of the rank, ``engine.adapter_layers``), in the engine's own
@@ -73,7 +75,9 @@ from fedmpi.registry import MODELS  # noqa: E402
 from fedmpi.task import Task  # noqa: E402
 
 VOCAB, HEADS, STEPS, BATCH, RANK, ALPHA, LR = 259, 4, 4, 4, 8, 16, 0.01
-TARGETS = ["q_proj", "v_proj"]
+#: the model's architecture (``--arch``): LoRA's target modules, PEFT's fan_in_fan_out (GPT-2's Conv1D)
+ARCH = "llama"
+TARGETS = {"llama": ["q_proj", "v_proj"], "gpt2": ["c_attn"]}
 
 
 @dataclass(frozen=True)
@@ -92,19 +96,25 @@ SIZES = {"tiny": Size(2, 64, 64), "small": Size(4, 256, 128)}
 
 # ----------------------------------------------------------------------------- the shared pieces
 def llama_folder(size: Size, path: str) -> str:
-    """A Llama of ``size`` with random weights from seed 0, saved as a Hugging Face folder."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """A model of ``size`` (a Llama, or with ``--arch gpt2`` a GPT-2) with random weights from seed
+    0, saved as a Hugging Face folder."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
     from transformers.utils import logging
 
     logging.disable_progress_bar()
 
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=size.width, intermediate_size=size.intermediate,
-                      num_hidden_layers=size.layers, num_attention_heads=HEADS, num_key_value_heads=HEADS,
-                      max_position_embeddings=size.context, tie_word_embeddings=True, pad_token_id=256,
-                      bos_token_id=257, eos_token_id=258)
+    if ARCH == "gpt2":  # GPT-2's MLP of 4 x width, learned positions
+        cfg, cls = GPT2Config(vocab_size=VOCAB, n_embd=size.width, n_layer=size.layers, n_head=HEADS,
+                              n_positions=size.context, bos_token_id=257, eos_token_id=258), GPT2LMHeadModel
+    else:
+        cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=size.width, intermediate_size=size.intermediate,
+                          num_hidden_layers=size.layers, num_attention_heads=HEADS, num_key_value_heads=HEADS,
+                          max_position_embeddings=size.context, tie_word_embeddings=True, pad_token_id=256,
+                          bos_token_id=257, eos_token_id=258)
+        cls = LlamaForCausalLM
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        LlamaForCausalLM(cfg).save_pretrained(path)
+        cls(cfg).save_pretrained(path)
     return path
 
 
@@ -136,7 +146,8 @@ class Fedmpi:
         self.model_name = key or "transformer"
         cfg = config.from_dict({
             "task": {"dataset": "synthetic_text", "model": self.model_name, **shape,
-                     "adapter": {"kind": "lora", "r": RANK, "alpha": ALPHA, "dropout": 0.0, "target_modules": TARGETS}},
+                     "adapter": {"kind": "lora", "r": RANK, "alpha": ALPHA, "dropout": 0.0,
+                                 "target_modules": TARGETS[ARCH]}},
             "train": {"local_steps": STEPS, "batch_size": BATCH, "lr": LR}})
         x, y = tokens(size, clients, device)
         model = build_model(self.model_name, (size.context,), VOCAB, seed=0, params=cfg.task).to(device)
@@ -168,11 +179,11 @@ class PeftLoop:
 
     def __init__(self, size: Size, folder: str, clients: int, device: torch.device):
         from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
-        from transformers import LlamaForCausalLM
+        from transformers import AutoModelForCausalLM
 
-        base = LlamaForCausalLM.from_pretrained(folder, attn_implementation="sdpa").to(device)
+        base = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").to(device)
         self.model = get_peft_model(base, LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0,
-                                                     target_modules=TARGETS))
+                                                     target_modules=TARGETS[ARCH], fan_in_fan_out=ARCH == "gpt2"))
         self.global_ = {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.model).items()}
         self.x, self.y = tokens(size, clients, device)
         self.n = clients
@@ -282,7 +293,7 @@ def child(args: argparse.Namespace) -> None:
 
 def measure(args: argparse.Namespace, name: str, what: str) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", what, "--sizes", name, "--device", args.device,
-           "--threads", str(args.threads)] + (["--builtin"] if args.builtin else [])
+           "--threads", str(args.threads), "--arch", args.arch] + (["--builtin"] if args.builtin else [])
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0"}
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -316,7 +327,7 @@ def bench(args: argparse.Namespace, name: str) -> None:
     fit_flower = int(budget // (peft["base"] + peft["peak"]))
     print(f"\n## {name}: {size.layers} layers, width {size.width}, {size.context} tokens, fedmpi model "
           f"{ours.model_name}{'' if hf_model_key() else ' (the built-in one at these shapes, not the Llama)'}; "
-          f"{n} clients x {STEPS} steps x batch {BATCH}, LoRA r {RANK} on {'+'.join(TARGETS)}")
+          f"{n} clients x {STEPS} steps x batch {BATCH}, LoRA r {RANK} on {'+'.join(TARGETS[ARCH])}, {ARCH}")
     print(f"{'side':<24} {'clients/s':>10} {'vs loop':>8} {'round peak MiB':>15}")
     print(f"{f'fedmpi (block {ours.block})':<24} {rate['fedmpi']:>10.2f} {rate['fedmpi'] / rate['peft']:>7.2f}x "
           f"{'':>15}")
@@ -349,13 +360,14 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="alternating timed rounds (best of)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads, both sides")
     ap.add_argument("--memory-gib", type=float, default=24.0, help="the memory the 'fit' line packs clients into")
+    ap.add_argument("--arch", choices=list(TARGETS), default="llama", help="the Hugging Face model's architecture")
     ap.add_argument("--builtin", action="store_true", help="fedmpi's side on the built-in transformer")
     ap.add_argument("--vmap", action="store_true", help="also fedmpi through vmap (stacked=False) on the same model")
     ap.add_argument("--quick", action="store_true", help="8 clients, one timed round (smoke test)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    global BUILTIN
-    BUILTIN = args.builtin
+    global BUILTIN, ARCH
+    BUILTIN, ARCH = args.builtin, args.arch
     if args.child:
         return child(args)
     if args.quick:
