@@ -209,10 +209,11 @@ bench bench-pack $PY benchmarks/pack.py --device "$DEVICE" --jobs 1 --pack 8 --r
 [ "$DEVICE" = cuda ] && bench bench-pack-cnn $PY benchmarks/pack.py --device cuda --jobs 1 --pack 8 --repeat 1 \
   --model cifar_cnn --rounds 50
 # federated LoRA (issue 42 item 8): 32 clients x 4 steps x batch 4 batched over one frozen base vs a
-# per-client PEFT loop (FlowerTune's, OpenFedLLM's), tiny and small Llama; clients/s ratios and memory
+# per-client PEFT loop (FlowerTune's, OpenFedLLM's), tiny and small Llama (and GPT-2 on CUDA); clients/s ratios and memory
 if [ "$DEVICE" = cpu ]; then lora=(--quick --sizes tiny); else lora=(--repeat 2); fi
 if $PY -c "import transformers, peft" 2>/dev/null; then
   bench bench-lora $PY benchmarks/lora.py --device "$DEVICE" "${lora[@]}"
+  [ "$DEVICE" = cuda ] && bench bench-lora-gpt2 $PY benchmarks/lora.py --device cuda --arch gpt2 --repeat 2
 else
   say "skipped bench-lora: transformers and peft are not installed (pip install 'fedmpi[llm]' peft)"
 fi
