@@ -25,7 +25,7 @@ from torch import nn
 from ..models.hf import CausalLM
 from .layers import Compiler, Params, Tensor, _Chain, _Elementwise, _Layer
 from .llama_layers import causal_mask
-from .sequence_layers import _Block, _Embeddings, _TiedHead
+from .sequence_layers import _Block, _Embeddings, output_head
 
 
 class _Attention(_Layer):
@@ -92,13 +92,6 @@ def gpt2_lm(mod: CausalLM, compiler: Compiler) -> _Layer | None:
     if final is None:
         return None
     layers.append(final)
-    head = lm.lm_head
-    if head.weight is body.wte.weight and head.bias is None:
-        layers.append(_TiedHead(tok))
-    else:
-        compiled = compiler.layer(head, "lm.lm_head.")
-        if compiled is None:
-            return None
-        layers.append(compiled)
-    return _Chain(layers)
+    head = output_head(lm.lm_head, body.wte.weight, tok, "lm.lm_head.", compiler)
+    return None if head is None else _Chain(layers + [head])
 

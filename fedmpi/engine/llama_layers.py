@@ -41,7 +41,7 @@ from torch import nn
 
 from ..models.hf import CausalLM
 from .layers import Compiler, Params, Tensor, _Chain, _Layer
-from .sequence_layers import _Block, _Embedding, _TiedHead, _per_client
+from .sequence_layers import _Block, _Embedding, _per_client, output_head
 
 
 class _RMSNorm(_Layer):
@@ -170,15 +170,8 @@ def llama_lm(mod: CausalLM, compiler: Compiler) -> _Layer | None:
                              _norm(layer.post_attention_layernorm, at + "post_attention_layernorm.", compiler),
                              _GatedMLP(*ffn, mlp.act_fn)))
     layers.append(_norm(body.norm, "lm.model.norm.", compiler))
-    head = lm.lm_head
-    if isinstance(head, nn.Linear) and head.weight is table.weight and head.bias is None:
-        layers.append(_TiedHead(name))
-    else:
-        compiled = compiler.layer(head, "lm.lm_head.")
-        if compiled is None:
-            return None
-        layers.append(compiled)
-    return _Chain(layers)
+    head = output_head(lm.lm_head, table.weight, name, "lm.lm_head.", compiler)
+    return None if head is None else _Chain(layers + [head])
 
 
 def _norm(mod: nn.Module, prefix: str, compiler: Compiler) -> _RMSNorm:

@@ -133,6 +133,14 @@ class _TiedHead(_Linear):
         self.w, self.b, self.params, self.reads = name, None, (), (name,)
 
 
+def output_head(head: nn.Module, table: Tensor, name: str, prefix: str, compiler: Compiler) -> _Layer | None:
+    """The rule of a causal LM's head ``head`` (parameters under ``prefix``): tied to the token
+    embedding ``table`` (named ``name``), a read of it; else its own rule (None: none known)."""
+    if isinstance(head, nn.Linear) and head.weight is table and head.bias is None:
+        return _TiedHead(name)
+    return compiler.layer(head, prefix)
+
+
 @stacked_rule(Embeddings)
 def _embeddings(mod: Embeddings, prefix: str, compiler: Compiler) -> _Layer:
     return _Embeddings(prefix + "tok.weight", prefix + "pos.weight", compiler.frozen(prefix + "tok.weight"))
