@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch.func import functional_call, grad_and_value, vmap
 
-from .. import rng
+from .. import rng, saved
 from ..data.augment import augment, require_images
 from ..models import has_conv
 from ..models.dropout import KeyedDropout
@@ -48,7 +48,6 @@ from .graphs import StepGraphs
 from .layers import Deferred, Samples, StackedNet, conv_impl, minibatch_losses, sample_losses
 from .local_step import LocalStep, StepTerm, TrainConfig, lr_at  # noqa: F401 (lr_at: re-exported)
 from .params import ParamSpec, expanded
-from .. import saved
 from .quantities import ClientQuantity, SampleLosses
 from .shapes import MAX_FIXED_BLOCK, fixed_shapes, pad_rows
 from .steps import StepCounts
@@ -404,7 +403,7 @@ class LocalTrainer:
         one sample's forward pass and loss (``fedmpi.saved``, counted once; the model's parameters,
         the frozen base and the client's own are not activations). On the stacked layers: what
         they keep, plus the gradient in flight, twice the largest kept tensor (the output gradient
-        of the op being differentiated and its input gradient; benchmarks/RESULTS.md: within 3% of
+        of the op being differentiated and its input gradient; benchmarks/RESULTS.md: 1-6% under
         the measured memory per additional LoRA client). Through vmap (a model without stacked
         rules): twice what the model's own forward keeps (``vmap`` of the gradient kept about 2.5x
         as much on a Llama)."""
