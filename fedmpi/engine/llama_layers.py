@@ -91,13 +91,21 @@ def causal_mask(t: int, window: int | None, like: Tensor) -> Tensor:
     return torch.zeros((t, t), dtype=like.dtype, device=like.device).masked_fill_(~allowed, torch.finfo(like.dtype).min)
 
 
+def _window(attn: nn.Module) -> int | None:
+    """The sliding window the model's own forward gives layer ``attn``: Qwen2's layer says it
+    (None on its full-attention layers), Mistral's config says it for every layer, a Llama has none
+    (a ``sliding_window`` key in its config.json is kept by the config and ignored by the model)."""
+    if hasattr(attn, "sliding_window"):
+        return attn.sliding_window
+    return getattr(attn.config, "sliding_window", None) if type(attn).__name__ == "MistralAttention" else None
+
+
 class _Attention(_Layer):
     """Llama's self-attention over (n, b, T, width); see the module docstring."""
 
     def __init__(self, mod: nn.Module, rotary: nn.Module, q: _Layer, k: _Layer, v: _Layer, o: _Layer):
         self.mod, self.rotary, self.proj = mod, rotary, (q, k, v, o)
-        # a sliding window: the layer's own (Qwen2: None on its full-attention layers), else the model's (Mistral)
-        self.window = getattr(mod, "sliding_window", getattr(mod.config, "sliding_window", None))
+        self.window = _window(mod)
         self.params = tuple(name for layer in self.proj for name in layer.params)
         self.reads = tuple(name for layer in self.proj for name in layer.reads)
 
