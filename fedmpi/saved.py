@@ -28,19 +28,33 @@ def kept(run: Callable[[], object], held: Iterable[torch.Tensor] = ()) -> Kept:
     saves for its backward pass, those of ``held`` excepted. Every rank computes the same count:
     it depends on shapes and the ops, not on values."""
     skip = {t.untyped_storage().data_ptr() for t in held}
-    seen: dict[int, int] = {}
+    reached: dict[int, list[tuple[int, int]]] = {}  # per storage, the byte ranges its saved views reach
+    alive: list[torch.Tensor] = []  # held until counted: no storage is freed and its address reused meanwhile
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         key = t.untyped_storage().data_ptr()
         if t.device.type == "meta" or key == 0:  # no storage to share: count the tensor itself
-            seen[id(t)] = t.numel() * t.element_size()
+            reached[id(t)] = [(0, t.numel() * t.element_size())]
         elif key not in skip:
-            seen[key] = max(seen.get(key, 0), _span(t))
+            start = t.storage_offset() * t.element_size()
+            reached.setdefault(key, []).append((start, start + _span(t)))
+        alive.append(t)
         return t
 
     with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         run()
-    return Kept(sum(seen.values()), max(seen.values(), default=0))
+    sizes = [_union(ranges) for ranges in reached.values()]
+    return Kept(sum(sizes), max(sizes, default=0))
+
+
+def _union(ranges: list[tuple[int, int]]) -> int:
+    """Bytes covered by the ranges [start, end)."""
+    total, end = 0, -1
+    for a, b in sorted(ranges):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
 
 
 def _span(t: torch.Tensor) -> int:

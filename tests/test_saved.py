@@ -25,3 +25,12 @@ def test_a_view_counts_the_bytes_it_reaches_and_held_storages_none():
     x = torch.randn(6, 8)
     k = kept(lambda: torch.relu(x @ w).sum(), [w])  # x for the product, relu's output (6 x 3)
     assert (k.total, k.largest) == (4 * (48 + 18), 4 * 48)
+
+
+def test_views_of_one_storage_count_the_union_of_what_they_reach():
+    h = torch.randn(10, 8)  # 320 bytes
+    w = torch.randn(8, 2, requires_grad=True)
+    top, bottom = h.chunk(2)  # each half saved by its own product: both halves kept
+    assert kept(lambda: (top @ w).sum() + (bottom @ w).sum(), [w]).total == 320
+    assert kept(lambda: (h[1:3] @ w).sum() + (h[7:9] @ w).sum(), [w]).total == 2 * 2 * 8 * 4  # disjoint rows
+    assert kept(lambda: (h[1:5] @ w).sum() + (h[3:7] @ w).sum(), [w]).total == 6 * 8 * 4  # overlapping rows
