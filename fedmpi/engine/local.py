@@ -405,8 +405,9 @@ class LocalTrainer:
         they keep, plus the gradient in flight, twice the largest kept tensor (the output gradient
         of the op being differentiated and its input gradient; benchmarks/RESULTS.md: 1-6% under
         the measured memory per additional LoRA client). Through vmap (a model without stacked
-        rules): twice what the model's own forward keeps (``vmap`` of the gradient kept about 2.5x
-        as much on a Llama)."""
+        rules): three times what the model's own forward keeps (``vmap`` of the gradient took
+        2.05-2.78x as much per additional client on GPT-2 and a Llama, benchmarks/RESULTS.md: the
+        estimate errs above, where a CUDA block it sizes still fits)."""
         if getattr(self, "_per_sample", None) is None:
             model = self.task.model
             params = {n: v.clone().requires_grad_(True) for n, v in self.spec.views(self.spec.flatten(model)).items()}
@@ -415,7 +416,7 @@ class LocalTrainer:
             with one_thread(self.device):
                 if self.net is None:
                     k = saved.kept(lambda: self._loss_of(params, {}, x, y, None), held)
-                    self._per_sample = 2 * k.total
+                    self._per_sample = 3 * k.total
                 else:
                     stacked = {n: v.unsqueeze(0) for n, v in params.items()}
                     keys = self.dropout_keys(np.zeros(1, dtype=np.int64), 0, 0)  # dropout keeps its mask
