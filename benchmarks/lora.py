@@ -16,12 +16,12 @@ fused ``c_attn`` (PEFT with ``fan_in_fan_out``, GPT-2's Conv1D).
 - **fedmpi**: the cohort as one batched program (``engine.local.LocalTrainer``: each block of
   clients over the one frozen base of the rank, ``engine.adapter_layers``), in the engine's own
   blocks on this device (``block``) and in one block of the whole cohort.
-  The model is the Llama folder read by ``task.model: hf`` when this fedmpi has it, else the
-  built-in transformer (``task.model: transformer``) at the same layers, width, heads and context
-  (GPT-2's block: LayerNorm, GELU MLP of 4 x width, learned positions; also with ``--builtin``):
-  the line says which. ``hf`` trains through the Llama's stacked rules (``engine.llama_layers``;
-  ``vmap`` before them, ``models.hf``), the built-in transformer through its own
-  (``engine.sequence_layers``).
+  The model is the Llama (or GPT-2) folder read by ``task.model: hf`` when this fedmpi has it,
+  else the built-in transformer (``task.model: transformer``) at the same layers, width, heads and
+  context (GPT-2's block: LayerNorm, GELU MLP of 4 x width, learned positions; also with
+  ``--builtin``, against the Llama only): the line says which. ``hf`` trains through the stacked
+  rules of its architecture (``engine.hf_layers``; ``vmap`` before them, ``models.hf``), the
+  built-in transformer through its own (``engine.sequence_layers``).
 - **peft loop**: one ``peft.PeftModel`` over the base, the clients one after another as FlowerTune
   and OpenFedLLM run them: load the global adapters (``set_peft_model_state_dict``), a fresh
   optimizer, 4 steps, read the adapters back.
@@ -366,8 +366,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="8 clients, one timed round (smoke test)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.builtin and args.arch != "llama":
+        ap.error("--builtin: the built-in transformer is measured against the Llama only (--arch llama)")
     global BUILTIN, ARCH
     BUILTIN, ARCH = args.builtin, args.arch
+    if ARCH != "llama" and hf_model_key() is None:
+        ap.error(f"--arch {ARCH}: needs fedmpi's task.model hf (pip install 'fedmpi[llm]')")
     if args.child:
         return child(args)
     if args.quick:

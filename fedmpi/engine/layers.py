@@ -14,8 +14,8 @@ in benchmarks/RESULTS.md); vmap stays the reference and the fallback for any oth
 
 Other module types join through ``stacked_rule`` (a registry of rules by type; a composite rule
 compiles its children with ``Compiler.layer``): the transformer's layers
-(``engine.sequence_layers``), a Hugging Face Llama's (``engine.llama_layers``) and LoRA
-(``engine.adapter_layers``). A model's frozen parameters
+(``engine.sequence_layers``), a Hugging Face causal LM's (``engine.hf_layers``: the Llama family's
+and GPT-2's chains) and LoRA (``engine.adapter_layers``). A model's frozen parameters
 (``engine.params.frozen``: a base held once per rank) are given to every layer expanded over the
 block's clients, a stride-0 view (``StackedNet.with_base``), so that one ``bmm`` against a base
 weight is each client's own product and autograd computes no gradient for it.
@@ -296,8 +296,8 @@ def stacked_rule(module_type: type) -> Callable[[RuleFactory], RuleFactory]:
     of modules of type ``module_type`` (``prefix``: the module's parameter-name prefix, e.g.
     ``"h0.attn."``; ``compiler.layer`` compiles its children; None: no stacked form, the model
     then trains through vmap). The rules of ``engine.sequence_layers`` (embeddings, LayerNorm,
-    causal attention, the transformer block, the tied head), of ``engine.llama_layers`` (a
-    Hugging Face Llama) and of ``engine.adapter_layers`` (LoRA) register this way; a rule must
+    causal attention, the transformer block, the tied head), of ``engine.hf_layers`` (a Hugging
+    Face Llama, Mistral, Qwen2 or GPT-2) and of ``engine.adapter_layers`` (LoRA) register this way; a rule must
     keep the bit contract of the module docstring."""
     def add(factory: RuleFactory) -> RuleFactory:
         _RULES.append((module_type, factory))
