@@ -382,21 +382,24 @@ class LocalTrainer:
         """Bytes one client's local step touches, the CPU blocks' measure (``chunk_size``): what
         it holds (``memory``), with every stacked layer's output and its gradient in place of the
         activations autograd keeps (the vmap path: what it keeps)."""
-        mem = self.memory()
         if self.net is None:
-            return mem.total
+            return self.memory().total
         touched = 8 * self.net.activation_numel(dict(zip(self.spec.names, self.spec.shapes)),
                                                 self.task.train_x.shape[1:], self.cfg.batch_size, self._input_dtype)
-        return mem.total - mem.activations + touched
+        return self._with(touched).total
 
     def memory(self) -> ClientMemory:
         """What one client's local step holds at its peak: its trainable parameters (an adapter's
         only: the frozen base is the rank's, held once), their gradient and update, the momentum
         buffer, its minibatch, and the activations autograd keeps for the backward pass, with the
         gradient in flight (``_activations``)."""
+        return self._with(self._activations() * self.cfg.batch_size)
+
+    def _with(self, activations: int) -> ClientMemory:
+        """A client's memory with ``activations`` bytes of activations."""
         b, d = self.cfg.batch_size, self.spec.dim
         return ClientMemory(parameters=4 * d, gradients=8 * d, optimizer=4 * d if self.cfg.momentum > 0 else 0,
-                            minibatch=4 * b * self.task.train_x[0].numel(), activations=self._activations() * b)
+                            minibatch=4 * b * self.task.train_x[0].numel(), activations=activations)
 
     def _activations(self) -> int:
         """Activation bytes of one client's step per minibatch sample, from what autograd keeps for
