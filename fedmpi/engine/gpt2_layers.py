@@ -18,13 +18,11 @@ and trains through ``vmap`` (``models.hf``).
 
 from __future__ import annotations
 
-import sys
-
 from torch import nn
 
 from ..models.hf import CausalLM
 from .layers import Compiler, Params, Tensor, _Chain, _Elementwise, _Layer
-from .llama_layers import causal_mask
+from .llama_layers import eager_attention
 from .sequence_layers import _Block, _Embeddings, output_head
 
 
@@ -38,16 +36,7 @@ class _Attention(_Layer):
 
     def _mixed(self, qkv: Tensor) -> Tensor:
         """The attention of the fused projection (n, b, T, 3 width) -> (n, b, T, width)."""
-        own = sys.modules[type(self.mod).__module__]  # the architecture's own attention function
-        lead, t, hd = qkv.shape[:-2], qkv.shape[-2], self.mod.head_dim
-
-        def heads(z: Tensor) -> Tensor:  # (n, b, T, h hd) -> (n b, h, T, hd): the module's layout, batch n b
-            return z.reshape(-1, t, z.shape[-1] // hd, hd).transpose(1, 2)
-
-        q, k, v = qkv.split(self.mod.split_size, dim=-1)
-        out, _ = own.eager_attention_forward(self.mod, heads(q), heads(k), heads(v), causal_mask(t, None, q),
-                                             scaling=self.mod.scaling, dropout=0.0)
-        return out.reshape(*lead, t, -1)
+        return eager_attention(self.mod, *qkv.split(self.mod.split_size, dim=-1), None)
 
     def forward(self, p: Params, x: Tensor, keys: Params | None) -> Tensor:
         qkv, out = self.proj

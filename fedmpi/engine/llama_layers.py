@@ -81,7 +81,7 @@ class _GatedMLP(_Layer):
         return out, a + b + c + 2 * mid.numel()  # act(gate) and the product
 
 
-def causal_mask(t: int, window: int | None, like: Tensor) -> Tensor:
+def _causal_mask(t: int, window: int | None, like: Tensor) -> Tensor:
     """The additive (T, T) mask of causal attention as the model's eager attention gets it: 0 where
     query i may attend to key j (j <= i, and i - j < ``window`` under a sliding window), the
     dtype's lowest value elsewhere."""
@@ -89,6 +89,28 @@ def causal_mask(t: int, window: int | None, like: Tensor) -> Tensor:
     apart = i[:, None] - i[None, :]  # query minus key position
     allowed = (apart >= 0) if window is None else (apart >= 0) & (apart < window)
     return torch.zeros((t, t), dtype=like.dtype, device=like.device).masked_fill_(~allowed, torch.finfo(like.dtype).min)
+
+
+def eager_attention(mod: nn.Module, q: Tensor, k: Tensor, v: Tensor, window: int | None,
+                    rotary: nn.Module | None = None) -> Tensor:
+    """The attention module ``mod``'s own computation on the projections q, k, v (n, b, T, heads x
+    head_dim) -> (n, b, T, heads x head_dim): the n clients' b sequences as the batch of the
+    architecture's ``eager_attention_forward`` (the module's layout, (n b, heads, T, head_dim)),
+    under ``_causal_mask(T, window)``; with ``rotary``, q and k rotated first by the architecture's
+    ``apply_rotary_pos_emb`` at positions 0..T-1."""
+    own = sys.modules[type(mod).__module__]  # the architecture's own functions
+    lead, t, hd = q.shape[:-2], q.shape[-2], mod.head_dim
+
+    def heads(z: Tensor) -> Tensor:  # (n, b, T, h hd) -> (n b, h, T, hd)
+        return z.reshape(-1, t, z.shape[-1] // hd, hd).transpose(1, 2)
+
+    qh, kh = heads(q), heads(k)
+    if rotary is not None:
+        cos, sin = rotary(q, torch.arange(t, device=q.device).unsqueeze(0))
+        qh, kh = own.apply_rotary_pos_emb(qh, kh, cos, sin)
+    out, _ = own.eager_attention_forward(mod, qh, kh, heads(v), _causal_mask(t, window, q), scaling=mod.scaling,
+                                         dropout=0.0)
+    return out.reshape(*lead, t, -1)
 
 
 def _window(attn: nn.Module) -> int | None:
@@ -110,19 +132,7 @@ class _Attention(_Layer):
         self.reads = tuple(name for layer in self.proj for name in layer.reads)
 
     def _mixed(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """The attention of the projections (n, b, T, heads x head_dim) -> (n, b, T, heads x head_dim)."""
-        own = sys.modules[type(self.mod).__module__]  # the architecture's own rotary and attention functions
-        lead, t, hd = q.shape[:-2], q.shape[-2], self.mod.head_dim
-
-        def heads(z: Tensor) -> Tensor:  # (n, b, T, h hd) -> (n b, h, T, hd): the module's layout, batch n b
-            return z.reshape(-1, t, z.shape[-1] // hd, hd).transpose(1, 2)
-
-        positions = torch.arange(t, device=q.device).unsqueeze(0)
-        cos, sin = self.rotary(q, positions)
-        qh, kh = own.apply_rotary_pos_emb(heads(q), heads(k), cos, sin)
-        out, _ = own.eager_attention_forward(self.mod, qh, kh, heads(v), causal_mask(t, self.window, q),
-                                             scaling=self.mod.scaling, dropout=0.0)
-        return out.reshape(*lead, t, -1)
+        return eager_attention(self.mod, q, k, v, self.window, self.rotary)
 
     def forward(self, p: Params, x: Tensor, keys: Params | None) -> Tensor:
         q, k, v, o = self.proj
