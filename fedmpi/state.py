@@ -191,7 +191,7 @@ def _holds_arrays(value: Any) -> bool:
 def state_tensors(obj: Any) -> list[torch.Tensor]:
     """The declared state values of ``obj`` that are tensors (the live objects, not copies)."""
     names = declared(type(obj), "shared_state") + declared(type(obj), "client_state")
-    values = (operator.attrgetter(n)(obj) if _has(obj, n) else None for n in names)  # a missing one: state_value's
+    values = (_get_or_none(obj, n) for n in names)  # a missing one is state_value's to name
     return [v for v in values if isinstance(v, torch.Tensor)]
 
 
@@ -237,12 +237,11 @@ def restore_like(current: Any, saved: torch.Tensor, name: str) -> Any:
     return type(current)(saved.item())
 
 
-def _has(obj: Any, name: str) -> bool:
+def _get_or_none(obj: Any, name: str) -> Any:
     try:
-        _get(obj, name)
+        return _get(obj, name)
     except AttributeError:
-        return False
-    return True
+        return None
 
 
 def _get(obj: Any, name: str) -> Any:
