@@ -95,7 +95,7 @@ SIZES = {"tiny": Size(2, 64, 64), "small": Size(4, 256, 128)}
 
 
 # ----------------------------------------------------------------------------- the shared pieces
-def llama_folder(size: Size, path: str) -> str:
+def model_folder(size: Size, path: str) -> str:
     """A model of ``size`` (a Llama, or with ``--arch gpt2`` a GPT-2) with random weights from seed
     0, saved as a Hugging Face folder."""
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
@@ -278,7 +278,7 @@ def child(args: argparse.Namespace) -> None:
     side, _, block = args.child.partition(":")
     block, _, path = block.partition(":")
     with tempfile.TemporaryDirectory() as tmp:
-        folder = llama_folder(size, tmp)
+        folder = model_folder(size, tmp)
         if side == "fedmpi":
             k = int(block)
             run = Fedmpi(size, folder, k, dev, block=k, stacked=path != "vmap")
@@ -307,7 +307,7 @@ def mib(n: float) -> str:
 def bench(args: argparse.Namespace, name: str) -> None:
     size, dev, n = SIZES[name], torch.device(args.device), args.clients
     with tempfile.TemporaryDirectory() as tmp:
-        folder = llama_folder(size, tmp)
+        folder = model_folder(size, tmp)
         ours, loop = Fedmpi(size, folder, n, dev), PeftLoop(size, folder, n, dev)
         whole = Fedmpi(size, folder, n, dev, block=n)
         sides = {"fedmpi": ours.round, "whole": whole.round, "peft": loop.round}

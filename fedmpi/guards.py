@@ -18,9 +18,9 @@ import math
 
 import torch
 
-from .saved import kept
 from .errors import Diverged
 from .runtime import World
+from .saved import kept
 
 #: Clients one local step is estimated for (all local clients when fewer). Not a floor of the
 #: engine: its blocks hold as many clients as fit in 64 MB (CPU) or 512 MB (CUDA), at least one
