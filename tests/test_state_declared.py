@@ -136,30 +136,34 @@ def test_every_builtin_and_example_component_declares_every_attribute(tmp_path, 
     assert "my_oort" in ours and checked >= {*ours, *kinds}
 
 
-#: a plug-in declaring ``v`` state, set in __init__ to VALUE; deleted in the second round with DELETE
-DECLARED = '''
+#: a plug-in server keeping one declared state ``{attr}`` (class ``{cls}``), set in __init__ to ``{value}``;
+#: each round steps by the mean update as ``{update}`` (the body of server_update) says
+ONE_STATE = '''
 import decimal
+import math
 import torch
 from fedmpi.algorithms import register
 from fedmpi.algorithms.base import ServerAlgorithm
 
 
 @register("{name}")
-class Kept(ServerAlgorithm):
-    shared_state = ("v",)
+class {cls}(ServerAlgorithm):
+    shared_state = ("{attr}",)
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        self.v = {value}
+        self.{attr} = {value}
 
     def weights(self, t, active, local):
         return [1.0 / max(len(active), 1)] * len(local)
 
     def server_update(self, t, active, total):
-        if {delete} and t == 1:
-            del self.v
-        return self.x.double() + 0.5 * total
+{update}
 '''
+#: state ``v`` deleted in the second round with DELETE
+DECLARED = """        if {delete} and t == 1:
+            del self.v
+        return self.x.double() + 0.5 * total"""
 
 
 @pytest.mark.parametrize("value, delete, says", [
@@ -175,7 +179,8 @@ def test_declared_state_a_checkpoint_cannot_hold_is_one_line(tmp_path, value, de
     attribute deleted in the second round in an AttributeError traceback. Now one line, exit 2:
     at set-up for the value, at the checkpoint for the deletion."""
     plugin = tmp_path / "kept.py"
-    plugin.write_text(DECLARED.format(name="kept", value=value, delete=delete))
+    plugin.write_text(ONE_STATE.format(name="kept", cls="Kept", attr="v", value=value,
+                                       update=DECLARED.format(delete=delete)))
     p = fedmpi(["run", write_config(tmp_path / "c.yaml", small("kept", 4)), "--quiet", "--out",
                 str(tmp_path / "r.h5"), "--plugin", str(plugin)], check=False)
     lines = p.stderr.strip().splitlines()
@@ -200,32 +205,16 @@ def test_an_attribute_a_later_round_makes_is_refused_at_the_next_checkpoint(tmp_
     assert lines[0].startswith("fedmpi: error: algorithm.name: late keeps 'late' (int, CountedAdam)"), lines[0]
 
 
-#: a plug-in keeping the best (lowest) update norm so far, ``math.inf`` until a round improves on it,
-#: and stepping only when the round's update beats it by ``SLACK`` (a sentinel kept across checkpoints)
-BEST = '''
-import math
-import torch
-from fedmpi.algorithms import register
-from fedmpi.algorithms.base import ServerAlgorithm
-
-
-@register("{name}")
-class Best(ServerAlgorithm):
-    shared_state = ("best",)
-
-    def __init__(self, ctx):
-        super().__init__(ctx)
-        self.best = {value}
-
-    def weights(self, t, active, local):
-        return [1.0 / max(len(active), 1)] * len(local)
-
-    def server_update(self, t, active, total):
-        norm = float(total.norm())
+#: the best (lowest) update norm so far, ``math.inf`` until a round improves on it, a full step only
+#: while the round's update is below 10x it (a sentinel kept across checkpoints): ONE_STATE's ``best``
+BEST = """        norm = float(total.norm())
         step = 1.0 if norm < self.best * 10 else 0.25
         self.best = min(self.best, norm) if t % 3 else self.best
-        return self.x.double() + step * total
-'''
+        return self.x.double() + step * total"""
+
+
+def best(name: str, value: str) -> str:
+    return ONE_STATE.format(name=name, cls="Best", attr="best", value=value, update=BEST)
 
 
 def test_an_infinite_declared_number_is_a_sentinel_that_resumes(tmp_path):
@@ -234,7 +223,7 @@ def test_an_infinite_declared_number_is_a_sentinel_that_resumes(tmp_path):
     refused at load. A number may be infinite (never NaN); 1 round extended to 6 (the sentinel still
     infinite at the cut) give the bits of a straight 6, and a NaN number still ends as diverged."""
     plugin = tmp_path / "best.py"
-    plugin.write_text(BEST.format(name="best_inf", value="math.inf"))
+    plugin.write_text(best("best_inf", "math.inf"))
     plugins.load([str(plugin)])
     cfg = small("best_inf", 6)
     cfg["runtime"]["checkpoint_every"] = 1
@@ -246,7 +235,7 @@ def test_an_infinite_declared_number_is_a_sentinel_that_resumes(tmp_path):
         assert b.attrs["status"] == "completed" and b.attrs["rounds_done"] == 6
         np.testing.assert_array_equal(a["final/params"][:], b["final/params"][:])
     nan = tmp_path / "nan.py"
-    nan.write_text(BEST.format(name="best_nan", value="math.nan"))
+    nan.write_text(best("best_nan", "math.nan"))
     p = fedmpi(["run", write_config(tmp_path / "c.yaml", {**small("best_nan", 3), "runtime": cfg["runtime"]}),
                 "--quiet", "--out", str(tmp_path / "n.h5"), "--plugin", str(nan)], check=False)
     assert p.returncode == 4 and "state 'algorithm/shared/best' is not finite" in p.stderr, p.stderr[-2000:]
